@@ -1,0 +1,47 @@
+# kit — the two commands a new machine needs are `make install` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TOOLS := .tools
+SPEC ?= examples/gcp-a3-spot.yaml
+MARKET ?=
+PYTEST_ARGS ?=
+
+.PHONY: install install-python install-tools test test-fast lint golden render plan apply destroy clean
+
+install: install-python install-tools ## create .venv with kit (editable) and every tool the tests need
+
+install-python:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch pinned so the CPU wheel is used on machines without a GPU.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+
+install-tools: ## system packages and isolated tool environments (root needed for apt)
+	bash scripts/install-tools.sh
+
+test: ## the whole suite, slow integration tests included (this is what CI runs)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-fast: ## skip the slow integration tests
+	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+
+lint:
+	$(BIN)/ruff check kit training tests bench
+
+render: ## make render SPEC=examples/gcp-a3-spot.yaml [MARKET=on-demand]
+	$(BIN)/kit render $(SPEC) $(if $(MARKET),--market $(MARKET),)
+
+plan:
+	$(BIN)/kit plan $(SPEC)
+
+apply:
+	$(BIN)/kit apply $(SPEC)
+
+destroy:
+	$(BIN)/kit destroy $(SPEC)
+
+clean:
+	rm -rf $(VENV) $(TOOLS) .pytest_cache

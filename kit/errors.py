@@ -1,0 +1,31 @@
+"""One error type for everything a user can fix.
+
+Every message says *what* is wrong, *where* (file, field, resource) and *how to fix it*;
+the CLI prints it without a traceback and exits with ``exit_code``.
+"""
+
+from __future__ import annotations
+
+
+class KitError(Exception):
+    """An error the user can act on. ``exit_code`` 2 means bad input, 1 a failed operation."""
+
+    exit_code = 1
+
+    def __init__(self, what: str, *, where: str | None = None, fix: str | None = None):
+        self.what = what
+        self.where = where
+        self.fix = fix
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        lines = [self.what if not self.where else f"{self.where}: {self.what}"]
+        if self.fix:
+            lines.append(f"fix: {self.fix}")
+        return "\n".join(lines)
+
+
+class InputError(KitError):
+    """Bad user input (spec, flags, files). Nothing has been written or applied."""
+
+    exit_code = 2
