@@ -30,6 +30,11 @@ def fail(error: KitError) -> None:
     raise typer.Exit(error.exit_code)
 
 
+@app.callback()
+def _root() -> None:
+    """Train on cheap spot GPUs across AWS and GCP: render, apply, bootstrap, watch, report."""
+
+
 @app.command()
 def version() -> None:
     """Print kit's version."""
