@@ -1,0 +1,92 @@
+"""The backend interface the watcher acts through, shared by aws, gcp and local.
+
+A backend is stateless from the watcher's point of view: ``apply`` makes the deployment match
+``spec`` on ``market`` (idempotent, like ``terraform apply``: nodes that still exist are kept,
+lost ones recreated, disks always reused), ``nodes`` says what is deployed now, ``bootstrap``
+(re)starts training on *every* node with node 0 as the rendezvous master, and ``destroy``
+removes instances while keeping the data disks unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+
+from kit.errors import KitError
+
+RENDEZVOUS_PORT = 29500
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node as Terraform output ``nodes`` describes it (COMMON interface 2), plus its rank."""
+
+    name: str
+    instance_id: str
+    rank: int
+    market: str | None = None
+    zone: str | None = None
+    private_ip: str | None = None
+    public_ip: str | None = None
+    disk_id: str | None = None
+
+    @classmethod
+    def from_output(cls, item: dict, rank: int) -> "Node":
+        return cls(name=item["name"], instance_id=str(item["instance_id"]), rank=rank, market=item.get("market"),
+                   zone=item.get("zone"), private_ip=item.get("private_ip"), public_ip=item.get("public_ip"),
+                   disk_id=item.get("disk_id"))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class CapacityError(KitError):
+    """The cloud had no capacity for the requested instances (spot or on-demand). Retried with
+    backoff by the watcher and counted as preemption pressure for the policy."""
+
+
+class Backend(ABC):
+    cloud: str = "?"
+
+    @abstractmethod
+    def apply(self, spec, market: str) -> list[Node]:
+        """Render ``spec`` on ``market`` and converge the deployment; nodes in rank order.
+        Raises CapacityError when the cloud has no capacity, KitError on other failures."""
+
+    @abstractmethod
+    def nodes(self) -> list[Node]:
+        """What is deployed now, in rank order (empty when nothing is)."""
+
+    @abstractmethod
+    def bootstrap(self, nodes: list[Node]) -> None:
+        """(Re)start training on every node; node 0 is the rendezvous master."""
+
+    @abstractmethod
+    def destroy(self, keep_disks: bool = True) -> None:
+        """Delete the instances; the data disks survive unless ``keep_disks`` is False."""
+
+
+def rendezvous_endpoint(nodes: list[Node], port: int = RENDEZVOUS_PORT) -> str:
+    """``host:port`` of node 0, where every node's torchrun meets (changes when node 0 is replaced)."""
+    if not nodes:
+        raise KitError("no nodes to take a rendezvous endpoint from")
+    master = min(nodes, key=lambda n: n.rank)
+    host = master.private_ip or master.public_ip or master.name
+    return f"{host}:{port}"
+
+
+# Provider error texts that mean "no capacity right now" (retry later or elsewhere), not a bug.
+CAPACITY_PATTERNS = {
+    "aws": (r"InsufficientInstanceCapacity", r"InsufficientCapacity", r"capacity-not-available",
+            r"capacity-oversubscribed", r"SpotMaxPriceTooLow", r"price-too-low", r"MaxSpotInstanceCountExceeded",
+            r"UnfulfillableCapacity", r"There is no Spot capacity available"),
+    "gcp": (r"ZONE_RESOURCE_POOL_EXHAUSTED", r"does not have enough resources available", r"STOCKOUT",
+            r"resource pool exhausted"),
+}
+
+
+def is_capacity_error(cloud: str, message: str) -> bool:
+    patterns = CAPACITY_PATTERNS.get(cloud, ()) + (CAPACITY_PATTERNS["aws"] + CAPACITY_PATTERNS["gcp"]
+                                                   if cloud not in CAPACITY_PATTERNS else ())
+    return any(re.search(p, message, re.IGNORECASE) for p in patterns)

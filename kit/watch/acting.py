@@ -1,0 +1,160 @@
+"""Carrying out a decision through a Backend, exactly once, with backoff on capacity errors.
+
+A decision's action is one of:
+* ``launch`` / ``switch``: render the spec on the decided market, apply (instances replaced,
+  disks kept), bootstrap every node (node 0 may be new: everyone gets the new rendezvous
+  endpoint and restarts from the newest checkpoint).
+* ``recover``: same market, re-apply to recreate lost nodes, then bootstrap every node.
+* ``release``: delete the instances, keep the disks (the policy chose to wait).
+
+Retry timing follows SkyPilot's managed-job launcher (policy-anchors §1): exponential backoff
+×1.6 with ±40 % jitter, capped; here the first wait is 30 s and the cap 5 min by default.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from kit.backends.base import Backend, CapacityError, Node
+from kit.errors import KitError
+from kit.watch.events import CAPACITY_ERROR, Event
+from kit.watch.ledger import Apply, Decision, Ledger
+
+log = logging.getLogger("kit.watch")
+
+MAX_FAILED_ATTEMPTS = 5  # non-capacity failures: past this, a person has to look
+
+
+@dataclass
+class Backoff:
+    initial_s: float = 30.0
+    factor: float = 1.6
+    cap_s: float = 300.0
+    jitter: float = 0.4
+    rng: random.Random = field(default_factory=random.Random)
+
+    def delay(self, attempt: int) -> float:
+        """Wait before attempt ``attempt + 1`` (``attempt`` >= 1 failures so far)."""
+        base = min(self.cap_s, self.initial_s * self.factor ** max(0, attempt - 1))
+        return base * self.rng.uniform(1 - self.jitter, 1 + self.jitter)
+
+
+@dataclass
+class Outcome:
+    status: str  # "done" | "retry" | "failed"
+    capacity_error: bool = False
+    error: str | None = None
+    nodes: list[Node] = field(default_factory=list)
+
+
+class Actor:
+    def __init__(self, backend: Backend, ledger: Ledger, spec, *, backoff: Backoff | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.backend = backend
+        self.ledger = ledger
+        self.spec = spec
+        self.backoff = backoff or Backoff()
+        self.clock = clock
+
+    # ------------------------------------------------------------------ restart recovery
+    def resume(self) -> None:
+        """Finish what a killed watcher left half done (see ledger docstring)."""
+        for attempt in self.ledger.applies(status="applied"):
+            self._finish(self.ledger.decision(attempt.decision_id), attempt, self._nodes_of(attempt))
+        for attempt in self.ledger.applies(status="started"):
+            decision = self.ledger.decision(attempt.decision_id)
+            if decision.status != "pending":
+                self.ledger.mark_interrupted(attempt.id, self.clock())
+                continue
+            deployed = self.backend.nodes()
+            if self._converged(decision, deployed):
+                log.info("decision %d: the interrupted apply had converged; adopting it", decision.id)
+                self.ledger.mark_applied(attempt.id, [n.to_dict() for n in deployed], adopted=True)
+                self._finish(decision, attempt, deployed)
+            else:
+                log.info("decision %d: the interrupted apply had not converged; it will be retried", decision.id)
+                self.ledger.mark_interrupted(attempt.id, self.clock())
+
+    def _converged(self, decision: Decision, deployed: list[Node]) -> bool:
+        if decision.action == "release":
+            return not deployed
+        lost = {n.instance_id for n in self.ledger.all_nodes() if n.state in ("lost", "replaced", "released")}
+        return (len(deployed) == self.spec.nodes
+                and all(n.market == decision.market_after for n in deployed)
+                and not any(n.instance_id in lost for n in deployed))
+
+    @staticmethod
+    def _nodes_of(attempt: Apply) -> list[Node]:
+        return [Node(**n) for n in attempt.nodes or []]
+
+    # ------------------------------------------------------------------ acting
+    def execute(self, decision: Decision) -> Outcome:
+        """One attempt at a pending decision. The caller respects ``decision.next_attempt``."""
+        applied = self.ledger.applies(decision_id=decision.id, status="applied")
+        if applied:  # applied before, only bootstrap failed: do not apply again
+            return self._finish(decision, applied[-1], self._nodes_of(applied[-1]))
+        now = self.clock()
+        attempt_id = self.ledger.start_apply(decision.id, decision.market_after, now)
+        attempt = self.ledger.applies(decision_id=decision.id)[-1]
+        assert attempt.id == attempt_id
+        try:
+            if decision.action == "release":
+                self.backend.destroy(keep_disks=True)
+                nodes: list[Node] = []
+            else:
+                spec = self.spec.with_market(decision.market_after)
+                nodes = self.backend.apply(spec, decision.market_after)
+        except CapacityError as error:
+            return self._failed(decision, attempt_id, str(error), capacity=True)
+        except KitError as error:
+            return self._failed(decision, attempt_id, str(error), capacity=False)
+        self.ledger.mark_applied(attempt_id, [n.to_dict() for n in nodes])
+        return self._finish(decision, attempt, nodes)
+
+    def _finish(self, decision: Decision, attempt: Apply, nodes: list[Node]) -> Outcome:
+        now = self.clock()
+        if decision.action == "release":
+            self.ledger.release_nodes(now)
+            self.ledger.finish_apply(attempt.id, decision.id, [], None, now)
+            return Outcome("done")
+        try:
+            self.backend.bootstrap(nodes)  # every node: a new master means a new rendezvous for all
+        except KitError as error:
+            # The nodes exist; only bootstrap failed. Keep the attempt 'applied' so the retry
+            # bootstraps again instead of re-applying.
+            return self._retry_later(decision, f"bootstrap failed: {error}", capacity=False)
+        self.ledger.finish_apply(attempt.id, decision.id, [n.to_dict() for n in nodes], decision.market_after, now)
+        return Outcome("done", nodes=nodes)
+
+    def _failed(self, decision: Decision, attempt_id: int, error: str, *, capacity: bool) -> Outcome:
+        now = self.clock()
+        attempts = self.ledger.decision(decision.id).attempts
+        next_attempt = now + self.backoff.delay(attempts)
+        self.ledger.fail_apply(attempt_id, decision.id, error, capacity=capacity, next_attempt=next_attempt, now=now)
+        if capacity:
+            self.ledger.record(Event(kind=CAPACITY_ERROR, instance="*", time=now, source="watcher",
+                                     detail={"market": decision.market_after, "decision": decision.id,
+                                             "attempt": attempts, "error": error[:2000]},
+                                     dedup_key=f"watcher:capacity:{attempt_id}"))
+            log.warning("decision %d: no capacity on %s (attempt %d), retry in %.0f s",
+                        decision.id, decision.market_after, attempts, next_attempt - now)
+            return Outcome("retry", capacity_error=True, error=error)
+        failures = sum(1 for a in self.ledger.applies(decision_id=decision.id) if a.status == "failed")
+        if failures >= MAX_FAILED_ATTEMPTS:
+            self.ledger.fail_decision(decision.id, error, now)
+            return Outcome("failed", error=error)
+        log.warning("decision %d: apply failed (attempt %d), retry in %.0f s: %s",
+                    decision.id, attempts, next_attempt - now, error)
+        return Outcome("retry", error=error)
+
+    def _retry_later(self, decision: Decision, error: str, *, capacity: bool) -> Outcome:
+        now = self.clock()
+        attempts = self.ledger.decision(decision.id).attempts
+        with self.ledger.transaction() as db:
+            db.execute("UPDATE decisions SET next_attempt = ?, error = ? WHERE id = ?",
+                       (now + self.backoff.delay(attempts), error, decision.id))
+        return Outcome("retry", capacity_error=capacity, error=error)

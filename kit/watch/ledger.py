@@ -1,0 +1,372 @@
+"""The watcher's durable record: one SQLite database (WAL) per cluster.
+
+Tables: ``events`` (what happened, deduplicated), ``progress`` (trainer heartbeats), ``ticks``
+(every observation handed to the policy, so a restarted watcher can rebuild the policy's
+history), ``decisions`` (what the watcher chose to do), ``applies`` (each attempt at doing it),
+``nodes`` (which instance ran when, on which market: the basis of cost accounting), ``meta``.
+
+Exactly-once acting. A decision is committed as ``pending`` *before* anything is applied; an
+apply attempt is committed as ``started`` before the backend is called, ``applied`` (with the
+new nodes) as soon as the backend returns, and ``ok`` together with the decision's ``done`` in
+one transaction after bootstrap. A watcher killed anywhere in between finds, on restart, a
+``started`` attempt (it asks the backend whether the apply had converged: adopt it, else retry),
+or an ``applied`` one (bootstrap again, which is idempotent, and finish), or a ``pending``
+decision with no attempt (apply it). No path applies the same decision twice after it converged.
+
+One watcher per cluster: ``WatcherLock`` holds an exclusive ``fcntl`` lock on a file beside the
+database for the watcher's lifetime; the kernel drops it when the process dies, even by SIGKILL.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from kit.errors import KitError
+from kit.watch.events import PROGRESS, Event
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY, time REAL NOT NULL, recorded REAL NOT NULL, kind TEXT NOT NULL,
+    instance TEXT NOT NULL, node_rank INTEGER, source TEXT NOT NULL, detail TEXT NOT NULL,
+    dedup_key TEXT UNIQUE);
+CREATE TABLE IF NOT EXISTS progress (
+    id INTEGER PRIMARY KEY, time REAL NOT NULL, recorded REAL NOT NULL, instance TEXT NOT NULL,
+    node_rank INTEGER, step INTEGER NOT NULL, total_steps INTEGER NOT NULL, step_time_s REAL,
+    state TEXT);
+CREATE TABLE IF NOT EXISTS ticks (
+    id INTEGER PRIMARY KEY, time REAL NOT NULL, observation TEXT NOT NULL, decision TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS decisions (
+    id INTEGER PRIMARY KEY, created REAL NOT NULL, policy TEXT NOT NULL, decision TEXT NOT NULL,
+    action TEXT NOT NULL CHECK (action IN ('launch', 'switch', 'recover', 'release')),
+    market_before TEXT, market_after TEXT, reason TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('pending', 'done', 'superseded', 'failed')),
+    attempts INTEGER NOT NULL DEFAULT 0, next_attempt REAL NOT NULL DEFAULT 0, finished REAL,
+    error TEXT);
+CREATE TABLE IF NOT EXISTS applies (
+    id INTEGER PRIMARY KEY, decision_id INTEGER NOT NULL REFERENCES decisions(id),
+    started REAL NOT NULL, finished REAL, market TEXT,
+    status TEXT NOT NULL CHECK (status IN ('started', 'applied', 'ok', 'failed', 'capacity', 'interrupted')),
+    adopted INTEGER NOT NULL DEFAULT 0, error TEXT, nodes TEXT);
+CREATE TABLE IF NOT EXISTS nodes (
+    instance_id TEXT PRIMARY KEY, name TEXT NOT NULL, rank INTEGER NOT NULL, market TEXT,
+    zone TEXT, private_ip TEXT, public_ip TEXT, disk_id TEXT,
+    state TEXT NOT NULL CHECK (state IN ('up', 'lost', 'replaced', 'released')),
+    since REAL NOT NULL, until REAL, apply_id INTEGER);
+CREATE INDEX IF NOT EXISTS events_kind ON events(kind, id);
+CREATE INDEX IF NOT EXISTS progress_time ON progress(id);
+CREATE INDEX IF NOT EXISTS decisions_status ON decisions(status);
+"""
+
+
+@dataclass(frozen=True)
+class Decision:
+    id: int
+    created: float
+    policy: str
+    decision: str
+    action: str
+    market_before: str | None
+    market_after: str | None
+    reason: str
+    status: str
+    attempts: int
+    next_attempt: float
+    error: str | None
+    finished: float | None = None
+
+
+@dataclass(frozen=True)
+class Apply:
+    id: int
+    decision_id: int
+    started: float
+    finished: float | None
+    market: str | None
+    status: str
+    adopted: bool
+    error: str | None
+    nodes: list[dict] | None
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    instance_id: str
+    name: str
+    rank: int
+    market: str | None
+    zone: str | None
+    private_ip: str | None
+    public_ip: str | None
+    disk_id: str | None
+    state: str
+    since: float
+    until: float | None
+    apply_id: int | None = None
+
+
+def _row(cls, row: sqlite3.Row):
+    data = dict(row)
+    if cls is Apply:
+        data["adopted"] = bool(data["adopted"])
+        data["nodes"] = json.loads(data["nodes"]) if data["nodes"] else None
+    return cls(**data)
+
+
+class Ledger:
+    """All reads and writes of one cluster's ledger. Safe to share between the watcher loop
+    and the HTTP server thread (one connection, serialised by a lock)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None, timeout=30)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # FULL: a committed decision or apply record survives power loss, not just a crash.
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        with self._lock:
+            self._db.executescript(SCHEMA)
+        version = self.get_meta("schema_version")
+        if version is None:
+            self.set_meta("schema_version", str(SCHEMA_VERSION))
+        elif int(version) != SCHEMA_VERSION:
+            raise KitError(f"ledger schema version {version}, this kit writes {SCHEMA_VERSION}",
+                           where=str(self.path), fix="use the kit version that created this ledger")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # ------------------------------------------------------------------ meta
+    def get_meta(self, key: str, default: str | None = None) -> str | None:
+        rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))
+        return rows[0]["value"] if rows else default
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                       (key, value))
+
+    def job_started(self, now: float) -> float:
+        """When the job started (the first watcher's start); fixed once written."""
+        with self.transaction() as db:
+            db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('job_started', ?)", (repr(now),))
+        return float(self.get_meta("job_started"))
+
+    # ------------------------------------------------------------------ events and progress
+    def record(self, event: Event) -> bool:
+        """Store an event (heartbeats go to ``progress``). False when it was already recorded."""
+        now = time.time()
+        with self.transaction() as db:
+            if event.kind == PROGRESS:
+                db.execute(
+                    "INSERT INTO progress(time, recorded, instance, node_rank, step, total_steps, step_time_s, state)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (event.time, now, event.instance, event.node_rank, event.step, event.total_steps,
+                     event.step_time_s, event.detail.get("state")))
+                return True
+            cursor = db.execute(
+                "INSERT OR IGNORE INTO events(time, recorded, kind, instance, node_rank, source, detail, dedup_key)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (event.time, now, event.kind, event.instance, event.node_rank, event.source,
+                 json.dumps(event.detail, sort_keys=True), event.dedup_key))
+            return cursor.rowcount == 1
+
+    def events(self, *, after_id: int = 0, kinds: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+        sql, args = "SELECT * FROM events WHERE id > ?", [after_id]
+        if kinds:
+            sql += f" AND kind IN ({','.join('?' * len(kinds))})"
+            args += list(kinds)
+        return [{**dict(r), "detail": json.loads(r["detail"])} for r in self._query(sql + " ORDER BY id", tuple(args))]
+
+    def last_event_id(self) -> int:
+        return self._query("SELECT COALESCE(MAX(id), 0) AS m FROM events")[0]["m"]
+
+    def latest_progress(self) -> dict[str, Any] | None:
+        """The most advanced heartbeat (ranks report the same step; take the furthest)."""
+        rows = self._query("SELECT * FROM progress ORDER BY step DESC, id DESC LIMIT 1")
+        return dict(rows[0]) if rows else None
+
+    def recent_step_times(self, limit: int = 20) -> list[float]:
+        rows = self._query("SELECT step_time_s FROM progress WHERE step_time_s > 0 ORDER BY id DESC LIMIT ?", (limit,))
+        return [r["step_time_s"] for r in rows]
+
+    # ------------------------------------------------------------------ policy ticks
+    def record_tick(self, now: float, observation: dict, decision: str) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT INTO ticks(time, observation, decision) VALUES (?, ?, ?)",
+                       (now, json.dumps(observation, sort_keys=True), decision))
+
+    def ticks(self) -> list[dict[str, Any]]:
+        return [{"time": r["time"], "observation": json.loads(r["observation"]), "decision": r["decision"]}
+                for r in self._query("SELECT * FROM ticks ORDER BY id")]
+
+    # ------------------------------------------------------------------ decisions
+    def begin_decision(self, *, policy: str, decision: str, action: str, market_before: str | None,
+                       market_after: str | None, reason: str, now: float) -> int:
+        """Commit a new pending decision; any older pending one is superseded in the same step."""
+        with self.transaction() as db:
+            db.execute("UPDATE decisions SET status = 'superseded', finished = ? WHERE status = 'pending'", (now,))
+            cursor = db.execute(
+                "INSERT INTO decisions(created, policy, decision, action, market_before, market_after, reason, status)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, 'pending')",
+                (now, policy, decision, action, market_before, market_after, reason))
+            return cursor.lastrowid
+
+    def decision(self, decision_id: int) -> Decision:
+        return _row(Decision, self._query("SELECT * FROM decisions WHERE id = ?", (decision_id,))[0])
+
+    def pending_decision(self) -> Decision | None:
+        rows = self._query("SELECT * FROM decisions WHERE status = 'pending' ORDER BY id DESC LIMIT 1")
+        return _row(Decision, rows[0]) if rows else None
+
+    def decisions(self, limit: int | None = None) -> list[Decision]:
+        sql = "SELECT * FROM decisions ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
+        return [_row(Decision, r) for r in self._query(sql)]
+
+    def fail_decision(self, decision_id: int, error: str, now: float) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE decisions SET status = 'failed', error = ?, finished = ? WHERE id = ?",
+                       (error, now, decision_id))
+
+    # ------------------------------------------------------------------ applies
+    def start_apply(self, decision_id: int, market: str | None, now: float) -> int:
+        with self.transaction() as db:
+            db.execute("UPDATE decisions SET attempts = attempts + 1 WHERE id = ?", (decision_id,))
+            return db.execute("INSERT INTO applies(decision_id, started, market, status) VALUES (?, ?, ?, 'started')",
+                              (decision_id, now, market)).lastrowid
+
+    def applies(self, *, decision_id: int | None = None, status: str | None = None) -> list[Apply]:
+        sql, args = "SELECT * FROM applies WHERE 1=1", []
+        if decision_id is not None:
+            sql, args = sql + " AND decision_id = ?", args + [decision_id]
+        if status is not None:
+            sql, args = sql + " AND status = ?", args + [status]
+        return [_row(Apply, r) for r in self._query(sql + " ORDER BY id", tuple(args))]
+
+    def mark_applied(self, apply_id: int, nodes: list[dict], *, adopted: bool = False) -> None:
+        """The backend converged (or was found converged after a crash): remember the nodes."""
+        with self.transaction() as db:
+            db.execute("UPDATE applies SET status = 'applied', nodes = ?, adopted = ? WHERE id = ?",
+                       (json.dumps(nodes, sort_keys=True), int(adopted), apply_id))
+
+    def fail_apply(self, apply_id: int, decision_id: int, error: str, *, capacity: bool, next_attempt: float,
+                   now: float) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE applies SET status = ?, error = ?, finished = ? WHERE id = ?",
+                       ("capacity" if capacity else "failed", error, now, apply_id))
+            db.execute("UPDATE decisions SET next_attempt = ?, error = ? WHERE id = ?", (next_attempt, error, decision_id))
+
+    def mark_interrupted(self, apply_id: int, now: float) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE applies SET status = 'interrupted', finished = ? WHERE id = ?", (now, apply_id))
+
+    def finish_apply(self, apply_id: int, decision_id: int, nodes: list[dict], market: str | None, now: float) -> None:
+        """One transaction: the attempt is ok, the decision done, and the node table says who runs now."""
+        with self.transaction() as db:
+            db.execute("UPDATE applies SET status = 'ok', finished = ? WHERE id = ?", (now, apply_id))
+            db.execute("UPDATE decisions SET status = 'done', finished = ?, error = NULL WHERE id = ?", (now, decision_id))
+            keep = {str(n["instance_id"]) for n in nodes}
+            for row in db.execute("SELECT instance_id, state FROM nodes WHERE state IN ('up', 'lost')").fetchall():
+                if row["instance_id"] not in keep:
+                    # A lost node stopped costing when it was lost (``until`` already set).
+                    db.execute("UPDATE nodes SET state = 'replaced', until = COALESCE(until, ?) WHERE instance_id = ?",
+                               (now, row["instance_id"]))
+            for rank, node in enumerate(nodes):
+                db.execute(
+                    "INSERT INTO nodes(instance_id, name, rank, market, zone, private_ip, public_ip, disk_id, state,"
+                    " since, apply_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'up', ?, ?)"
+                    " ON CONFLICT(instance_id) DO UPDATE SET rank = excluded.rank, private_ip = excluded.private_ip,"
+                    " public_ip = excluded.public_ip",
+                    (str(node["instance_id"]), node.get("name") or f"node-{rank}", node.get("rank", rank),
+                     node.get("market") or market, node.get("zone"), node.get("private_ip"), node.get("public_ip"),
+                     node.get("disk_id"), now, apply_id))
+            db.execute("INSERT INTO meta(key, value) VALUES ('market', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                       (market or "",))
+
+    # ------------------------------------------------------------------ nodes
+    def nodes(self, states: tuple[str, ...] = ("up", "lost")) -> list[NodeRow]:
+        sql = f"SELECT * FROM nodes WHERE state IN ({','.join('?' * len(states))}) ORDER BY rank, since"
+        return [_row(NodeRow, r) for r in self._query(sql, states)]
+
+    def all_nodes(self) -> list[NodeRow]:
+        return [_row(NodeRow, r) for r in self._query("SELECT * FROM nodes ORDER BY since, rank")]
+
+    def mark_lost(self, instance_id: str, when: float) -> bool:
+        with self.transaction() as db:
+            return db.execute("UPDATE nodes SET state = 'lost', until = ? WHERE instance_id = ? AND state = 'up'",
+                              (when, instance_id)).rowcount == 1
+
+    def release_nodes(self, now: float) -> None:
+        """Instances deleted on purpose (disks kept): they stop costing now."""
+        with self.transaction() as db:
+            db.execute("UPDATE nodes SET state = 'released', until = COALESCE(until, ?) WHERE state IN ('up', 'lost')",
+                       (now,))
+            db.execute("INSERT INTO meta(key, value) VALUES ('market', '') ON CONFLICT(key) DO UPDATE SET value = ''")
+
+    def market(self) -> str | None:
+        """The market of the deployed cluster (None: nothing deployed)."""
+        return self.get_meta("market") or None
+
+
+class WatcherLock:
+    """Exclusive per-cluster lock; a second ``kit watch`` on the same cluster fails fast."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    def acquire(self) -> "WatcherLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise KitError(f"another watcher (pid {holder}) is already watching this cluster",
+                           where=str(self.path), fix="stop that `kit watch` first, or use `kit status` to read the ledger")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "WatcherLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -1,0 +1,151 @@
+"""The agents' endpoint (COMMON interface 4): ``POST /v1/clusters/{cluster}/events``.
+
+Each cluster has its own bearer token (``cluster_token``), written once to
+``<deploy_dir>/watcher/token`` (mode 0600) and handed to the agents by bootstrap. Answers:
+202 ``{"ok": true}`` (recorded), 400 (malformed body, with the reason), 401 (missing or wrong
+token), 404 (unknown path or cluster), 405 (not POST), 413 (body over 64 KiB).
+
+It is stdlib ``ThreadingHTTPServer`` in a daemon thread: the load is a few requests per node per
+minute, and a dependency-free server keeps the watcher installable anywhere.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import re
+import secrets
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Callable
+
+from kit.watch.events import BadReport, Event, event_from_agent
+
+log = logging.getLogger("kit.watch.server")
+
+MAX_BODY = 64 * 1024
+PATH = re.compile(r"^/v1/clusters/(?P<cluster>[A-Za-z0-9][A-Za-z0-9_.-]{0,62})/events/?$")
+
+
+def cluster_token(deploy_dir: Path) -> str:
+    """The cluster's token, created on first use (URL-safe, 256 bits)."""
+    path = Path(deploy_dir) / "watcher" / "token"
+    if path.exists():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    return token
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: "_Server"
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, fmt: str, *args) -> None:  # route through logging, not stderr
+        log.debug("%s " + fmt, self.address_string(), *args)
+
+    def _reply(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if status == 401:
+            self.send_header("WWW-Authenticate", 'Bearer realm="kit-watcher"')
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server naming
+        self._reply(405, {"ok": False, "error": "use POST"})
+
+    def do_POST(self) -> None:  # noqa: N802
+        match = PATH.match(self.path)
+        if not match:
+            return self._reply(404, {"ok": False, "error": f"no such endpoint {self.path}"})
+        cluster = match.group("cluster")
+        expected = self.server.tokens.get(cluster)
+        if expected is None:
+            return self._reply(404, {"ok": False, "error": f"this watcher does not watch cluster {cluster!r}"})
+        header = self.headers.get("Authorization", "")
+        scheme, _, given = header.partition(" ")
+        # Constant-time compare: the token is the only thing between the internet and our ledger.
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
+            return self._reply(401, {"ok": False, "error": "missing or wrong bearer token"})
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            return self._reply(400, {"ok": False, "error": "Content-Length required"})
+        if length > MAX_BODY:
+            self.close_connection = True
+            return self._reply(413, {"ok": False, "error": f"body over {MAX_BODY} bytes"})
+        raw = self.rfile.read(length)
+        try:
+            event = event_from_agent(json.loads(raw))
+        except (ValueError, UnicodeDecodeError) as error:  # BadReport and JSONDecodeError are ValueErrors
+            reason = str(error) if isinstance(error, BadReport) else f"body is not JSON: {error}"
+            return self._reply(400, {"ok": False, "error": reason})
+        try:
+            self.server.sink(cluster, event)
+        except Exception:  # a ledger failure is ours, not the agent's: 500 makes it retry
+            log.exception("recording an agent event failed")
+            return self._reply(500, {"ok": False, "error": "could not record the event"})
+        self._reply(202, {"ok": True})
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    tokens: dict[str, str]
+    sink: Callable[[str, Event], None]
+
+
+class WatcherServer:
+    """``with WatcherServer({cluster: token}, sink) as server: server.url``"""
+
+    def __init__(self, tokens: dict[str, str], sink: Callable[[str, Event], None], *,
+                 host: str = "127.0.0.1", port: int = 0):
+        self._server = _Server((host, port), _Handler)
+        self._server.tokens = dict(tokens)
+        self._server.sink = sink
+        self._thread = threading.Thread(target=self._server.serve_forever, name="kit-watch-http", daemon=True)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        return f"http://{host}:{port}"
+
+    def start(self) -> "WatcherServer":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> "WatcherServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def ledger_sink(ledger, wake: threading.Event | None = None) -> Callable[[str, Event], None]:
+    """Record agent events in the ledger; a notice wakes the watch loop to poll the cloud now."""
+    from kit.watch.events import PREEMPTION, REBALANCE
+
+    def sink(cluster: str, event: Event) -> None:
+        ledger.record(event)
+        if wake is not None and event.kind in (PREEMPTION, REBALANCE):
+            wake.set()
+
+    return sink

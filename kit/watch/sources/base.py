@@ -1,0 +1,79 @@
+"""The one interface every event source implements.
+
+A source lists the cluster's instances as the cloud sees them (``InstanceStatus``, normalised
+across clouds) and reports events it can only see on the cloud side (AWS spot request status
+codes, GCP ``compute.instances.preempted`` operations). The watcher, not the source, decides
+which instances matter: only nodes of the *current* deployment count as lost; instances the
+watcher replaced itself are ignored (see ``loss_events``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from kit.watch.events import INSTANCE_LOST, PREEMPTION, Event
+
+# Normalised instance states.
+RUNNING = "running"
+PENDING = "pending"  # being created or started
+STOPPING = "stopping"
+STOPPED = "stopped"
+TERMINATED = "terminated"  # gone or going for good
+GONE_STATES = (STOPPING, STOPPED, TERMINATED)
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    instance: str  # the id the ledger's ``nodes`` table uses (AWS instance id, GCP name, local name)
+    state: str  # one of the normalised states above
+    market: str | None = None  # "spot" | "on-demand" | None when the cloud does not say
+    preempted: bool = False  # the cloud says a spot reclaim caused the state
+    reason: str | None = None  # the cloud's reason code/message, verbatim
+    time: float | None = None  # when the state changed, if the cloud says
+
+
+@dataclass
+class Poll:
+    instances: list[InstanceStatus] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+
+class EventSource(ABC):
+    """Polls one cloud for one cluster. ``poll`` must not raise on a transient API error:
+    it raises ``SourceError`` and the watcher logs it and polls again next tick."""
+
+    name: str = "?"
+
+    @abstractmethod
+    def poll(self) -> Poll: ...
+
+
+class SourceError(Exception):
+    """A transient failure to reach the cloud API (the watcher retries next tick)."""
+
+
+def loss_events(poll: Poll, current: dict[str, int | None], source: str, now: float) -> list[Event]:
+    """Events for nodes of the current deployment (``instance -> rank``) that are gone.
+
+    A node missing from the listing counts as lost too: GCP deletes preempted instances whose
+    termination action is DELETE, and AWS stops listing terminated instances after about an hour.
+    """
+    seen = {status.instance: status for status in poll.instances}
+    events = []
+    for instance, rank in current.items():
+        status = seen.get(instance)
+        if status is not None and status.state not in GONE_STATES:
+            continue
+        if status is None:
+            kind, state, reason, when = INSTANCE_LOST, "missing", "not listed by the cloud", now
+        else:
+            kind = PREEMPTION if status.preempted else INSTANCE_LOST
+            state, reason, when = status.state, status.reason, status.time or now
+        events.append(Event(
+            kind=kind, instance=instance, time=when, source=source, node_rank=rank,
+            detail={"state": state, "reason": reason},
+            # One loss per instance: an instance id is never reused, so this never hides a new loss.
+            dedup_key=f"loss:{instance}",
+        ))
+    return events

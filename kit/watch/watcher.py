@@ -1,0 +1,256 @@
+"""The watch loop: poll -> ledger -> observation -> policy -> act.
+
+Every ``interval_s`` (15 s by default, SkyPilot's controller cadence) or at once when an agent
+reports a preemption notice, one ``tick``:
+
+1. polls the cloud (``EventSource``) and records which nodes of the current deployment are gone
+   (the cloud API confirms a loss; an agent's notice alone only wakes the loop early);
+2. builds a ``kit.policy.Observation`` from the ledger: progress and job size from the trainer's
+   heartbeats (step / total and the measured step time), preemptions since the last tick, and
+   whether spot is usable (not while a spot launch is backing off after a capacity error);
+3. asks the policy, turns its answer into an action (``launch``/``switch``/``recover``/
+   ``release``) and commits it as a pending decision;
+4. carries out the pending decision when its backoff allows (``acting.Actor``).
+
+Until the first heartbeat there is no job size to reason about: the watcher keeps the spec's
+market and only recovers lost nodes. The policy's history (e.g. preemption times for
+``threshold``) is rebuilt on restart by replaying the recorded ticks.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Callable
+
+from kit.watch.acting import Actor, Outcome
+from kit.watch.events import CAPACITY_ERROR, LOSS_KINDS, Event
+from kit.watch.ledger import Ledger
+from kit.watch.sources.base import EventSource, SourceError, loss_events
+
+log = logging.getLogger("kit.watch")
+
+# The policy vocabulary (COMMON interface 5); the values are fixed, so no import is needed here.
+SPOT, ON_DEMAND, WAIT = "spot", "on-demand", "wait"
+DEFAULT_CHANGEOVER_H = 0.2
+
+
+@dataclass
+class TickResult:
+    now: float
+    market: str | None
+    nodes_up: int
+    nodes_lost: int
+    step: int | None = None
+    total_steps: int | None = None
+    decision: str | None = None
+    action: str | None = None
+    outcome: Outcome | None = None
+    done: bool = False
+    new_events: list[Event] = field(default_factory=list)
+    source_error: str | None = None
+
+
+def _policy_field(spec, name: str, default=None):
+    policy = getattr(spec, "policy", None)
+    value = getattr(policy, name, None) if policy is not None else None
+    return default if value is None else value
+
+
+def _default_observation(**fields):
+    from kit.policy import Observation
+
+    return Observation(**fields)
+
+
+class Watcher:
+    def __init__(self, spec, ledger: Ledger, actor: Actor, policy, *, source: EventSource | None = None,
+                 interval_s: float = 15.0, clock: Callable[[], float] = time.time,
+                 observation: Callable[..., object] = _default_observation):
+        self.spec = spec
+        self.ledger = ledger
+        self.actor = actor
+        self.policy = policy
+        self.source = source
+        self.interval_s = interval_s
+        self.clock = clock
+        self.make_observation = observation
+        self.wake = threading.Event()  # set by the HTTP server on a notice
+
+    # ------------------------------------------------------------------ start-up
+    def start(self) -> None:
+        now = self.clock()
+        self.job_started = self.ledger.job_started(now)
+        replayed = 0
+        for tick in self.ledger.ticks():  # rebuild the policy's memory of past preemptions
+            self.policy.decide(self.make_observation(**tick["observation"]))
+            replayed += 1
+        if replayed:
+            log.info("replayed %d recorded ticks into policy %s", replayed, getattr(self.policy, "name", "?"))
+        self.actor.resume()
+        self._adopt_deployment(now)
+
+    def _adopt_deployment(self, now: float) -> None:
+        """First start on an applied cluster (``kit apply`` ran before ``kit watch``): record its nodes."""
+        if self.ledger.all_nodes() or self.ledger.decisions(limit=1):
+            return
+        deployed = self.actor.backend.nodes()
+        if deployed:
+            market = deployed[0].market or self.spec.market
+            decision = self.ledger.begin_decision(policy=self._policy_name(), decision=market, action="launch",
+                                                  market_before=None, market_after=market,
+                                                  reason="adopted the deployment found at start", now=now)
+            attempt = self.ledger.start_apply(decision, market, now)
+            self.ledger.mark_applied(attempt, [n.to_dict() for n in deployed], adopted=True)
+            self.ledger.finish_apply(attempt, decision, [n.to_dict() for n in deployed], market, now)
+        else:
+            self.ledger.begin_decision(policy=self._policy_name(), decision=self.spec.market, action="launch",
+                                       market_before=None, market_after=self.spec.market,
+                                       reason="nothing deployed yet: launch on the spec's market", now=now)
+
+    def _policy_name(self) -> str:
+        return str(getattr(self.policy, "name", "?"))
+
+    # ------------------------------------------------------------------ one tick
+    def tick(self) -> TickResult:
+        now = self.clock()
+        result = TickResult(now=now, market=None, nodes_up=0, nodes_lost=0)
+        self._poll(now, result)
+        cursor = int(self.ledger.get_meta("observed_event_id", "0"))
+        fresh = self.ledger.events(after_id=cursor)
+        self._mark_losses(fresh)
+        up = self.ledger.nodes(("up",))
+        lost = self.ledger.nodes(("lost",))
+        deployed_market = self.ledger.market()
+        result.nodes_up, result.nodes_lost = len(up), len(lost)
+        result.market = deployed_market if up and not lost else None
+
+        progress = self.ledger.latest_progress()
+        if progress:
+            result.step, result.total_steps = progress["step"], progress["total_steps"]
+            if progress["state"] == "done" or progress["step"] >= progress["total_steps"]:
+                result.done = True
+                return result
+
+        preempted = any(e["kind"] in LOSS_KINDS and e["source"] != "agent" for e in fresh) or any(
+            e["kind"] == CAPACITY_ERROR and e["detail"].get("market") == SPOT for e in fresh)
+        observation = self._observation(now, progress, result.market, preempted, deployed_market)
+        if observation is not None:
+            decision = self.policy.decide(self.make_observation(**observation))
+            self.ledger.record_tick(now, observation, decision)
+        else:  # no heartbeat yet: keep the market, recover what was lost
+            decision = deployed_market or self.spec.market
+        self.ledger.set_meta("observed_event_id", str(max([cursor] + [e["id"] for e in fresh])))
+        result.decision = decision
+        result.action = self._plan(decision, deployed_market, bool(lost), now)
+        result.outcome = self._act(now)
+        return result
+
+    def _poll(self, now: float, result: TickResult) -> None:
+        if self.source is None:
+            return
+        try:
+            poll = self.source.poll()
+        except SourceError as error:  # transient: the next tick polls again
+            log.warning("polling %s failed: %s", self.source.name, error)
+            result.source_error = str(error)
+            return
+        current = {n.instance_id: n.rank for n in self.ledger.nodes(("up",))}
+        events = loss_events(poll, current, self.source.name, now)
+        events += [e for e in poll.events if e.instance in current or e.kind == CAPACITY_ERROR]
+        result.new_events = [e for e in events if self.ledger.record(e)]
+
+    def _mark_losses(self, fresh: list[dict]) -> None:
+        for event in fresh:
+            # Only the cloud (or the local backend) confirms a loss; agent notices precede it.
+            if event["kind"] in LOSS_KINDS and event["source"] != "agent":
+                if self.ledger.mark_lost(event["instance"], event["time"]):
+                    log.warning("node %s lost (%s: %s)", event["instance"], event["kind"],
+                                event["detail"].get("reason"))
+
+    def _observation(self, now: float, progress: dict | None, market: str | None, preempted: bool,
+                     deployed_market: str | None) -> dict | None:
+        step_times = self.ledger.recent_step_times()
+        if not progress or not step_times:
+            return None
+        step_time_h = statistics.median(step_times) / 3600.0
+        spot_blocked_until = float(self.ledger.get_meta("spot_blocked_until", "0"))
+        spot_lost_now = preempted and deployed_market == SPOT
+        return {
+            "now_h": (now - self.job_started) / 3600.0,
+            "progress_h": progress["step"] * step_time_h,
+            "job_h": progress["total_steps"] * step_time_h,
+            "deadline_h": _policy_field(self.spec, "deadline_hours"),
+            "changeover_h": float(_policy_field(self.spec, "changeover_hours", DEFAULT_CHANGEOVER_H)),
+            "market": market,
+            "spot_available": not spot_lost_now and now >= spot_blocked_until,
+            "preempted": preempted,
+            "tick_h": self.interval_s / 3600.0,
+        }
+
+    def _plan(self, decision: str, deployed_market: str | None, any_lost: bool, now: float) -> str | None:
+        """Turn the policy's answer into a pending decision (or none)."""
+        if decision == WAIT:
+            if deployed_market is None:
+                self._supersede_pending(now, "the policy chose to wait")
+                return None
+            action, target, reason = "release", None, "the policy chose to wait: release instances, keep disks"
+        elif decision in (SPOT, ON_DEMAND):
+            if deployed_market is None:
+                action, reason = "launch", f"nothing running: launch on {decision}"
+            elif decision != deployed_market:
+                action, reason = "switch", f"switch {deployed_market} -> {decision}"
+            elif any_lost:
+                action, reason = "recover", f"recreate lost nodes on {decision}"
+            else:
+                self._supersede_pending(now, f"already running on {decision}")
+                return None
+            target = decision
+        else:
+            raise ValueError(f"policy {self._policy_name()} answered {decision!r}; expected spot, on-demand or wait")
+        pending = self.ledger.pending_decision()
+        if pending and pending.action == action and pending.market_after == target:
+            return action  # already decided; acting honours its backoff
+        self.ledger.begin_decision(policy=self._policy_name(), decision=decision, action=action,
+                                   market_before=deployed_market, market_after=target, reason=reason, now=now)
+        log.info("decision: %s (%s)", action, reason)
+        return action
+
+    def _supersede_pending(self, now: float, why: str) -> None:
+        with self.ledger.transaction() as db:
+            db.execute("UPDATE decisions SET status = 'superseded', finished = ?, error = ? WHERE status = 'pending'",
+                       (now, why))
+
+    def _act(self, now: float) -> Outcome | None:
+        pending = self.ledger.pending_decision()
+        if pending is None or now < pending.next_attempt:
+            return None
+        outcome = self.actor.execute(pending)
+        if outcome.capacity_error and pending.market_after == SPOT:
+            # Spot counts as unavailable until the retry; the policy sees it as preemption pressure.
+            self.ledger.set_meta("spot_blocked_until", repr(self.ledger.decision(pending.id).next_attempt))
+        return outcome
+
+    # ------------------------------------------------------------------ loop
+    def run(self, stop: threading.Event, on_tick: Callable[[TickResult], None] | None = None) -> TickResult:
+        self.start()
+        while True:
+            result = self.tick()
+            if on_tick:
+                on_tick(result)
+            if result.done or stop.is_set():
+                return result
+            if result.outcome and result.outcome.status == "failed":
+                from kit.errors import KitError
+
+                raise KitError(f"giving up on the last decision: {result.outcome.error}",
+                               where=str(self.ledger.path), fix="fix the cause, then run `kit watch` again")
+            self.wake.wait(self.interval_s)
+            self.wake.clear()
+
+
+def observation_as_dict(observation) -> dict:
+    return asdict(observation) if is_dataclass(observation) else dict(vars(observation))
