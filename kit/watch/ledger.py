@@ -153,6 +153,9 @@ class Ledger:
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
+            if self._db.in_transaction:  # nested: part of the enclosing transaction
+                yield self._db
+                return
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
@@ -331,6 +334,20 @@ class Ledger:
             db.execute("UPDATE nodes SET state = 'released', until = COALESCE(until, ?) WHERE state IN ('up', 'lost')",
                        (now,))
             db.execute("INSERT INTO meta(key, value) VALUES ('market', '') ON CONFLICT(key) DO UPDATE SET value = ''")
+
+    def adopt_deployment(self, nodes: list[dict], market: str, policy: str, now: float) -> None:
+        """Record a deployment made before the first watcher (``kit apply``) in one transaction:
+        a done ``launch`` decision, an adopted ``ok`` apply and its nodes."""
+        with self.transaction() as db:
+            decision = db.execute(
+                "INSERT INTO decisions(created, policy, decision, action, market_before, market_after, reason, status,"
+                " finished) VALUES (?, ?, ?, 'launch', NULL, ?, 'adopted the deployment found at start', 'done', ?)",
+                (now, policy, market, market, now)).lastrowid
+            attempt = db.execute(
+                "INSERT INTO applies(decision_id, started, finished, market, status, adopted, nodes)"
+                " VALUES (?, ?, ?, ?, 'applied', 1, ?)",
+                (decision, now, now, market, json.dumps(nodes, sort_keys=True))).lastrowid
+            self.finish_apply(attempt, decision, nodes, market, now)  # nested: RLock, same transaction
 
     def market(self) -> str | None:
         """The market of the deployed cluster (None: nothing deployed)."""

@@ -100,12 +100,7 @@ class Watcher:
         deployed = self.actor.backend.nodes()
         if deployed:
             market = deployed[0].market or self.spec.market
-            decision = self.ledger.begin_decision(policy=self._policy_name(), decision=market, action="launch",
-                                                  market_before=None, market_after=market,
-                                                  reason="adopted the deployment found at start", now=now)
-            attempt = self.ledger.start_apply(decision, market, now)
-            self.ledger.mark_applied(attempt, [n.to_dict() for n in deployed], adopted=True)
-            self.ledger.finish_apply(attempt, decision, [n.to_dict() for n in deployed], market, now)
+            self.ledger.adopt_deployment([n.to_dict() for n in deployed], market, self._policy_name(), now)
         else:
             self.ledger.begin_decision(policy=self._policy_name(), decision=self.spec.market, action="launch",
                                        market_before=None, market_after=self.spec.market,
