@@ -51,6 +51,9 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s " + fmt, self.address_string(), *args)
 
     def _reply(self, status: int, body: dict) -> None:
+        if status != 202:
+            # An early refusal leaves the body unread on the socket: never reuse this connection.
+            self.close_connection = True
         data = json.dumps(body).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -81,7 +84,6 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             return self._reply(400, {"ok": False, "error": "Content-Length required"})
         if length > MAX_BODY:
-            self.close_connection = True
             return self._reply(413, {"ok": False, "error": f"body over {MAX_BODY} bytes"})
         raw = self.rfile.read(length)
         try:
@@ -111,7 +113,8 @@ class WatcherServer:
         self._server = _Server((host, port), _Handler)
         self._server.tokens = dict(tokens)
         self._server.sink = sink
-        self._thread = threading.Thread(target=self._server.serve_forever, name="kit-watch-http", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="kit-watch-http", daemon=True)
 
     @property
     def address(self) -> tuple[str, int]:

@@ -1,0 +1,109 @@
+"""The agents' HTTP endpoint (interface 4): auth, validation, recording, waking the loop."""
+
+from __future__ import annotations
+
+import json
+import stat
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from kit.watch.ledger import Ledger
+from kit.watch.server import WatcherServer, cluster_token, ledger_sink
+
+TOKEN = "s3cret-token"
+
+
+def post(url: str, body, token: str | None = TOKEN, raw: bytes | None = None) -> tuple[int, dict]:
+    data = raw if raw is not None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def notice(**overrides) -> dict:
+    body = {"kind": "preemption-notice", "instance": "i-0abc", "node_rank": 0, "time": 1_700_000_000.5,
+            "cloud": "aws", "detail": {"action": "terminate"}, "step": None, "total_steps": None,
+            "step_time_s": None}
+    return {**body, **overrides}
+
+
+@pytest.fixture
+def served(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    wake = threading.Event()
+    with WatcherServer({"demo": TOKEN}, ledger_sink(ledger, wake)) as server:
+        yield f"{server.url}/v1/clusters/demo/events", ledger, wake, server
+
+
+def test_notice_is_accepted_recorded_once_and_wakes_the_loop(served):
+    url, ledger, wake, _ = served
+    assert post(url, notice()) == (202, {"ok": True})
+    assert post(url, notice()) == (202, {"ok": True})  # the agent's retry of the same notice
+    events = ledger.events()
+    assert len(events) == 1 and events[0]["kind"] == "preemption" and events[0]["instance"] == "i-0abc"
+    assert events[0]["detail"] == {"action": "terminate", "cloud": "aws"}
+    assert wake.is_set()
+
+
+def test_progress_heartbeat_goes_to_progress(served):
+    url, ledger, wake, _ = served
+    body = notice(kind="progress", step=120, total_steps=500, step_time_s=0.25, detail={"state": "running"})
+    assert post(url, body)[0] == 202
+    latest = ledger.latest_progress()
+    assert (latest["step"], latest["total_steps"], latest["step_time_s"], latest["state"]) == (120, 500, 0.25, "running")
+    assert not wake.is_set()  # heartbeats do not wake the loop
+
+
+@pytest.mark.parametrize("token", [None, "wrong", TOKEN + "x", ""])
+def test_bad_or_missing_token_is_401_and_records_nothing(served, token):
+    url, ledger, _, _ = served
+    status, body = post(url, notice(), token=token)
+    assert status == 401 and body["ok"] is False
+    assert ledger.events() == []
+
+
+@pytest.mark.parametrize("body, reason", [
+    ({"kind": "explode", "instance": "i", "node_rank": 0, "time": 1, "cloud": "aws"}, "kind"),
+    (notice(instance=""), "instance"),
+    (notice(node_rank=-1), "node_rank"),
+    (notice(node_rank=True), "node_rank"),
+    (notice(time="yesterday"), "time"),
+    (notice(cloud="azure"), "cloud"),
+    (notice(detail=[1, 2]), "detail"),
+    (notice(kind="progress"), "step"),
+    (notice(kind="progress", step=1, total_steps=0), "total_steps"),
+    ([1, 2, 3], "object"),
+])
+def test_malformed_body_is_400_with_the_reason(served, body, reason):
+    url, ledger, _, _ = served
+    status, reply = post(url, body)
+    assert status == 400 and reason in reply["error"]
+    assert ledger.events() == [] and ledger.latest_progress() is None
+
+
+def test_not_json_is_400(served):
+    url, *_ = served
+    status, reply = post(url, None, raw=b"{not json")
+    assert status == 400 and "not JSON" in reply["error"]
+
+
+def test_unknown_cluster_and_path_are_404(served):
+    url, _, _, server = served
+    assert post(url.replace("/demo/", "/other/"), notice())[0] == 404
+    assert post(f"{server.url}/v2/whatever", notice())[0] == 404
+
+
+def test_cluster_token_is_created_private_and_stable(tmp_path):
+    token = cluster_token(tmp_path)
+    assert len(token) >= 40 and cluster_token(tmp_path) == token
+    mode = (tmp_path / "watcher" / "token").stat().st_mode
+    assert stat.S_IMODE(mode) == 0o600
