@@ -63,6 +63,12 @@ def test_progress_heartbeat_goes_to_progress(served):
     assert not wake.is_set()  # heartbeats do not wake the loop
 
 
+def test_heartbeat_before_training_started_is_accepted_and_ignored(served):
+    url, ledger, _, _ = served
+    assert post(url, notice(kind="progress"))[0] == 202
+    assert ledger.latest_progress() is None
+
+
 @pytest.mark.parametrize("token", [None, "wrong", TOKEN + "x", ""])
 def test_bad_or_missing_token_is_401_and_records_nothing(served, token):
     url, ledger, _, _ = served
@@ -79,7 +85,7 @@ def test_bad_or_missing_token_is_401_and_records_nothing(served, token):
     (notice(time="yesterday"), "time"),
     (notice(cloud="azure"), "cloud"),
     (notice(detail=[1, 2]), "detail"),
-    (notice(kind="progress"), "step"),
+    (notice(kind="progress", step=3), "total_steps"),
     (notice(kind="progress", step=1, total_steps=0), "total_steps"),
     ([1, 2, 3], "object"),
 ])

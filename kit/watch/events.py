@@ -103,8 +103,8 @@ def event_from_agent(body: Any) -> Event:
     total = _optional(body, "total_steps", (int,), minimum=1)
     step_time = _optional(body, "step_time_s", (int, float), minimum=0)
     event_kind = AGENT_KINDS[kind]
-    if event_kind == PROGRESS and (step is None or total is None):
-        raise BadReport("a 'progress' report needs 'step' and 'total_steps'")
+    if event_kind == PROGRESS and (step is None) != (total is None):
+        raise BadReport("a 'progress' report needs both 'step' and 'total_steps' (or neither, before training starts)")
     # A notice is one fact per instance and kind, however often the agent retries the POST.
     dedup = None if event_kind == PROGRESS else f"agent:{instance}:{event_kind}:{int(when)}"
     return Event(

@@ -190,6 +190,8 @@ class Ledger:
         now = time.time()
         with self.transaction() as db:
             if event.kind == PROGRESS:
+                if event.step is None or event.total_steps is None:
+                    return False  # the agent heartbeats before the trainer wrote progress: nothing to keep
                 db.execute(
                     "INSERT INTO progress(time, recorded, instance, node_rank, step, total_steps, step_time_s, state)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

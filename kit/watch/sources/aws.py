@@ -65,8 +65,7 @@ class AwsSource(EventSource):
 
         try:
             instances = self._describe_instances()
-            spot_status = self._spot_request_status([i["SpotInstanceRequestId"] for i in instances
-                                                     if i.get("SpotInstanceRequestId")])
+            spot_status = self._spot_requests({i["InstanceId"] for i in instances})
         except NoCredentialsError as error:
             raise KitError("no AWS credentials for the watcher", where=f"aws {self.region}",
                            fix="configure credentials (AWS_PROFILE or ~/.aws/credentials)") from error
@@ -86,16 +85,23 @@ class AwsSource(EventSource):
         pages = paginator.paginate(Filters=[{"Name": f"tag:{CLUSTER_TAG}", "Values": [self.cluster]}])
         return [inst for page in pages for res in page.get("Reservations", []) for inst in res.get("Instances", [])]
 
-    def _spot_request_status(self, request_ids: list[str]) -> dict[str, dict]:
-        if not request_ids:
+    def _spot_requests(self, instance_ids: set[str]) -> dict[str, dict]:
+        """The spot requests behind the cluster's instances, keyed by instance id.
+
+        Listed region-wide and matched on ``InstanceId``: a one-time request made through
+        ``InstanceMarketOptions`` carries no tags, and the ``instance-id`` filter is not
+        implemented everywhere (moto). Closed requests age out after a few hours, so the list
+        stays short."""
+        if not instance_ids:
             return {}
-        reply = self.client().describe_spot_instance_requests(SpotInstanceRequestIds=sorted(set(request_ids)))
-        return {req["SpotInstanceRequestId"]: req for req in reply.get("SpotInstanceRequests", [])}
+        pages = self.client().get_paginator("describe_spot_instance_requests").paginate()
+        return {req["InstanceId"]: req for page in pages for req in page.get("SpotInstanceRequests", [])
+                if req.get("InstanceId") in instance_ids}
 
     def _to_poll(self, instances: list[dict], spot_requests: dict[str, dict]) -> Poll:
         poll = Poll()
         for inst in instances:
-            request = spot_requests.get(inst.get("SpotInstanceRequestId") or "", {})
+            request = spot_requests.get(inst["InstanceId"], {})
             status_code = request.get("Status", {}).get("Code", "")
             reason_code = inst.get("StateReason", {}).get("Code")
             preempted = reason_code in SPOT_REASON_CODES or bool(SPOT_RECLAIM_STATUS.match(status_code))
@@ -103,7 +109,7 @@ class AwsSource(EventSource):
             poll.instances.append(InstanceStatus(
                 instance=inst["InstanceId"],
                 state=STATES.get(inst["State"]["Name"], TERMINATED),
-                market="spot" if inst.get("InstanceLifecycle") == "spot" else "on-demand",
+                market="spot" if inst.get("InstanceLifecycle") == "spot" or request else "on-demand",
                 preempted=preempted, reason=reason,
                 time=transition_time(inst.get("StateTransitionReason")),
             ))
@@ -113,7 +119,8 @@ class AwsSource(EventSource):
                     detail={"spot_status": status_code, "notice": True},
                     dedup_key=f"aws:notice:{inst['InstanceId']}",
                 ))
-        for request_id, request in spot_requests.items():
+        for request in spot_requests.values():
+            request_id = request["SpotInstanceRequestId"]
             code = request.get("Status", {}).get("Code", "")
             if code in SPOT_CAPACITY_STATUS:
                 poll.events.append(Event(
