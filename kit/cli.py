@@ -7,6 +7,7 @@ clients are heavy).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -39,6 +40,38 @@ def _root() -> None:
 def version() -> None:
     """Print kit's version."""
     typer.echo(__version__)
+
+
+@app.command()
+def watch(
+    spec: Path = typer.Argument(..., help="cluster.yaml of the cluster to watch"),
+    interval: float = typer.Option(15.0, help="seconds between cloud polls (agent notices wake it early)"),
+    listen: str = typer.Option("127.0.0.1:0", help="HOST:PORT for the agents' endpoint (port 0: any free)"),
+    advertise_url: str = typer.Option(None, help="URL the nodes reach the endpoint at (default: the listen URL)"),
+    once: bool = typer.Option(False, help="run one tick and exit"),
+) -> None:
+    """Watch a cluster: record preemptions and progress, let the policy pick the market, re-apply."""
+    from kit.watch.commands import run_watch
+
+    try:
+        code = run_watch(spec, interval_s=interval, listen=listen, advertise_url=advertise_url, once=once)
+    except KitError as error:
+        fail(error)
+    raise typer.Exit(code)
+
+
+@app.command()
+def status(
+    spec: Path = typer.Argument(..., help="cluster.yaml of the cluster"),
+    json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
+) -> None:
+    """The ledger's view: nodes, market, preemptions, decisions, progress and cost so far."""
+    from kit.watch.commands import run_status
+
+    try:
+        run_status(spec, as_json=json_out)
+    except KitError as error:
+        fail(error)
 
 
 def main() -> None:  # pragma: no cover - console entry point alternative

@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from watch_fakes import BackendSource, FakeSpec, Obs, RecordingBackend, ScriptedPolicy, heartbeat
 
 from kit.watch.acting import Actor, Backoff
 from kit.watch.events import CAPACITY_ERROR, PREEMPTION
 from kit.watch.ledger import Ledger
 from kit.watch.watcher import Watcher
-from watch_fakes import BackendSource, FakeSpec, Obs, RecordingBackend, ScriptedPolicy, heartbeat
 
 
 class Clock:
@@ -112,7 +112,7 @@ def test_capacity_errors_back_off_exponentially_with_jitter_and_count_as_pressur
 
 
 def test_policy_switch_supersedes_a_spot_launch_stuck_on_capacity(tmp_path):
-    watcher, backend, ledger, policy, clock = make(tmp_path, ["spot", "spot", "on-demand"])
+    watcher, backend, ledger, _policy, clock = make(tmp_path, ["spot", "spot", "on-demand"])
     ledger.record(heartbeat(10, 1000))
     backend.preempt(0)
     backend.capacity_failures = 1
@@ -126,7 +126,7 @@ def test_policy_switch_supersedes_a_spot_launch_stuck_on_capacity(tmp_path):
 
 
 def test_wait_releases_instances_and_keeps_disks(tmp_path):
-    watcher, backend, ledger, policy, clock = make(tmp_path, ["wait"])
+    watcher, backend, ledger, _policy, _clock = make(tmp_path, ["wait"])
     ledger.record(heartbeat(10, 1000))
     watcher.tick()
     assert backend.of("destroy") == [("destroy", True)]
@@ -142,7 +142,7 @@ def test_backoff_grows_by_1_6_and_is_capped():
 
 
 def test_no_heartbeat_keeps_the_spec_market_and_done_stops(tmp_path):
-    watcher, backend, ledger, policy, clock = make(tmp_path, ["on-demand"])
+    watcher, backend, ledger, policy, _clock = make(tmp_path, ["on-demand"])
     watcher.tick()
     assert policy.seen == [] and backend.of("apply") == []  # no job size known: no policy call
     ledger.record(heartbeat(1000, 1000, state="done"))
@@ -150,13 +150,13 @@ def test_no_heartbeat_keeps_the_spec_market_and_done_stops(tmp_path):
 
 
 def test_fresh_cluster_is_launched_on_the_spec_market(tmp_path):
-    watcher, backend, ledger, policy, clock = make(tmp_path, ["spot"], deployed_market=None)
+    watcher, backend, ledger, _policy, _clock = make(tmp_path, ["spot"], deployed_market=None)
     watcher.tick()
     assert backend.of("apply") == [("apply", "spot", "spot")] and len(ledger.nodes(("up",))) == 2
 
 
 def test_bad_policy_answer_is_an_error(tmp_path):
-    watcher, *_ , ledger, policy, clock = make(tmp_path, ["maybe"])
+    watcher, *_, ledger, _policy, _clock = make(tmp_path, ["maybe"])
     ledger.record(heartbeat(1, 10))
     with pytest.raises(ValueError, match="maybe"):
         watcher.tick()

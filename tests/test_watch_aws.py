@@ -22,14 +22,15 @@ import pytest
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 
-from kit.backends.base import Backend, Node  # noqa: E402
-from kit.watch.acting import Actor, Backoff  # noqa: E402
-from kit.watch.events import CAPACITY_ERROR, INSTANCE_LOST, PREEMPTION  # noqa: E402
-from kit.watch.ledger import Ledger  # noqa: E402
-from kit.watch.sources.aws import AwsSource, transition_time  # noqa: E402
-from kit.watch.sources.base import RUNNING, STOPPED, TERMINATED  # noqa: E402
-from kit.watch.watcher import Watcher  # noqa: E402
-from watch_fakes import FakeSpec, Obs, ScriptedPolicy  # noqa: E402
+from watch_fakes import FakeSpec, Obs, ScriptedPolicy
+
+from kit.backends.base import Backend, Node
+from kit.watch.acting import Actor, Backoff
+from kit.watch.events import CAPACITY_ERROR, INSTANCE_LOST, PREEMPTION
+from kit.watch.ledger import Ledger
+from kit.watch.sources.aws import AwsSource, transition_time
+from kit.watch.sources.base import RUNNING, STOPPED, TERMINATED
+from kit.watch.watcher import Watcher
 
 REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's default account

@@ -22,17 +22,17 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 pytest.importorskip("google.cloud.compute_v1")
-from google.auth.credentials import AnonymousCredentials  # noqa: E402
+from google.auth.credentials import AnonymousCredentials
+from watch_fakes import FakeSpec, Obs, ScriptedPolicy
 
-from kit.backends.base import Backend, Node  # noqa: E402
-from kit.errors import KitError  # noqa: E402
-from kit.watch.acting import Actor, Backoff  # noqa: E402
-from kit.watch.events import INSTANCE_LOST, PREEMPTION  # noqa: E402
-from kit.watch.ledger import Ledger  # noqa: E402
-from kit.watch.sources.base import RUNNING, STOPPED, SourceError  # noqa: E402
-from kit.watch.sources.gcp import GcpSource  # noqa: E402
-from kit.watch.watcher import Watcher  # noqa: E402
-from watch_fakes import FakeSpec, Obs, ScriptedPolicy  # noqa: E402
+from kit.backends.base import Backend, Node
+from kit.errors import KitError
+from kit.watch.acting import Actor, Backoff
+from kit.watch.events import INSTANCE_LOST, PREEMPTION
+from kit.watch.ledger import Ledger
+from kit.watch.sources.base import RUNNING, STOPPED, SourceError
+from kit.watch.sources.gcp import GcpSource
+from kit.watch.watcher import Watcher
 
 PROJECT, ZONE = "kit-test", "us-central1-a"
 BASE = f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{ZONE}"
@@ -94,7 +94,7 @@ def make_handler(state: FakeCompute):
             self.reply(status, {"error": {"code": status, "message": message,
                                           "errors": [{"message": message, "domain": "global", "reason": reason}]}})
 
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             url = urlparse(self.path)
             state.requests.append(self.path)
             match = instances_path.match(url.path)

@@ -19,7 +19,7 @@ CHILD = Path(__file__).with_name("watch_crash_child.py")
 
 def run_child(workdir: Path, crash_at: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(CHILD), str(workdir), crash_at],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
 
 
 @pytest.mark.parametrize("crash_at", ["after-decision", "apply-begun", "apply-done", "bootstrap"])
@@ -56,7 +56,7 @@ def test_second_watcher_on_the_same_cluster_is_refused(tmp_path):
         code = ("import sys; from kit.watch.ledger import WatcherLock\n"
                 f"try:\n WatcherLock({str(tmp_path / 'watcher.lock')!r}).acquire()\n"
                 "except Exception as e:\n print(e); sys.exit(3)")
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False)
         assert proc.returncode == 3 and "already watching" in proc.stdout
     WatcherLock(tmp_path / "watcher.lock").acquire().release()  # free again once released
 

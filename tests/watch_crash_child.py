@@ -16,10 +16,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kit.watch.acting import Actor, Backoff  # noqa: E402
-from kit.watch.ledger import Ledger, WatcherLock  # noqa: E402
-from kit.watch.watcher import Watcher  # noqa: E402
-from watch_fakes import BackendSource, FakeSpec, FileBackend, Obs, ScriptedPolicy, heartbeat  # noqa: E402
+from watch_fakes import BackendSource, FakeSpec, FileBackend, Obs, ScriptedPolicy, heartbeat
+
+from kit.watch.acting import Actor, Backoff
+from kit.watch.ledger import Ledger, WatcherLock
+from kit.watch.watcher import Watcher
 
 workdir, crash_at = Path(sys.argv[1]), sys.argv[2]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from kit.backends.base import Backend, CapacityError, Node, rendezvous_endpoint
@@ -37,7 +37,7 @@ class FakeSpec:
     policy: FakePolicySection = FakePolicySection()
     prices: FakePrices = FakePrices()
 
-    def with_market(self, market: str) -> "FakeSpec":
+    def with_market(self, market: str) -> FakeSpec:
         return dataclasses.replace(self, market=market)
 
 

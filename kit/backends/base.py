@@ -32,7 +32,7 @@ class Node:
     disk_id: str | None = None
 
     @classmethod
-    def from_output(cls, item: dict, rank: int) -> "Node":
+    def from_output(cls, item: dict, rank: int) -> Node:
         return cls(name=item["name"], instance_id=str(item["instance_id"]), rank=rank, market=item.get("market"),
                    zone=item.get("zone"), private_ip=item.get("private_ip"), public_ip=item.get("public_ip"),
                    disk_id=item.get("disk_id"))

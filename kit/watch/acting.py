@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError

@@ -25,10 +25,11 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from kit.errors import KitError
 from kit.watch.events import PROGRESS, Event
@@ -363,7 +364,7 @@ class WatcherLock:
         self.path = Path(path)
         self._fd: int | None = None
 
-    def acquire(self) -> "WatcherLock":
+    def acquire(self) -> WatcherLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -384,7 +385,7 @@ class WatcherLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "WatcherLock":
+    def __enter__(self) -> WatcherLock:
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

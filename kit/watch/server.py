@@ -18,9 +18,9 @@ import os
 import re
 import secrets
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Callable
 
 from kit.watch.events import BadReport, Event, event_from_agent
 
@@ -44,7 +44,7 @@ def cluster_token(deploy_dir: Path) -> str:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
+    server: _Server
     protocol_version = "HTTP/1.1"
 
     def log_message(self, fmt: str, *args) -> None:  # route through logging, not stderr
@@ -63,10 +63,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server naming
+    def do_GET(self) -> None:
         self._reply(405, {"ok": False, "error": "use POST"})
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         match = PATH.match(self.path)
         if not match:
             return self._reply(404, {"ok": False, "error": f"no such endpoint {self.path}"})
@@ -126,7 +126,7 @@ class WatcherServer:
         host, port = self.address
         return f"http://{host}:{port}"
 
-    def start(self) -> "WatcherServer":
+    def start(self) -> WatcherServer:
         self._thread.start()
         return self
 
@@ -135,7 +135,7 @@ class WatcherServer:
         self._server.server_close()
         self._thread.join(timeout=5)
 
-    def __enter__(self) -> "WatcherServer":
+    def __enter__(self) -> WatcherServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -23,8 +23,8 @@ import logging
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, is_dataclass
-from typing import Callable
 
 from kit.watch.acting import Actor, Outcome
 from kit.watch.events import CAPACITY_ERROR, LOSS_KINDS, Event
@@ -161,10 +161,9 @@ class Watcher:
     def _mark_losses(self, fresh: list[dict]) -> None:
         for event in fresh:
             # Only the cloud (or the local backend) confirms a loss; agent notices precede it.
-            if event["kind"] in LOSS_KINDS and event["source"] != "agent":
-                if self.ledger.mark_lost(event["instance"], event["time"]):
-                    log.warning("node %s lost (%s: %s)", event["instance"], event["kind"],
-                                event["detail"].get("reason"))
+            confirmed = event["kind"] in LOSS_KINDS and event["source"] != "agent"
+            if confirmed and self.ledger.mark_lost(event["instance"], event["time"]):
+                log.warning("node %s lost (%s: %s)", event["instance"], event["kind"], event["detail"].get("reason"))
 
     def _observation(self, now: float, progress: dict | None, market: str | None, preempted: bool,
                      deployed_market: str | None) -> dict | None:

@@ -19,7 +19,15 @@ from calendar import timegm
 from kit.errors import KitError
 from kit.watch.events import CAPACITY_ERROR, PREEMPTION, Event
 from kit.watch.sources.base import (
-    PENDING, RUNNING, STOPPED, STOPPING, TERMINATED, EventSource, InstanceStatus, Poll, SourceError,
+    PENDING,
+    RUNNING,
+    STOPPED,
+    STOPPING,
+    TERMINATED,
+    EventSource,
+    InstanceStatus,
+    Poll,
+    SourceError,
 )
 
 CLUSTER_TAG = "kit:cluster"

@@ -20,7 +20,15 @@ from datetime import datetime
 from kit.errors import KitError
 from kit.watch.events import PREEMPTION, Event
 from kit.watch.sources.base import (
-    PENDING, RUNNING, STOPPED, STOPPING, TERMINATED, EventSource, InstanceStatus, Poll, SourceError,
+    PENDING,
+    RUNNING,
+    STOPPED,
+    STOPPING,
+    TERMINATED,
+    EventSource,
+    InstanceStatus,
+    Poll,
+    SourceError,
 )
 
 CLUSTER_LABEL = "kit-cluster"

@@ -17,7 +17,14 @@ import json
 from pathlib import Path
 
 from kit.watch.sources.base import (
-    PENDING, RUNNING, STOPPED, TERMINATED, EventSource, InstanceStatus, Poll, SourceError,
+    PENDING,
+    RUNNING,
+    STOPPED,
+    TERMINATED,
+    EventSource,
+    InstanceStatus,
+    Poll,
+    SourceError,
 )
 
 STATES = {"running": RUNNING, "pending": PENDING, "preempted": TERMINATED, "stopped": STOPPED,

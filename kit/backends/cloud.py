@@ -1,0 +1,79 @@
+"""AWS and GCP through Terraform (kit.render / kit.terraform) and Ansible (kit.bootstrap).
+
+The clouds differ only in their Terraform modules and in which error texts mean "no capacity"
+(``base.CAPACITY_PATTERNS``); everything here is shared. Other parts' modules are imported at
+the point of use so the watcher does not pull Terraform or Ansible in until it acts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kit.backends.base import Backend, CapacityError, Node, is_capacity_error
+from kit.errors import KitError
+
+
+class TerraformBackend(Backend):
+    def __init__(self, spec, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None):
+        self.spec = spec
+        self.cloud = spec.cloud
+        self.deploy_dir = Path(deploy_dir)
+        self.watcher_url = watcher_url
+        self.watcher_token = watcher_token
+
+    def apply(self, spec, market: str) -> list[Node]:
+        from kit import render, terraform
+
+        self.spec = spec
+        render.render(spec, self.deploy_dir, market=market)  # only market lines change; disks are kept
+        try:
+            terraform.apply(self.deploy_dir)
+        except KitError as error:
+            if is_capacity_error(self.cloud, str(error)):
+                raise CapacityError(f"no {market} capacity for {spec.nodes} x {spec.instance_type}: {error.what}",
+                                    where=str(self.deploy_dir), fix="kit watch retries with backoff") from error
+            raise
+        return self.nodes()
+
+    def nodes(self) -> list[Node]:
+        from kit import terraform
+
+        if not (self.deploy_dir / "main.tf").exists():
+            return []
+        try:
+            outputs = terraform.output(self.deploy_dir)
+        except KitError:
+            return []  # not applied yet: no state, no outputs
+        items = outputs.get("nodes") or []
+        if isinstance(items, dict) and "value" in items:  # raw `terraform output -json` shape
+            items = items["value"]
+        return [Node.from_output(item, rank) for rank, item in enumerate(items)]
+
+    def bootstrap(self, nodes: list[Node]) -> None:
+        from kit import bootstrap, terraform
+
+        role_vars = {}
+        if self.watcher_url and self.watcher_token:
+            role_vars = {"preemption_agent_watcher_url": self.watcher_url,
+                         "preemption_agent_watcher_token": self.watcher_token}
+        inventory = bootstrap.inventory_from_spec(self.spec, terraform.output(self.deploy_dir), role_vars=role_vars)
+        result = bootstrap.bootstrap_nodes(inventory)
+        if not result.ok:
+            raise KitError(f"bootstrap failed on {len(result.failures) or 'some'} node(s)",
+                           where=str(self.deploy_dir), fix="see the task failures above; kit watch retries")
+
+    def destroy(self, keep_disks: bool = True) -> None:
+        from kit import terraform
+
+        terraform.destroy(self.deploy_dir, keep_disks=keep_disks)
+
+
+def backend_for(spec, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None) -> Backend:
+    if spec.cloud in ("aws", "gcp"):
+        return TerraformBackend(spec, deploy_dir, watcher_url=watcher_url, watcher_token=watcher_token)
+    try:
+        from kit.backends import local  # issue 6: the process-based local backend
+    except ImportError as error:
+        raise KitError("the local backend is not installed in this kit", where="spec.cloud = local",
+                       fix="use cloud aws or gcp, or a kit with kit/backends/local.py") from error
+    return local.LocalBackend(spec, deploy_dir, watcher_url=watcher_url, watcher_token=watcher_token)

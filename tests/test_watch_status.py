@@ -1,0 +1,107 @@
+"""Cost accounting and the ledger view (`kit status`), plus the local node-state source."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+
+import pytest
+from rich.console import Console
+from watch_fakes import BackendSource, FakePrices, FakeSpec, Obs, RecordingBackend, ScriptedPolicy, heartbeat
+
+from kit.errors import KitError
+from kit.watch import commands
+from kit.watch.acting import Actor, Backoff
+from kit.watch.ledger import Ledger
+from kit.watch.sources.base import RUNNING, TERMINATED, SourceError
+from kit.watch.sources.local import LocalSource
+from kit.watch.status import render_status, status_report
+from kit.watch.watcher import Watcher
+
+HOUR = 3600.0
+
+
+class Clock:
+    t = 1_000_000.0
+
+    def __call__(self):
+        return self.t
+
+
+def run_scenario(tmp_path, prices: FakePrices | None = None):
+    """2 spot nodes for 1 h, node 1 preempted and replaced, then a switch to on-demand for 0.5 h."""
+    clock = Clock()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    backend = RecordingBackend(2)
+    spec = FakeSpec(prices=prices or FakePrices())
+    policy = ScriptedPolicy(["spot", "on-demand"])  # first call: at the first heartbeat
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(0)), clock=clock),
+                      policy, source=BackendSource(backend), clock=clock, observation=Obs)
+    watcher.start()
+    watcher.tick()  # launch spot at t0
+    ledger.record(heartbeat(100, 1000, 1.8))
+    clock.t += HOUR
+    backend.preempt(1)
+    watcher.tick()  # node 1 lost at t0+1h (source time = now), recovered at once
+    watcher.tick()  # policy: on-demand -> switch
+    clock.t += 0.5 * HOUR
+    return ledger, spec, clock
+
+
+def test_cost_is_node_hours_per_market_times_price(tmp_path):
+    ledger, spec, clock = run_scenario(tmp_path)
+    report = status_report(ledger, spec, now=clock.t)
+    assert report["spot_hours"] == pytest.approx(2.0)  # 2 nodes x 1 h (the replacement lived 0 s)
+    assert report["on_demand_hours"] == pytest.approx(1.0)  # 2 nodes x 0.5 h
+    assert report["cost"] == pytest.approx(2.0 * 1.0 + 1.0 * 4.0)
+    assert report["cost_all_on_demand"] == pytest.approx(3.0 * 4.0)
+    assert report["market"] == "on-demand" and report["market_switches"] == 1
+    assert report["preemptions"] == 1 and report["nodes_lost"] == 1
+    assert report["progress"]["step"] == 100 and report["progress"]["fraction"] == pytest.approx(0.1)
+    assert [d["action"] for d in report["decisions"]] == ["switch", "recover", "launch"]
+    out = io.StringIO()
+    render_status(report, Console(file=out, width=140))
+    text = out.getvalue()
+    assert "market: on-demand" in text and "$6.00" in text and "preemptions: 1" in text
+
+
+def test_unknown_price_leaves_cost_unknown(tmp_path):
+    ledger, spec, clock = run_scenario(tmp_path, prices=FakePrices(spot_per_hour=None))
+    report = status_report(ledger, spec, now=clock.t)
+    assert report["cost"] is None and report["cost_all_on_demand"] == pytest.approx(12.0)
+
+
+def test_kit_status_json_and_missing_ledger(tmp_path, monkeypatch, capsys):
+    _, spec, _ = run_scenario(tmp_path)
+    monkeypatch.setattr(commands, "_load", lambda path: (spec, tmp_path))
+    commands.run_status(tmp_path / "cluster.yaml", as_json=True)
+    report = json.loads(capsys.readouterr().out)
+    assert report["cluster"] == "demo" and report["preemptions"] == 1
+    monkeypatch.setattr(commands, "_load", lambda path: (spec, tmp_path / "elsewhere"))
+    with pytest.raises(KitError, match="no ledger"):
+        commands.run_status(tmp_path / "cluster.yaml", as_json=False)
+
+
+def test_local_source_reads_node_state_files(tmp_path):
+    nodes = LocalSource.state_dir_for(tmp_path)
+    nodes.mkdir(parents=True)
+    (nodes / "node-0.json").write_text(json.dumps({"name": "node-0", "instance_id": "node-0-1", "rank": 0,
+                                                   "market": "spot", "state": "running", "time": 5.0}))
+    (nodes / "node-1.json").write_text(json.dumps({"name": "node-1", "instance_id": "node-1-2", "rank": 1,
+                                                   "market": "spot", "state": "preempted",
+                                                   "reason": "injected", "time": 9.0}))
+    statuses = {s.instance: s for s in LocalSource("demo", nodes).poll().instances}
+    assert statuses["node-0-1"].state == RUNNING and not statuses["node-0-1"].preempted
+    assert statuses["node-1-2"].state == TERMINATED and statuses["node-1-2"].preempted
+    (nodes / "node-2.json").write_text("{broken")
+    with pytest.raises(SourceError, match="node-2.json"):
+        LocalSource("demo", nodes).poll()
+
+
+def test_bad_listen_address_is_input_error():
+    from kit.errors import InputError
+
+    assert commands.parse_listen("0.0.0.0:8787") == ("0.0.0.0", 8787)
+    with pytest.raises(InputError, match="HOST:PORT"):
+        commands.parse_listen("localhost")
