@@ -105,3 +105,59 @@ def test_bad_listen_address_is_input_error():
     assert commands.parse_listen("0.0.0.0:8787") == ("0.0.0.0", 8787)
     with pytest.raises(InputError, match="HOST:PORT"):
         commands.parse_listen("localhost")
+
+
+def test_kit_watch_runs_server_and_loop_until_the_trainer_reports_done(tmp_path, monkeypatch):
+    """`kit watch` wiring: lock, ledger, token, HTTP endpoint, adoption, policy ticks, exit on done."""
+    import threading
+    import urllib.request
+
+    import kit.backends.cloud
+    import kit.watch.sources
+    from kit.watch.server import cluster_token
+
+    spec = FakeSpec()
+    backend = RecordingBackend(2)
+    backend.apply(spec, "spot")
+    backend.calls.clear()
+    policy = ScriptedPolicy(["spot"])
+    monkeypatch.setattr(commands, "_load", lambda path: (spec, tmp_path))
+    monkeypatch.setattr(commands, "make_policy_for", lambda s: policy)
+    monkeypatch.setattr(commands, "observation_type", lambda: Obs)
+    monkeypatch.setattr(kit.backends.cloud, "backend_for", lambda s, d, **kw: backend)
+    monkeypatch.setattr(kit.watch.sources, "source_for", lambda s, d: BackendSource(backend))
+    port = __import__("socket").socket()
+    port.bind(("127.0.0.1", 0))
+    free = port.getsockname()[1]
+    port.close()
+    codes = []
+    runner = threading.Thread(target=lambda: codes.append(commands.run_watch(
+        tmp_path / "cluster.yaml", interval_s=0.05, listen=f"127.0.0.1:{free}", advertise_url=None, once=False)))
+    runner.start()
+
+    def post(body):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{free}/v1/clusters/demo/events", data=json.dumps(body).encode(), method="POST",
+            headers={"Authorization": f"Bearer {cluster_token(tmp_path)}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return reply.status
+
+    beat = {"kind": "progress", "instance": "i-0001", "node_rank": 0, "time": 1.0, "cloud": "local",
+            "detail": {"state": "running"}, "step": 5, "total_steps": 10, "step_time_s": 0.5}
+    for _ in range(100):  # the endpoint comes up with the watcher
+        try:
+            assert post(beat) == 202
+            break
+        except OSError:
+            __import__("time").sleep(0.05)
+    for _ in range(100):
+        if policy.seen:
+            break
+        __import__("time").sleep(0.05)
+    assert post({**beat, "step": 10, "detail": {"state": "done"}}) == 202
+    runner.join(timeout=20)
+    assert codes == [0]
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    assert policy.seen and policy.seen[0].job_h == pytest.approx(10 * 0.5 / 3600)
+    assert [d.action for d in ledger.decisions()] == ["launch"]  # adopted, nothing else to do
+    assert backend.of("apply") == []

@@ -40,6 +40,13 @@ def make_policy_for(spec):
     return make_policy(name, **params)
 
 
+def observation_type():
+    """The Observation class the policy expects (interface 5)."""
+    from kit.policy import Observation
+
+    return Observation
+
+
 def parse_listen(listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -63,11 +70,11 @@ def status_line(result, report_cost, spec) -> str:
 def run_watch(spec_path: Path, *, interval_s: float, listen: str, advertise_url: str | None, once: bool) -> int:
     from rich.live import Live
 
-    from kit.backends.cloud import backend_for
+    from kit.backends import cloud
+    from kit.watch import sources
     from kit.watch.acting import Actor
     from kit.watch.ledger import Ledger, WatcherLock
     from kit.watch.server import WatcherServer, cluster_token, ledger_sink
-    from kit.watch.sources import source_for
     from kit.watch.status import cost_summary, prices_of
     from kit.watch.watcher import Watcher
 
@@ -86,9 +93,10 @@ def run_watch(spec_path: Path, *, interval_s: float, listen: str, advertise_url:
             url = advertise_url or server.url
             console.print(f"watching [bold]{spec.name}[/bold] ({spec.cloud}) with policy {policy.name}; agents post to "
                           f"{url}/v1/clusters/{spec.name}/events (token in {deploy_dir / 'watcher' / 'token'})")
-            backend = backend_for(spec, deploy_dir, watcher_url=url, watcher_token=token)
+            backend = cloud.backend_for(spec, deploy_dir, watcher_url=url, watcher_token=token)
             watcher = Watcher(spec, ledger, Actor(backend, ledger, spec), policy,
-                              source=source_for(spec, deploy_dir), interval_s=interval_s)
+                              source=sources.source_for(spec, deploy_dir), interval_s=interval_s,
+                              observation=observation_type())
             watcher.wake = wake
             stop = threading.Event()
             if once:
