@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -44,11 +45,11 @@ def version() -> None:
 
 @app.command()
 def watch(
-    spec: Path = typer.Argument(..., help="cluster.yaml of the cluster to watch"),
-    interval: float = typer.Option(15.0, help="seconds between cloud polls (agent notices wake it early)"),
-    listen: str = typer.Option("127.0.0.1:0", help="HOST:PORT for the agents' endpoint (port 0: any free)"),
-    advertise_url: str = typer.Option(None, help="URL the nodes reach the endpoint at (default: the listen URL)"),
-    once: bool = typer.Option(False, help="run one tick and exit"),
+    spec: Annotated[Path, typer.Argument(help="cluster.yaml of the cluster to watch")],
+    interval: Annotated[float, typer.Option(help="seconds between cloud polls (agent notices wake it early)")] = 15.0,
+    listen: Annotated[str, typer.Option(help="HOST:PORT for the agents' endpoint (port 0: any free)")] = "127.0.0.1:0",
+    advertise_url: Annotated[str | None, typer.Option(help="URL the nodes reach the endpoint at")] = None,
+    once: Annotated[bool, typer.Option(help="run one tick and exit")] = False,
 ) -> None:
     """Watch a cluster: record preemptions and progress, let the policy pick the market, re-apply."""
     from kit.watch.commands import run_watch
@@ -62,8 +63,8 @@ def watch(
 
 @app.command()
 def status(
-    spec: Path = typer.Argument(..., help="cluster.yaml of the cluster"),
-    json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
+    spec: Annotated[Path, typer.Argument(help="cluster.yaml of the cluster")],
+    json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """The ledger's view: nodes, market, preemptions, decisions, progress and cost so far."""
     from kit.watch.commands import run_status

@@ -27,10 +27,14 @@ class TerraformBackend(Backend):
         self.spec = spec
         render.render(spec, self.deploy_dir, market=market)  # only market lines change; disks are kept
         try:
+            # Plan afresh: a tfplan saved by an earlier `kit plan` may be for the other market.
+            # kit.terraform refuses any disks plan that would lose a disk.
+            terraform.plan(self.deploy_dir)
             terraform.apply(self.deploy_dir)
         except KitError as error:
             if is_capacity_error(self.cloud, str(error)):
-                raise CapacityError(f"no {market} capacity for {spec.nodes} x {spec.instance_type}: {error.what}",
+                raise CapacityError(f"no {market} capacity for {spec.nodes} x "
+                                    f"{getattr(spec, 'instance_type', None) or 'nodes'}: {error.what}",
                                     where=str(self.deploy_dir), fix="kit watch retries with backoff") from error
             raise
         return self.nodes()
@@ -38,7 +42,7 @@ class TerraformBackend(Backend):
     def nodes(self) -> list[Node]:
         from kit import terraform
 
-        if not (self.deploy_dir / "main.tf").exists():
+        if not self.deploy_dir.is_dir():
             return []
         try:
             outputs = terraform.output(self.deploy_dir)
@@ -65,7 +69,7 @@ class TerraformBackend(Backend):
     def destroy(self, keep_disks: bool = True) -> None:
         from kit import terraform
 
-        terraform.destroy(self.deploy_dir, keep_disks=keep_disks)
+        terraform.destroy(self.deploy_dir, with_disks=not keep_disks)
 
 
 def backend_for(spec, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None) -> Backend:

@@ -385,7 +385,7 @@ class WatcherLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> WatcherLock:
+    def __enter__(self) -> WatcherLock:  # noqa: PYI034
         return self.acquire()
 
     def __exit__(self, *exc) -> None:

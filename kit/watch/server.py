@@ -135,7 +135,7 @@ class WatcherServer:
         self._server.server_close()
         self._thread.join(timeout=5)
 
-    def __enter__(self) -> WatcherServer:
+    def __enter__(self) -> WatcherServer:  # noqa: PYI034
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -132,7 +132,7 @@ class Watcher:
 
         preempted = any(e["kind"] in LOSS_KINDS and e["source"] != "agent" for e in fresh) or any(
             e["kind"] == CAPACITY_ERROR and e["detail"].get("market") == SPOT for e in fresh)
-        observation = self._observation(now, progress, result.market, preempted, deployed_market)
+        observation = self._observation(now, progress, result.market, preempted)
         if observation is not None:
             decision = self.policy.decide(self.make_observation(**observation))
             self.ledger.record_tick(now, observation, decision)
@@ -165,14 +165,14 @@ class Watcher:
             if confirmed and self.ledger.mark_lost(event["instance"], event["time"]):
                 log.warning("node %s lost (%s: %s)", event["instance"], event["kind"], event["detail"].get("reason"))
 
-    def _observation(self, now: float, progress: dict | None, market: str | None, preempted: bool,
-                     deployed_market: str | None) -> dict | None:
+    def _observation(self, now: float, progress: dict | None, market: str | None, preempted: bool) -> dict | None:
         step_times = self.ledger.recent_step_times()
         if not progress or not step_times:
             return None
         step_time_h = statistics.median(step_times) / 3600.0
+        # After a preemption spot is not assumed gone: re-applying is how we find out (and it
+        # keeps the surviving nodes). A failed spot launch blocks spot until its backoff ends.
         spot_blocked_until = float(self.ledger.get_meta("spot_blocked_until", "0"))
-        spot_lost_now = preempted and deployed_market == SPOT
         return {
             "now_h": (now - self.job_started) / 3600.0,
             "progress_h": progress["step"] * step_time_h,
@@ -180,7 +180,7 @@ class Watcher:
             "deadline_h": _policy_field(self.spec, "deadline_hours"),
             "changeover_h": float(_policy_field(self.spec, "changeover_hours", DEFAULT_CHANGEOVER_H)),
             "market": market,
-            "spot_available": not spot_lost_now and now >= spot_blocked_until,
+            "spot_available": now >= spot_blocked_until,
             "preempted": preempted,
             "tick_h": self.interval_s / 3600.0,
         }
