@@ -160,3 +160,19 @@ def test_bad_policy_answer_is_an_error(tmp_path):
     ledger.record(heartbeat(1, 10))
     with pytest.raises(ValueError, match="maybe"):
         watcher.tick()
+
+
+def test_restart_replays_recorded_ticks_into_a_fresh_policy(tmp_path):
+    watcher, backend, ledger, policy, clock = make(tmp_path, ["spot"])
+    ledger.record(heartbeat(10, 1000))
+    for _ in range(3):
+        watcher.tick()
+        clock.t += 15
+    backend.preempt(0)
+    watcher.tick()
+    fresh = ScriptedPolicy(["spot"])
+    again = Watcher(watcher.spec, ledger, watcher.actor, fresh, source=BackendSource(backend), clock=clock,
+                    observation=Obs)
+    again.start()
+    assert fresh.seen == policy.seen  # same observations, same order: history rebuilt
+    assert [o.preempted for o in fresh.seen] == [False, False, False, True]

@@ -131,8 +131,10 @@ def test_kit_watch_runs_server_and_loop_until_the_trainer_reports_done(tmp_path,
     free = port.getsockname()[1]
     port.close()
     codes = []
+    # A long interval: the loop must be woken by the agent's reports, not by its timer.
     runner = threading.Thread(target=lambda: codes.append(commands.run_watch(
-        tmp_path / "cluster.yaml", interval_s=0.05, listen=f"127.0.0.1:{free}", advertise_url=None, once=False)))
+        tmp_path / "cluster.yaml", interval_s=60, listen=f"127.0.0.1:{free}", advertise_url=None, once=False)),
+        daemon=True)
     runner.start()
 
     def post(body):
@@ -150,13 +152,15 @@ def test_kit_watch_runs_server_and_loop_until_the_trainer_reports_done(tmp_path,
             break
         except OSError:
             __import__("time").sleep(0.05)
-    for _ in range(100):
+    assert post({**beat, "kind": "preemption-notice", "detail": {"action": "terminate"}}) == 202  # wakes
+    for _ in range(200):
         if policy.seen:
             break
         __import__("time").sleep(0.05)
-    assert post({**beat, "step": 10, "detail": {"state": "done"}}) == 202
+    assert policy.seen, "a preemption notice did not wake the watch loop"
+    assert post({**beat, "step": 10, "detail": {"state": "done"}}) == 202  # wakes, and the loop ends
     runner.join(timeout=20)
-    assert codes == [0]
+    assert not runner.is_alive() and codes == [0]
     ledger = Ledger(tmp_path / "ledger.sqlite")
     assert policy.seen and policy.seen[0].job_h == pytest.approx(10 * 0.5 / 3600)
     assert [d.action for d in ledger.decisions()] == ["launch"]  # adopted, nothing else to do

@@ -143,12 +143,15 @@ class WatcherServer:
 
 
 def ledger_sink(ledger, wake: threading.Event | None = None) -> Callable[[str, Event], None]:
-    """Record agent events in the ledger; a notice wakes the watch loop to poll the cloud now."""
-    from kit.watch.events import PREEMPTION, REBALANCE
+    """Record agent events in the ledger. A notice, a shutdown or the trainer's "done" wakes the
+    watch loop at once (poll the cloud now / stop), instead of at the next interval."""
+    from kit.watch.events import PREEMPTION, PROGRESS, REBALANCE, SHUTDOWN
 
     def sink(cluster: str, event: Event) -> None:
         ledger.record(event)
-        if wake is not None and event.kind in (PREEMPTION, REBALANCE):
+        urgent = event.kind in (PREEMPTION, REBALANCE, SHUTDOWN) or (
+            event.kind == PROGRESS and event.detail.get("state") == "done")
+        if wake is not None and urgent:
             wake.set()
 
     return sink
