@@ -176,3 +176,25 @@ def test_restart_replays_recorded_ticks_into_a_fresh_policy(tmp_path):
     again.start()
     assert fresh.seen == policy.seen  # same observations, same order: history rebuilt
     assert [o.preempted for o in fresh.seen] == [False, False, False, True]
+
+
+def test_bootstrap_failure_retries_bootstrap_only_then_gives_up(tmp_path):
+    from kit.errors import KitError
+
+    watcher, backend, ledger, _policy, clock = make(tmp_path, ["on-demand"])
+    ledger.record(heartbeat(10, 1000))
+    failures = []
+
+    def failing_bootstrap(nodes):
+        failures.append(len(nodes))
+        raise KitError("ssh: connection refused")
+
+    backend.bootstrap = failing_bootstrap
+    outcomes = []
+    for _ in range(5):
+        result = watcher.tick()
+        outcomes.append(result.outcome.status if result.outcome else None)
+        clock.t += 400  # past any backoff
+    assert len(backend.of("apply")) == 1  # applied once; only bootstrap was retried
+    assert failures == [2] * 5 and outcomes == ["retry"] * 4 + ["failed"]
+    assert ledger.decisions()[0].status == "failed" and "bootstrap failed 5 times" in ledger.decisions()[0].error

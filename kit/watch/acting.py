@@ -125,8 +125,14 @@ class Actor:
             self.backend.bootstrap(nodes)  # every node: a new master means a new rendezvous for all
         except KitError as error:
             # The nodes exist; only bootstrap failed. Keep the attempt 'applied' so the retry
-            # bootstraps again instead of re-applying.
-            return self._retry_later(decision, f"bootstrap failed: {error}", capacity=False)
+            # bootstraps again instead of re-applying; give up after a few tries like applies.
+            key = f"bootstrap_failures:{decision.id}"
+            failures = int(self.ledger.get_meta(key, "0")) + 1
+            self.ledger.set_meta(key, str(failures))
+            if failures >= MAX_FAILED_ATTEMPTS:
+                self.ledger.fail_decision(decision.id, f"bootstrap failed {failures} times: {error}", now)
+                return Outcome("failed", error=str(error))
+            return self._retry_later(decision, f"bootstrap failed: {error}", attempt=failures)
         self.ledger.finish_apply(attempt.id, decision.id, [n.to_dict() for n in nodes], decision.market_after, now)
         return Outcome("done", nodes=nodes)
 
@@ -151,10 +157,10 @@ class Actor:
                     decision.id, attempts, next_attempt - now, error)
         return Outcome("retry", error=error)
 
-    def _retry_later(self, decision: Decision, error: str, *, capacity: bool) -> Outcome:
+    def _retry_later(self, decision: Decision, error: str, *, attempt: int) -> Outcome:
         now = self.clock()
-        attempts = self.ledger.decision(decision.id).attempts
         with self.ledger.transaction() as db:
             db.execute("UPDATE decisions SET next_attempt = ?, error = ? WHERE id = ?",
-                       (now + self.backoff.delay(attempts), error, decision.id))
-        return Outcome("retry", capacity_error=capacity, error=error)
+                       (now + self.backoff.delay(attempt), error, decision.id))
+        log.warning("decision %d: %s; retrying", decision.id, error)
+        return Outcome("retry", error=error)
