@@ -75,6 +75,14 @@ def status(
         fail(error)
 
 
+# ---------------------------------------------------------------------------------------------
+# Command groups of the other concerns. Each module defines ``register(app)`` which adds its
+# commands with ``app.command()(function)``; one line per module, in this block only.
+# (infra: render/plan/apply/destroy/validate; bootstrap; simulate; train)
+# KIT-COMMANDS-BEGIN
+# KIT-COMMANDS-END
+
+
 def main() -> None:  # pragma: no cover - console entry point alternative
     try:
         app()
