@@ -1,0 +1,56 @@
+"""Throughput and model FLOPs utilisation (MFU)."""
+from __future__ import annotations
+
+import torch
+
+# Dense bf16 peak per GPU, FLOP/s (vendor datasheets; H100/H200 SXM).
+PEAK_BF16 = {
+    "H100": 989e12,
+    "H200": 989e12,
+    "H800": 989e12,
+    "A100": 312e12,
+    "A800": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10G": 125e12,
+    "A10": 125e12,
+}
+
+# Known training FLOPs per sample at 224 px (forward + backward = 3 x forward, 2 FLOP per MAC).
+KNOWN_TRAIN_FLOPS = {"vit_base_patch16_224": 105.5e9}
+
+
+def peak_flops(device: str, override_tflops: float | None = None) -> float | None:
+    if override_tflops:
+        return override_tflops * 1e12
+    if device != "cuda" or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    for key in sorted(PEAK_BF16, key=len, reverse=True):
+        if key in name:
+            return PEAK_BF16[key]
+    return None
+
+
+def train_flops_per_sample(model: torch.nn.Module, model_name: str, image_size: int, device: str) -> float:
+    """3 x forward FLOPs of one sample, counted with FlopCounterMode (known value for ViT-B/16 @224)."""
+    if image_size == 224 and model_name in KNOWN_TRAIN_FLOPS:
+        return KNOWN_TRAIN_FLOPS[model_name]
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = torch.zeros(1, 3, image_size, image_size, device=device)
+    counter = FlopCounterMode(display=False)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), counter:
+            model(x)
+    finally:
+        model.train(was_training)
+    return 3.0 * counter.get_total_flops()
+
+
+def mfu(samples_per_s: float, flops_per_sample: float, peak_per_device: float | None, devices: int) -> float | None:
+    if not peak_per_device:
+        return None
+    return samples_per_s * flops_per_sample / (peak_per_device * devices)
