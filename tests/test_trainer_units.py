@@ -190,3 +190,48 @@ def test_broadcast_skeleton_roundtrip_single_rank():
 def test_mfu():
     assert mfu(9375.0, 105.5e9, 989e12, 1) == pytest.approx(1.0, rel=1e-3)
     assert mfu(100.0, 1e9, None, 1) is None
+
+
+def _image_folder(root, n_per_class=5):
+    from PIL import Image
+
+    for c in ("a", "b", "c"):
+        (root / c).mkdir(parents=True)
+        for i in range(n_per_class):
+            Image.new("RGB", (12, 12), (i * 40 % 255, len(c) * 60, 100)).save(root / c / f"{i}.png")
+
+
+def test_imagefolder_resume_position_is_exact(tmp_path):
+    from training.data import ImageFolderData
+
+    _image_folder(tmp_path / "imgs")
+
+    def make():
+        return ImageFolderData(str(tmp_path / "imgs"), batch_size=2, image_size=8, seed=1, rank=0, world_size=2,
+                               device=torch.device("cpu"), workers=0)
+
+    full = make()
+    straight = [full.batch(s) for s in range(7)]  # crosses an epoch boundary (8 samples per rank)
+    resumed = make()
+    resumed.load_state_dict(full.state_dict(4))
+    for s in range(4, 7):
+        x, y = resumed.batch(s)
+        assert torch.equal(x, straight[s][0]) and torch.equal(y, straight[s][1])
+    assert full.state_dict(5) == {"kind": "imagefolder", "step": 5, "epoch": 1, "index": 2}
+
+
+def test_dataloader_workers_ignore_sigterm(tmp_path):
+    import time
+
+    from training.stop import ignore_stop_signals_in_worker
+
+    ds = torch.utils.data.TensorDataset(torch.arange(64).float())
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=1, worker_init_fn=ignore_stop_signals_in_worker,
+                                         multiprocessing_context="fork")
+    it = iter(loader)
+    next(it)
+    pid = it._workers[0].pid
+    os.kill(pid, signal.SIGTERM)
+    time.sleep(0.3)
+    assert it._workers[0].is_alive()
+    assert len([b for b in it]) == 15  # the rest of the epoch still arrives

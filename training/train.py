@@ -268,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         if stop_now:
             t0 = time.perf_counter()
+            reason = stop.reason()
             note_finished(ckpt.wait())
             if last_saved != step:
                 ckpt.save(step, full_state(step), sync=True)
@@ -276,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             save_s = time.perf_counter() - t0
             if info.is_node_writer:
                 stop.consume_stop_file()
-            log(f"stop step={step} reason={stop.reason()} emergency_save_s={save_s:.3f}")
+            log(f"stop step={step} reason={reason.replace(' ', '_')} emergency_save_s={save_s:.3f}")
             progress.write(step, state="preempted", step_time_s=step_time, force=True)
             code = exitcodes.PREEMPTED
             break

@@ -1,0 +1,293 @@
+"""Trainer benchmark (issue 3): throughput/MFU vs a tutorial-style baseline in the same run,
+periodic-checkpoint stall, emergency-save time, resume time.
+
+GPU (the reported configuration; an H100 is the target machine)::
+
+    python bench/trainer.py --device cuda --out bench-trainer.json
+
+CPU smoke (checks the harness end to end; numbers say nothing about GPUs)::
+
+    python bench/trainer.py --smoke --out bench-trainer-cpu.json
+
+Phases, each in its own process so GPU memory and caches do not leak between them:
+
+1. baseline: random images made on the CPU in a ``DataLoader`` (``--baseline-workers`` workers,
+   pinned memory), ``torch.optim.Adam``, eager, bf16 autocast on CUDA (the mixed-precision tutorial
+   loop) -> samples/s.
+2. kit trainer (``python -m training.train``, synthetic on-device data, fused AdamW, bf16, optional
+   ``--compile``) with periodic asynchronous checkpoints -> samples/s, MFU, stall per periodic save,
+   background write time; then the stop file -> emergency (synchronous) save time; exit 75.
+3. relaunch with the same flags -> resume time = process start -> first finished step (includes
+   imports, CUDA init, reading + verifying the checkpoint); stopped again right after.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+TARGETS = {"speedup_vs_baseline": 1.6, "stall_s": 0.5, "emergency_save_s": 5.0, "resume_s": 30.0}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--model", default="vit_base_patch16_224")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--num-classes", type=int, default=1000)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--steps", type=int, default=120, help="measured trainer steps before the stop")
+    p.add_argument("--baseline-steps", type=int, default=60)
+    p.add_argument("--skip-steps", type=int, default=20, help="warm-up steps excluded from throughput")
+    p.add_argument("--ckpt-every", type=int, default=40)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--baseline-workers", type=int, default=8)
+    p.add_argument("--compile", action="store_true", help="also measure the trainer with --compile")
+    p.add_argument("--ckpt-dir", default=None, help="default: a fresh temp dir on the local disk")
+    p.add_argument("--smoke", action="store_true",
+                   help="CPU smoke preset: vit_tiny_patch16_224 @32px, batch 8, few steps")
+    p.add_argument("--out", default=None, help="write the JSON result here")
+    p.add_argument("--run-baseline", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.smoke:
+        a.device, a.model, a.image_size, a.num_classes = "cpu", "vit_tiny_patch16_224", 32, 10
+        a.batch_size, a.steps, a.baseline_steps, a.skip_steps = 8, 40, 30, 5
+        a.ckpt_every, a.log_every, a.baseline_workers = 10, 5, 2
+    return a
+
+
+# ---------------------------------------------------------------------------------------------
+# phase 1: the tutorial-style baseline (runs in a child process: --run-baseline)
+def run_baseline(a) -> dict:
+    import timm
+    import torch
+    import torch.nn.functional as F
+
+    class RandomImages(torch.utils.data.Dataset):
+        def __init__(self, n, size, classes):
+            self.n, self.size, self.classes = n, size, classes
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            return torch.randn(3, self.size, self.size), int(torch.randint(0, self.classes, ()).item())
+
+    cuda = a.device == "cuda"
+    dev = torch.device(a.device)
+    total = a.baseline_steps + a.skip_steps
+    loader = torch.utils.data.DataLoader(
+        RandomImages(total * a.batch_size, a.image_size, a.num_classes), batch_size=a.batch_size, shuffle=True,
+        num_workers=a.baseline_workers, pin_memory=cuda, drop_last=True,
+        persistent_workers=a.baseline_workers > 0)
+    model = timm.create_model(a.model, num_classes=a.num_classes, img_size=a.image_size).to(dev).train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    t0 = None
+    for i, (x, y) in enumerate(loader):
+        if i == a.skip_steps:
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    if cuda:
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    return {"samples_per_s": a.baseline_steps * a.batch_size / dt, "steps": a.baseline_steps,
+            "workers": a.baseline_workers, "final_loss": float(loss)}
+
+
+# ---------------------------------------------------------------------------------------------
+class Proc:
+    def __init__(self, cmd, env):
+        self.t_launch = time.time()
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            sys.stderr.write("  | " + line)
+
+    def wait_line(self, pattern, timeout, after=0):
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for i, line in enumerate(self.lines[after:], after):
+                m = rx.search(line)
+                if m:
+                    return i, m
+            if self.proc.poll() is not None:
+                self.reader.join(2)
+                for i, line in enumerate(self.lines[after:], after):
+                    if rx.search(line):
+                        return i, rx.search(line)
+                raise RuntimeError(f"trainer exited rc={self.proc.returncode} before /{pattern}/")
+            time.sleep(0.05)
+        raise TimeoutError(f"no /{pattern}/ within {timeout}s")
+
+    def finish(self, timeout=600):
+        rc = self.proc.wait(timeout)
+        self.reader.join(5)
+        return rc
+
+
+def kv(line: str) -> dict:
+    return dict(t.split("=", 1) for t in line.split() if "=" in t)
+
+
+def run_trainer(a, ckpt_dir: Path, compile_: bool, env) -> dict:
+    stop = ckpt_dir.parent / f"stop-{'c' if compile_ else 'e'}"
+    flags = ["--model", a.model, "--image-size", str(a.image_size), "--num-classes", str(a.num_classes),
+             "--batch-size", str(a.batch_size), "--steps", "1000000", "--warmup-steps", "10",
+             "--ckpt-dir", str(ckpt_dir), "--ckpt-every", str(a.ckpt_every), "--keep", "2",
+             "--log-every", str(a.log_every), "--device", a.device, "--stop-file", str(stop)]
+    if compile_:
+        flags.append("--compile")
+    cmd = [sys.executable, "-m", "training.train", *flags]
+    res: dict = {"command": "python -m training.train " + " ".join(flags), "compile": compile_}
+
+    # run 1: throughput + periodic stalls, then emergency save
+    p = Proc(cmd, env)
+    target = a.steps + a.skip_steps
+    i, _ = p.wait_line(rf"^step={target} ", timeout=1800)
+    p.wait_line(r"^ckpt_written ", timeout=600, after=max(0, i - 5))  # stop when no write is in flight
+    stop.write_text("bench\n")
+    rc = p.finish()
+    res["rc_stop"] = rc
+    logs = [kv(x) for x in p.lines if x.startswith("step=")]
+    measured = [d for d in logs if a.skip_steps < int(d["step"]) <= target]
+    sps = [float(d["samples_per_s"]) for d in measured]
+    mfus = [float(d["mfu"]) for d in measured if d.get("mfu") not in (None, "n/a")]
+    res["samples_per_s"] = statistics.median(sps) if sps else None
+    res["mfu"] = statistics.median(mfus) if mfus else None
+    stalls = [float(kv(x)["stall_s"]) for x in p.lines if x.startswith("ckpt step=")]
+    writes = [(float(kv(x)["write_s"]), int(kv(x)["bytes"])) for x in p.lines if x.startswith("ckpt_written ")]
+    res["stall_s_max"] = max(stalls) if stalls else None
+    res["stall_s_mean"] = statistics.mean(stalls) if stalls else None
+    res["periodic_saves"] = len(stalls)
+    res["write_s_mean"] = statistics.mean(w for w, _ in writes) if writes else None
+    res["checkpoint_bytes"] = writes[-1][1] if writes else None
+    stop_lines = [kv(x) for x in p.lines if x.startswith("stop step=")]
+    res["emergency_save_s"] = float(stop_lines[-1]["emergency_save_s"]) if stop_lines else None
+    res["stopped_at_step"] = int(stop_lines[-1]["step"]) if stop_lines else None
+
+    # run 2: resume time (process start -> first finished step), then stop again
+    p = Proc(cmd, env)
+    _, m = p.wait_line(r"^first_step_done .*since_process_start_s=([0-9.]+)", timeout=1800)
+    res["resume_s"] = float(m.group(1))
+    res["resume_s_from_launch"] = None
+    res["resumed_line"] = next((x for x in p.lines if x.startswith("resumed step=")), None)
+    stop.write_text("bench\n")
+    res["rc_resume_stop"] = p.finish()
+    stop_lines = [kv(x) for x in p.lines if x.startswith("stop step=")]
+    res["emergency_save_s_2"] = float(stop_lines[-1]["emergency_save_s"]) if stop_lines else None
+    return res
+
+
+def environment(a) -> dict:
+    import torch
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "host": platform.node(),
+           "cpus": os.cpu_count(), "device": a.device}
+    if a.device == "cuda" and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+    else:
+        env["cpu"] = platform.processor() or platform.machine()
+    return env
+
+
+def verdicts(result: dict) -> dict:
+    out = {}
+    for name, r in result["trainer"].items():
+        base = result["baseline"]["samples_per_s"]
+        speed = (r["samples_per_s"] / base) if (r.get("samples_per_s") and base) else None
+        r["speedup_vs_baseline"] = speed
+        out[name] = {
+            "speedup_vs_baseline": (speed, speed is not None and speed >= TARGETS["speedup_vs_baseline"]),
+            "stall_s": (r["stall_s_max"], r["stall_s_max"] is not None and r["stall_s_max"] <= TARGETS["stall_s"]),
+            "emergency_save_s": (r["emergency_save_s"], r["emergency_save_s"] is not None
+                                 and r["emergency_save_s"] <= TARGETS["emergency_save_s"]),
+            "resume_s": (r["resume_s"], r["resume_s"] is not None and r["resume_s"] <= TARGETS["resume_s"]),
+        }
+    return out
+
+
+def markdown(result: dict) -> str:
+    header = ("| variant | samples/s | vs baseline | MFU | stall/save max (mean) | bg write | emergency save "
+              "| resume |")
+    lines = [header, "|---|---|---|---|---|---|---|---|"]
+    b = result["baseline"]
+    lines.append(f"| baseline (CPU DataLoader, Adam, eager) | {b['samples_per_s']:.1f} | 1.00x | | | | | |")
+    for name, r in result["trainer"].items():
+        mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        lines.append(
+            f"| kit trainer {name} | {r['samples_per_s']:.1f} | {r['speedup_vs_baseline']:.2f}x | {mfu} "
+            f"| {r['stall_s_max']:.3f} s ({r['stall_s_mean']:.3f} s) | {r['write_s_mean']:.2f} s "
+            f"({(r['checkpoint_bytes'] or 0) / 1e9:.3f} GB) | {r['emergency_save_s']:.2f} s "
+            f"| {r['resume_s']:.1f} s |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.run_baseline:
+        print(json.dumps(run_baseline(a)))
+        return 0
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    if a.device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // 2)))
+    argv_now = sys.argv[1:] if argv is None else argv
+    result = {"argv": argv_now, "environment": environment(a), "targets": TARGETS, "trainer": {}}
+
+    print("== baseline", file=sys.stderr)
+    out = subprocess.run([sys.executable, __file__, *argv_now, "--run-baseline"], cwd=REPO, env=env,
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        print(out.stdout, out.stderr, file=sys.stderr)
+        return 1
+    result["baseline"] = json.loads(out.stdout.strip().splitlines()[-1])
+
+    root = Path(a.ckpt_dir) if a.ckpt_dir else Path(tempfile.mkdtemp(prefix="kit-bench-"))
+    try:
+        for compile_ in ([False, True] if a.compile else [False]):
+            name = "compile" if compile_ else "eager"
+            print(f"== trainer {name}", file=sys.stderr)
+            d = root / name / "ckpt"
+            shutil.rmtree(d, ignore_errors=True)
+            d.parent.mkdir(parents=True, exist_ok=True)
+            result["trainer"][name] = run_trainer(a, d, compile_, env)
+    finally:
+        if not a.ckpt_dir:
+            shutil.rmtree(root, ignore_errors=True)
+    result["verdicts"] = verdicts(result)
+    result["markdown"] = markdown(result)
+    print(result["markdown"])
+    print(json.dumps(result["verdicts"], indent=1))
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
