@@ -187,3 +187,17 @@ def test_e_two_nodes_one_empty_checkpoint_dir(tmp_path, tmp_path_factory):
     assert step == stop_step and str(dirs[1]) in path, out
     assert digest(out) == ref
     assert complete_steps(dirs[0])[-1] == STEPS  # the replaced node has its own full copy again
+
+
+def test_time_based_checkpoints_and_rerun_after_done_is_idempotent(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    a = [*TINY, "--steps", "6", "--ckpt-every", "0", "--ckpt-every-seconds", "0.25", "--keep", "10",
+         "--ckpt-dir", str(ckpt), "--throttle-s", "0.2"]
+    r = Run(command(1, a))
+    assert r.finish() == 0, r.output
+    steps = complete_steps(ckpt)
+    assert steps[-1] == 6 and len(steps) >= 3, (steps, r.output)  # saves came from the clock, not the step count
+    again = Run(command(1, a))
+    assert again.finish() == 0, again.output
+    assert resumed(again.output)[0] == 6 and digest(again.output) == digest(r.output)
+    assert "first_step_done" not in again.output

@@ -235,3 +235,14 @@ def test_dataloader_workers_ignore_sigterm(tmp_path):
     time.sleep(0.3)
     assert it._workers[0].is_alive()
     assert len([b for b in it]) == 15  # the rest of the epoch still arrives
+
+
+def test_outcome_classification(tmp_path):
+    from training.exitcodes import outcome
+
+    assert outcome(0) == "done" and outcome(75) == "preempted" and outcome(1) == "crashed"
+    prog = tmp_path / "p.json"
+    ProgressWriter(str(prog), 10).write(4, state="preempted")
+    assert outcome(1, str(prog)) == "preempted"  # torchrun: agent exits 1, workers exited 75
+    assert outcome(1, str(prog), started_at=read_progress(prog)["time"] + 10) == "crashed"  # stale file
+    assert outcome(-9, str(tmp_path / "missing.json")) == "crashed"

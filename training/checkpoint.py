@@ -210,6 +210,13 @@ class Checkpointer:
                 shutil.rmtree(p, ignore_errors=True)
 
     # -- saving -------------------------------------------------------------------------------
+    def prepare(self, state: dict) -> None:
+        """Allocate the (pinned) staging buffers ahead of the first save, so its stall is only a copy."""
+        if self.writer:
+            self.stager.stage(state)
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.current_stream().synchronize()
+
     def wait(self) -> SaveStats | None:
         """Block until the in-flight background write (if any) has finished."""
         t = self._thread

@@ -10,3 +10,31 @@
 DONE = 0
 PREEMPTED = 75
 USAGE = 2
+
+
+def outcome(returncode: int, progress_file: str | None = None, started_at: float | None = None) -> str:
+    """Classify a finished run as ``"done"``, ``"preempted"`` or ``"crashed"``.
+
+    Run directly (``python -m training.train``) the exit code is enough. Under torchrun the agent
+    itself exits 1 whenever a worker exits non-zero (75 included; the worker codes are only in its
+    error summary), so the progress file written by rank 0 decides: ``state == "preempted"`` written
+    after ``started_at`` means the stop save completed.
+    """
+    if returncode == DONE:
+        return "done"
+    if returncode == PREEMPTED:
+        return "preempted"
+    if progress_file:
+        import json
+
+        try:
+            with open(progress_file) as f:
+                doc = json.load(f)
+        except (OSError, ValueError):
+            doc = None
+        if doc and (started_at is None or float(doc.get("time", 0)) >= started_at):
+            if doc.get("state") == "preempted":
+                return "preempted"
+            if doc.get("state") == "done":
+                return "done"
+    return "crashed"

@@ -303,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.synchronize()
             first_step_logged = True
             log(f"first_step_done step={step} since_process_start_s={time.time() - t_start:.3f}")
+            if cuda:  # pinned staging buffers now, not inside the first periodic save's stall
+                ckpt.prepare({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict()})
             window_t, window_steps = time.perf_counter(), 0
         if step % args.log_every == 0 or step == args.steps:
             loss_v = loss.item()  # synchronises
