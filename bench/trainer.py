@@ -195,7 +195,6 @@ def run_trainer(a, ckpt_dir: Path, compile_: bool, env) -> dict:
     p = Proc(cmd, env)
     _, m = p.wait_line(r"^first_step_done .*since_process_start_s=([0-9.]+)", timeout=1800)
     res["resume_s"] = float(m.group(1))
-    res["resume_s_from_launch"] = None
     res["resumed_line"] = next((x for x in p.lines if x.startswith("resumed step=")), None)
     stop.write_text("bench\n")
     res["rc_resume_stop"] = p.finish()
