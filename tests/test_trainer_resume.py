@@ -68,8 +68,8 @@ def run_chain(world, tmp_path_factory):
 
     # run 2: resumes from the newest periodic checkpoint; SIGTERM (to torchrun for 2 ranks) mid-run
     r2 = Run(command(world, args_for(ckpt, progress, throttle=0.3)))
-    r2.wait_for(lambda: resumed(r2.output) is not None and r2.max_step_logged() >= out["after_kill"] + 2,
-                what="two steps after resume")
+    r2.wait_for(lambda: resumed(r2.output) is not None and r2.max_step_logged() >= out["after_kill"] + 1,
+                what="a step after resume")
     r2.signal(signal.SIGTERM)
     rc2 = r2.finish()
     out["resume2"] = resumed(r2.output)
@@ -165,7 +165,7 @@ def test_e_two_nodes_one_empty_checkpoint_dir(tmp_path, tmp_path_factory):
 
     port = _free_port()
     runs = [launch(0, port, 0.3), launch(1, port, 0.3)]
-    runs[0].wait_for(lambda: runs[0].max_step_logged() >= 4, timeout=90, what="step 4")
+    runs[0].wait_for(lambda: runs[0].max_step_logged() >= 4, what="step 4")
     stop_files[1].parent.mkdir(parents=True, exist_ok=True)
     stop_files[1].write_text("stop\n")
     rcs = [r.finish() for r in runs]

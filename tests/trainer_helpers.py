@@ -54,7 +54,7 @@ class Run:
     def output(self) -> str:
         return "".join(self._chunks)
 
-    def wait_for(self, predicate, timeout: float = 60.0, what: str = "condition") -> None:
+    def wait_for(self, predicate, timeout: float = 180.0, what: str = "condition") -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if predicate():
@@ -71,7 +71,7 @@ class Run:
         steps = [int(s) for s in STEP_RE.findall(self.output)]
         return max(steps) if steps else 0
 
-    def finish(self, timeout: float = 120.0) -> int:
+    def finish(self, timeout: float = 300.0) -> int:
         try:
             rc = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -188,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         data = ImageFolderData(args.data, args.batch_size, args.image_size, args.seed, info.rank,
                                info.world_size, info.device, args.workers)
+        if data.num_classes > args.num_classes:
+            print(f"error: --data {args.data} has {data.num_classes} classes but --num-classes is "
+                  f"{args.num_classes}", file=sys.stderr)
+            return exitcodes.USAGE
 
     ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, writer=info.is_node_writer, log=warn)
 
@@ -250,7 +254,6 @@ def main(argv: list[str] | None = None) -> int:
         elif stats.path and stats.write_s is not None:
             log(f"ckpt_written step={stats.step} write_s={stats.write_s:.3f} bytes={stats.bytes}")
 
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False))
     loss_fn = torch.nn.CrossEntropyLoss()
     last_saved = step if newest >= 0 else -1
     last_save_time = time.monotonic()
@@ -288,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"ckpt step={step} stall_s={stats.stall_s:.4f}")
 
         x, y = data.batch(step)
-        with autocast:
+        with torch.autocast(device_kind, dtype=torch.bfloat16, enabled=cuda):
             loss = loss_fn(model(x), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
