@@ -59,6 +59,9 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true",
                    help="CPU smoke preset: vit_tiny_patch16_224 @32px, batch 8, few steps")
     p.add_argument("--out", default=None, help="write the JSON result here")
+    p.add_argument("--ckpt-io", action="store_true",
+                   help="only time checkpoint I/O of the model + AdamW state on this machine's disk (no GPU needed)")
+    p.add_argument("--repeats", type=int, default=3, help="--ckpt-io repetitions")
     p.add_argument("--run-baseline", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.smoke:
@@ -203,6 +206,44 @@ def run_trainer(a, ckpt_dir: Path, compile_: bool, env) -> dict:
     return res
 
 
+def run_ckpt_io(a) -> dict:
+    """Synchronous save (stop-save path) and verified load of the real model + AdamW state, host side."""
+    import torch
+
+    sys.path.insert(0, str(REPO))
+    from training.checkpoint import Checkpointer, newest_loadable
+    from training.optim import make_optimizer, make_scheduler
+    from training.train import create_model, rng_state
+
+    model = create_model(a.model, a.num_classes, a.image_size)
+    opt = make_optimizer(model, 1e-3)
+    for prm in model.parameters():
+        prm.grad = torch.zeros_like(prm)
+    opt.step()  # materialise the AdamW moments
+    sched = make_scheduler(opt, 10, 100)
+    root = Path(a.ckpt_dir) if a.ckpt_dir else Path(tempfile.mkdtemp(prefix="kit-ckpt-io-"))
+    res = {"model": a.model, "save_s": [], "stall_s": [], "load_s": [], "bytes": None, "dir": str(root)}
+    try:
+        ck = Checkpointer(root / "ckpt", keep=2)
+        for i in range(a.repeats):
+            state = {"format": 1, "step": i + 1, "world_size": 1, "model": model.state_dict(),
+                     "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                     "rng": {"rank_0": rng_state(False)}, "data": {"rank_0": {"step": i + 1}}}
+            t0 = time.perf_counter()
+            st = ck.save(i + 1, state, sync=True)
+            res["save_s"].append(time.perf_counter() - t0)
+            res["stall_s"].append(st.stall_s)
+            res["bytes"] = st.bytes
+            t0 = time.perf_counter()
+            step, _, _ = newest_loadable(root / "ckpt")
+            res["load_s"].append(time.perf_counter() - t0)
+            assert step == i + 1
+    finally:
+        if not a.ckpt_dir:
+            shutil.rmtree(root, ignore_errors=True)
+    return res
+
+
 def environment(a) -> dict:
     import torch
 
@@ -251,6 +292,12 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     if a.run_baseline:
         print(json.dumps(run_baseline(a)))
+        return 0
+    if a.ckpt_io:
+        res = {"environment": environment(a), "ckpt_io": run_ckpt_io(a)}
+        print(json.dumps(res, indent=1))
+        if a.out:
+            Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
         return 0
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
