@@ -64,7 +64,7 @@ class Run:
                 if predicate():
                     return
                 raise AssertionError(f"trainer exited (rc={self.proc.returncode}) before {what}:\n{self.output}")
-            time.sleep(0.05)
+            time.sleep(0.02)
         raise AssertionError(f"timed out waiting for {what}:\n{self.output}")
 
     def max_step_logged(self) -> int:
