@@ -26,6 +26,10 @@ def peak_flops(device: str, override_tflops: float | None = None) -> float | Non
     if device != "cuda" or not torch.cuda.is_available():
         return None
     name = torch.cuda.get_device_name()
+    if "H100" in name and "PCIe" in name:
+        return 756e12
+    if "H100" in name and "NVL" in name:
+        return 835e12
     for key in sorted(PEAK_BF16, key=len, reverse=True):
         if key in name:
             return PEAK_BF16[key]

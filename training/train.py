@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     model = raw_model
     if info.is_distributed:
         model = torch.nn.parallel.DistributedDataParallel(
-            raw_model, device_ids=[info.local_rank] if cuda else None, broadcast_buffers=False)
+            raw_model, device_ids=[info.local_rank] if cuda else None)
     if args.compile:
         model = torch.compile(model)
 
