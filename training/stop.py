@@ -12,8 +12,6 @@ import signal
 import time
 from pathlib import Path
 
-import torch
-
 
 class StopMonitor:
     def __init__(self, stop_file: str | None = None, signals=(signal.SIGTERM, signal.SIGINT)):
@@ -58,6 +56,7 @@ def agree(flags: list[bool], group=None, world_size: int = 1) -> list[bool]:
     """All-reduce MAX a small vector of booleans (CPU tensor on the gloo control-plane group)."""
     if world_size <= 1:
         return [bool(f) for f in flags]
+    import torch
     import torch.distributed as dist
 
     t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32)
