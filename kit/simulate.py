@@ -1,0 +1,290 @@
+"""Replay spot capacity traces against the policies (issue 5's exact model) and an omniscient bound.
+
+Model (shared with other implementations, so results are comparable):
+
+* Time moves in ticks of ``G = gap_seconds / 3600`` hours. A gang of ``N`` nodes has spot in tick
+  ``i`` iff ``data[i] >= N``; a spot cluster is lost at the start of any tick where it is not
+  usable (the policy then sees ``market=None, preempted=True``).
+* Every launch (spot or on-demand, also a switch) first spends ``d`` hours billed without
+  progress. The cost of a tick is ``N x price x time held in that tick``; the job stops being
+  billed the moment its compute reaches ``C0``. It misses if not done by ``R0``.
+* A policy answering ``spot`` in a tick without spot capacity holds nothing that tick.
+* A run that is not done after the simulated window (``span`` ticks) is counted as a miss and
+  finished on on-demand (one changeover + the remaining compute) for its cost.
+* Starts: ``numpy.linspace(0, len(data) - span, K).astype(int)``, ``span = ceil(R0 / G) + 1``;
+  traces shorter than ``span`` are skipped. Cost is relative to ``N x Q x (C0 + d)``.
+* ``opt``: dynamic programming over (tick, market, ticks since launch, compute) with the whole
+  trace known. Compute is tracked on a grid that holds every per-tick progress exactly when
+  ``d`` and ``G`` are commensurable (as in all shared traces); otherwise progress is rounded *up*,
+  so ``opt`` is always a true lower bound of this model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kit.errors import InputError
+from kit.policy import ON_DEMAND, POLICY_NAMES, SPOT, WAIT, Observation, make_policy
+from kit.traces import Trace
+
+EPS = 1e-9
+OPT = "opt"
+ALL_POLICIES = POLICY_NAMES + (OPT,)
+DEFAULT_SPOT_PRICE, DEFAULT_ON_DEMAND_PRICE = 1.0, 4.0
+
+
+@dataclass(frozen=True)
+class Params:
+    nodes: int = 16
+    job_h: float = 48.0
+    deadline_h: float = 60.0
+    changeover_h: float = 0.2
+    starts: int = 8
+    spot_price: float = DEFAULT_SPOT_PRICE  # used when a trace has no prices
+    on_demand_price: float = DEFAULT_ON_DEMAND_PRICE
+
+    def check(self) -> None:
+        problems = []
+        if self.nodes < 1:
+            problems.append(("--nodes", "must be >= 1"))
+        if not self.job_h > 0:
+            problems.append(("--job-hours", "must be > 0"))
+        if not self.deadline_h > 0:
+            problems.append(("--deadline-hours", "must be > 0"))
+        if self.changeover_h < 0:
+            problems.append(("--changeover-hours", "must be >= 0"))
+        if self.starts < 1:
+            problems.append(("--starts", "must be >= 1"))
+        if not self.spot_price > 0 or not self.on_demand_price > 0:
+            problems.append(("--spot-price/--on-demand-price", "must be > 0"))
+        if problems:
+            where, what = problems[0]
+            raise InputError(what, where=where)
+
+
+@dataclass
+class Run:
+    """One (trace, start, policy) replay."""
+
+    trace: str
+    start: int
+    policy: str
+    cost: float  # $
+    cost_vs_on_demand: float
+    done_h: float | None  # when compute reached C0 (None: not within the window)
+    missed: bool
+    spot_h: float = 0.0  # hours held on spot (incl. changeovers)
+    on_demand_h: float = 0.0
+    launches: int = 0
+    timeline: list[dict] = field(default_factory=list)  # per tick, only when recorded
+
+
+def span_ticks(params: Params, tick_h: float) -> int:
+    return math.ceil(params.deadline_h / tick_h - EPS) + 1
+
+
+def start_ticks(trace: Trace, params: Params) -> list[int]:
+    span = span_ticks(params, trace.tick_h)
+    if len(trace) < span:
+        return []
+    return [int(s) for s in np.linspace(0, len(trace) - span, params.starts).astype(int)]
+
+
+def simulate_policy(trace: Trace, start: int, policy_name: str, params: Params, *, record: bool = False,
+                    policy_params: dict | None = None) -> Run:
+    G, N, C0, R0, d = trace.tick_h, params.nodes, params.job_h, params.deadline_h, params.changeover_h
+    span = span_ticks(params, G)
+    avail = trace.spot_available(N)[start:start + span]
+    spot_prices = trace.spot_prices(params.spot_price)[start:start + span]
+    q = trace.on_demand_price(params.on_demand_price)
+    policy = make_policy(policy_name, **(policy_params or {}))
+    market: str | None = None
+    setup_left = 0.0
+    progress = 0.0
+    cost = 0.0
+    done_h = None
+    spot_h = od_h = 0.0
+    launches = 0
+    timeline: list[dict] = []
+    for i in range(span):
+        now = i * G
+        preempted = False
+        if market == SPOT and not avail[i]:
+            market, preempted = None, True
+        obs = Observation(now_h=now, progress_h=progress, job_h=C0, deadline_h=R0, changeover_h=d, market=market,
+                          spot_available=bool(avail[i]), preempted=preempted, tick_h=G)
+        decision = policy.decide(obs)
+        if decision not in (SPOT, ON_DEMAND, WAIT):
+            raise ValueError(f"policy {policy_name} answered {decision!r}")
+        if decision == SPOT and not avail[i]:
+            decision = WAIT
+        if decision == WAIT:
+            market = None
+        elif decision != market:
+            market, setup_left = decision, d
+            launches += 1
+        held = 0.0
+        if market is not None:
+            setup = min(setup_left, G)
+            work = min(G - setup, C0 - progress)
+            held = setup + work
+            setup_left -= setup
+            progress += work
+            price = spot_prices[i] if market == SPOT else q
+            cost += N * price * held
+            if market == SPOT:
+                spot_h += held
+            else:
+                od_h += held
+        if record:
+            timeline.append({"t": now, "market": market, "progress": progress, "spot": bool(avail[i]),
+                             "decision": decision})
+        if progress >= C0 - EPS:
+            done_h = now + held
+            break
+    missed = done_h is None or done_h > R0 + 1e-7
+    if done_h is None:  # finish on on-demand after the window, for the cost
+        cost += N * q * (d + (C0 - progress))
+        od_h += d + (C0 - progress)
+    baseline = N * q * (C0 + d)
+    return Run(trace=trace.name, start=start, policy=policy_name, cost=cost, cost_vs_on_demand=cost / baseline,
+               done_h=done_h, missed=missed, spot_h=spot_h, on_demand_h=od_h, launches=launches, timeline=timeline)
+
+
+# --------------------------------------------------------------------------------------- opt
+def _grid(G: float, d: float, C0: float) -> tuple[float, list[int], int]:
+    """Compute unit u and per-phase progress in units (phase j = ticks held since launch)."""
+    phases = max(1, math.ceil(d / G - EPS)) if d > EPS else 0
+    progress = [G - min(G, max(0.0, d - j * G)) for j in range(phases + 1)]
+    for m in range(1, 241):
+        u = G / m
+        if all(abs(p / u - round(p / u)) < 1e-6 for p in progress) and abs(C0 / u - round(C0 / u)) < 1e-6:
+            return u, [round(p / u) for p in progress], round(C0 / u)
+    m = 240
+    u = G / m
+    return u, [math.ceil(p / u - 1e-9) for p in progress], math.floor(C0 / u + 1e-9)  # optimistic
+
+
+def simulate_opt(trace: Trace, start: int, params: Params) -> Run:
+    """Cheapest way to finish by R0 knowing the whole trace (same model, DP)."""
+    G, N, C0, R0, d = trace.tick_h, params.nodes, params.job_h, params.deadline_h, params.changeover_h
+    span = span_ticks(params, G)
+    avail = trace.spot_available(N)[start:start + span]
+    spot_prices = trace.spot_prices(params.spot_price)[start:start + span]
+    q = trace.on_demand_price(params.on_demand_price)
+    u, prog_units, target = _grid(G, d, C0)
+    P = len(prog_units)  # phases 0..P-1; the last one is "running"
+    inf = math.inf
+    # states: idle [target], spot[P][target], od[P][target]: min cost, compute (units) < target
+    idle = np.full(target, inf)
+    idle[0] = 0.0
+    spot = np.full((P, target), inf)
+    od = np.full((P, target), inf)
+    best = inf
+    idx = np.arange(target)
+
+    def advance(from_cost: np.ndarray, phase: int, price: float, now: float, dest: np.ndarray):
+        """Hold one tick in ``phase`` from states ``from_cost``; finish or land in ``dest`` (next phase)."""
+        nonlocal best
+        setup_h = min(G, max(0.0, d - phase * G))
+        p = prog_units[phase]
+        finishing = idx + p >= target
+        if finishing.any():
+            fc = from_cost[finishing]
+            if np.isfinite(fc).any():
+                rem_h = C0 - idx[finishing] * u
+                finish_t = now + setup_h + rem_h
+                ok = finish_t <= R0 + 1e-7
+                if ok.any():
+                    c = fc[ok] + N * price * (setup_h + rem_h[ok])
+                    best = min(best, float(c.min()))
+        cont = ~finishing
+        if p == 0:
+            np.minimum(dest, from_cost + N * price * G, out=dest)
+        else:
+            src = from_cost[: target - p]
+            np.minimum(dest[p:], src + N * price * G, out=dest[p:])
+        del cont
+
+    for i in range(span):
+        now = i * G
+        if now >= R0 - EPS:
+            break
+        new_idle = np.full(target, inf)
+        new_spot = np.full((P, target), inf)
+        new_od = np.full((P, target), inf)
+        if not avail[i]:
+            idle = np.minimum(idle, spot.min(axis=0))  # spot cluster lost
+            spot = np.full((P, target), inf)
+        anything = np.minimum(idle, np.minimum(spot.min(axis=0), od.min(axis=0)))
+        # wait
+        np.minimum(new_idle, anything, out=new_idle)
+        # launch on-demand from idle or spot; continue on-demand
+        fresh_od = np.minimum(idle, spot.min(axis=0))
+        advance(fresh_od, 0, q, now, new_od[min(1, P - 1)])
+        for j in range(P):
+            advance(od[j], j, q, now, new_od[min(j + 1, P - 1)])
+        if avail[i]:
+            price = spot_prices[i]
+            fresh_spot = np.minimum(idle, od.min(axis=0))
+            advance(fresh_spot, 0, price, now, new_spot[min(1, P - 1)])
+            for j in range(P):
+                advance(spot[j], j, price, now, new_spot[min(j + 1, P - 1)])
+        idle, spot, od = new_idle, new_spot, new_od
+    baseline = N * q * (C0 + d)
+    missed = not math.isfinite(best)
+    cost = best if not missed else baseline
+    return Run(trace=trace.name, start=start, policy=OPT, cost=cost, cost_vs_on_demand=cost / baseline,
+               done_h=None, missed=missed)
+
+
+def simulate(traces: list[Trace], policies: list[str], params: Params, *, policy_params: dict | None = None) -> dict:
+    """Every policy on every (trace, start); returns the summary (the ``--json`` document)."""
+    params.check()
+    for name in policies:
+        if name not in ALL_POLICIES:
+            raise InputError(f"unknown policy {name!r}", where="--policy", fix=f"use one of: {', '.join(ALL_POLICIES)}, all")
+    runs: list[Run] = []
+    skipped = []
+    for trace in traces:
+        starts = start_ticks(trace, params)
+        if not starts:
+            skipped.append(trace.name)
+            continue
+        for s in starts:
+            for name in policies:
+                if name == OPT:
+                    runs.append(simulate_opt(trace, s, params))
+                else:
+                    runs.append(simulate_policy(trace, s, name, params,
+                                                policy_params=(policy_params or {}).get(name)))
+    return summarize(runs, policies, params, skipped)
+
+
+def summarize(runs: list[Run], policies: list[str], params: Params, skipped: list[str]) -> dict:
+    by = {name: [r for r in runs if r.policy == name] for name in policies}
+    n = len(by[policies[0]]) if policies else 0
+    summary = {
+        "runs": n,
+        "cost_vs_on_demand": {p: (float(np.mean([r.cost_vs_on_demand for r in rs])) if rs else None)
+                              for p, rs in by.items()},
+        "deadline_misses": {p: sum(r.missed for r in rs) for p, rs in by.items()},
+        "cost_vs_on_demand_p75": {p: (float(np.percentile([r.cost_vs_on_demand for r in rs], 75)) if rs else None)
+                                  for p, rs in by.items()},
+        "spot_hours": {p: (float(np.mean([r.spot_h for r in rs])) if rs and p != OPT else None)
+                       for p, rs in by.items()},
+        "on_demand_hours": {p: (float(np.mean([r.on_demand_h for r in rs])) if rs and p != OPT else None)
+                            for p, rs in by.items()},
+        "per_trace": {},
+        "skipped_traces": skipped,
+        "params": {"nodes": params.nodes, "job_hours": params.job_h, "deadline_hours": params.deadline_h,
+                   "changeover_hours": params.changeover_h, "starts": params.starts},
+    }
+    traces = sorted({r.trace for r in runs})
+    for t in traces:
+        summary["per_trace"][t] = {p: float(np.mean([r.cost_vs_on_demand for r in rs if r.trace == t]))
+                                   for p, rs in by.items()}
+    return summary

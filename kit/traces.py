@@ -1,0 +1,124 @@
+"""Spot capacity traces (shared/data/spot-traces/README.md): load, validate, per-tick prices.
+
+Format: ``{"metadata": {"gap_seconds": 600, ...}, "data": [16, 13, 0, ...], "prices": [...]?}``.
+``data[i]`` is how many spot instances could be had in tick ``i``; a gang of N nodes has spot in
+tick i iff ``data[i] >= N``. ``metadata`` may hold only ``gap_seconds``; prices then come from the
+caller's defaults (``kit simulate --spot-price/--on-demand-price``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit.errors import InputError
+
+FIX = "see shared/data/spot-traces/README.md for the trace format"
+
+
+@dataclass(frozen=True)
+class Trace:
+    path: Path
+    gap_seconds: float
+    data: tuple[int, ...]
+    metadata: dict = field(default_factory=dict)
+    prices: tuple[float, ...] | None = None  # spot $/h per tick, when the trace has them
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("zone") or self.path.stem)
+
+    @property
+    def tick_h(self) -> float:
+        return self.gap_seconds / 3600.0
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def spot_available(self, nodes: int) -> list[bool]:
+        return [x >= nodes for x in self.data]
+
+    def spot_prices(self, default: float) -> list[float]:
+        """Spot $/h per tick: the trace's ``prices``, else metadata's flat price, else ``default``."""
+        if self.prices is not None:
+            return list(self.prices)
+        flat = self.metadata.get("spot_price_per_hour")
+        return [float(flat if flat is not None else default)] * len(self.data)
+
+    def on_demand_price(self, default: float) -> float:
+        value = self.metadata.get("on_demand_price_per_hour")
+        return float(value if value is not None else default)
+
+
+def _number(value, where: str, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InputError(f"expected a number, got {value!r}", where=where, fix=FIX)
+    if positive and value <= 0:
+        raise InputError(f"must be > 0, got {value!r}", where=where, fix=FIX)
+    if value < 0:
+        raise InputError(f"must be >= 0, got {value!r}", where=where, fix=FIX)
+    return float(value)
+
+
+def load_trace(path: str | Path) -> Trace:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError("trace file not found", where=str(path), fix="pass a trace .json file or a directory of them") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
+        raise InputError(f"cannot read trace: {error}", where=str(path), fix=FIX) from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InputError(f"not valid JSON ({error.msg} at line {error.lineno})", where=str(path), fix=FIX) from None
+    if not isinstance(raw, dict):
+        raise InputError("a trace must be a JSON object with 'metadata' and 'data'", where=str(path), fix=FIX)
+    metadata = raw.get("metadata")
+    if not isinstance(metadata, dict):
+        raise InputError("missing 'metadata' object", where=str(path), fix=FIX)
+    if "gap_seconds" not in metadata:
+        raise InputError("missing metadata.gap_seconds", where=f"{path}: metadata.gap_seconds", fix=FIX)
+    gap = _number(metadata["gap_seconds"], f"{path}: metadata.gap_seconds", positive=True)
+    for key in ("spot_price_per_hour", "on_demand_price_per_hour"):
+        if metadata.get(key) is not None:
+            _number(metadata[key], f"{path}: metadata.{key}", positive=True)
+    data = raw.get("data")
+    if not isinstance(data, list) or not data:
+        raise InputError("'data' must be a non-empty list of spot instance counts", where=f"{path}: data", fix=FIX)
+    counts = []
+    for i, value in enumerate(data):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
+            raise InputError(f"expected a count >= 0, got {value!r}", where=f"{path}: data[{i}]", fix=FIX)
+        counts.append(int(value))
+    prices = raw.get("prices")
+    if prices is not None:
+        if not isinstance(prices, list) or len(prices) != len(counts):
+            raise InputError(f"'prices' must be a list as long as 'data' ({len(counts)})", where=f"{path}: prices", fix=FIX)
+        prices = tuple(_number(p, f"{path}: prices[{i}]", positive=True) for i, p in enumerate(prices))
+    return Trace(path=path, gap_seconds=gap, data=tuple(counts), metadata=dict(metadata), prices=prices)
+
+
+def trace_files(paths) -> list[Path]:
+    """Expand files and directories (``*.json`` inside, sorted) into trace files."""
+    files: list[Path] = []
+    for item in paths:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(x for x in p.glob("*.json") if x.is_file())
+            if not found:
+                raise InputError("no *.json trace files in directory", where=str(p), fix=FIX)
+            files.extend(found)
+        elif p.exists():
+            files.append(p)
+        else:
+            raise InputError("trace file not found", where=str(p), fix="pass trace .json files or directories of them")
+    if not files:
+        raise InputError("no trace given", fix="pass at least one trace file or directory")
+    return files
+
+
+def load_traces(paths) -> list[Trace]:
+    return [load_trace(f) for f in trace_files(paths)]
