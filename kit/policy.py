@@ -12,15 +12,12 @@ tick could make the deadline unreachable). Policies (docs/policies.md):
   spot again; each further trip doubles the cooldown, so it never flaps forever.
 * ``up``: Uniform Progress (Wu et al., "Can't Be Late", NSDI'24) with its hysteresis.
 * ``greedy``: spot whenever available, otherwise wait, on-demand only from the safety net on.
-* ``default``: greedy with a *reversible* safety net: on-demand while the slack is short, back to
-  spot when spot is up, the slack can afford another changeover and the spot runs seen so far
-  are long enough for the changeover to pay off (the paper's next-spot-lifetime rule, with the
-  lifetime estimated online).
+* ``default``: forecast-paced greedy: spot whenever a launch pays off, on-demand only when the
+  spot share seen so far cannot finish the job in the time left (see :class:`DefaultPolicy`).
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -187,67 +184,80 @@ class UniformProgressPolicy(Policy):
 
 
 class DefaultPolicy(Policy):
-    """Greedy with a reversible safety net and a learned spot-lifetime test.
+    """Forecast-paced greedy: spot whenever it pays, on-demand only for what spot cannot cover.
 
-    * Spot whenever it is available and the slack is comfortable; wait otherwise (spot costs a
-      fraction of on-demand, so every spot hour that fits before the deadline is worth taking).
-    * On-demand when the slack is at most one tick (the safety net, not sticky here).
-    * On on-demand, go back to spot only when (a) the slack still covers one more changeover to
-      spot and, if that spot run is lost at once, one back to on-demand plus a tick
-      (``slack > 2 d + tick``, so the deadline stays safe), and (b) the spot gang has been up
-      for ``confirm_h`` (a fresh launch on a flickering market wastes a changeover) and (c) the
-      typical spot run seen so far (median of completed runs, prior ``prior_run_h``) exceeds the
-      break-even lifetime ``2 k d / (k - 1)`` (Can't Be Late's next-spot-lifetime rule).
+    It learns the market while the job runs (share of ticks with spot, lengths of spot runs;
+    both start from a weak prior) and each tick asks: at the spot share seen so far, will spot
+    alone finish the remaining compute in the time left (``f * (R - t - d) >= C - margin``)?
+
+    * Spot is up: stay on spot; from idle launch spot when the expected rest of the current
+      spot run (mean of the longer runs seen, given its age) beats the changeover ``d``; from
+      on-demand only when it beats Can't Be Late's break-even lifetime ``2 k d / (k - 1)`` and
+      the slack can absorb one more round trip (``> 2 d + tick``).
+    * Spot is down (or not worth a launch): on-demand when the forecast says spot alone falls
+      short, else wait (spending slack instead of money). Once on on-demand it stays there while
+      spot is down (a release and relaunch costs two changeovers).
+    * The safety net (slack <= one tick) always wins. Without a deadline it is ``spot``.
+
+    Unlike UP it never runs on-demand just to keep a straight-line schedule when the market has
+    been good enough to catch up later, and unlike greedy it does not burn all its slack waiting
+    on a poor market before the net forces it onto on-demand for the rest of the job.
     """
 
     name = "default"
     sticky_net = False
 
-    def __init__(self, price_ratio: float = 4.0, prior_run_h: float = 2.0, confirm_h: float = 0.0) -> None:
+    def __init__(self, price_ratio: float = 4.0, prior_share: float = 0.5, prior_weight_h: float = 6.0,
+                 margin_h: float = 6.0, prior_run_h: float = 2.0) -> None:
         super().__init__()
         self.k = max(1.0 + 1e-6, float(price_ratio))
-        self.prior_run_h = float(prior_run_h)
-        self.confirm_h = float(confirm_h)
+        self.prior_share, self.prior_weight_h = float(prior_share), float(prior_weight_h)
+        self.margin_h, self.prior_run_h = float(margin_h), float(prior_run_h)
+        self.ticks = self.up_ticks = 0
         self.runs: list[float] = []  # lengths of completed spot-availability runs
         self.run_start: float | None = None
-        self.last_now: float | None = None
 
     def _observe(self, obs: Observation) -> None:
-        if obs.spot_available and self.run_start is None:
-            self.run_start = obs.now_h
-        elif not obs.spot_available and self.run_start is not None:
+        self.ticks += 1
+        if obs.spot_available:
+            self.up_ticks += 1
+            if self.run_start is None:
+                self.run_start = obs.now_h
+        elif self.run_start is not None:
             self.runs.append(obs.now_h - self.run_start)
             self.run_start = None
-        self.last_now = obs.now_h
 
-    def typical_run_h(self) -> float:
-        runs = sorted(self.runs)
-        if not runs:
-            return self.prior_run_h
-        # shrink towards the prior while few runs were seen
-        n = len(runs)
-        median = runs[n // 2] if n % 2 else 0.5 * (runs[n // 2 - 1] + runs[n // 2])
-        return (median * n + self.prior_run_h) / (n + 1)
+    def spot_share(self, tick_h: float) -> float:
+        """Share of time spot was available so far, shrunk towards the prior."""
+        w = self.prior_weight_h
+        return (self.up_ticks * tick_h + self.prior_share * w) / (self.ticks * tick_h + w)
+
+    def expected_rest_of_run_h(self, now_h: float) -> float:
+        """Mean remaining length of the current spot run, from the runs seen that lasted longer."""
+        age = now_h - self.run_start if self.run_start is not None else 0.0
+        longer = [r - age for r in self.runs if r > age + EPS]
+        return (sum(longer) + self.prior_run_h) / (len(longer) + 1)
 
     def _decide(self, obs: Observation) -> str:
-        if not obs.spot_available:
-            return ON_DEMAND if obs.market == ON_DEMAND and self._tight(obs) else WAIT
-        if obs.market == SPOT:
-            return SPOT
+        if obs.deadline_h is None:
+            return SPOT if obs.spot_available else WAIT
+        d, tick = obs.changeover_h, obs.tick_h
+        window = obs.deadline_h - obs.now_h - d
+        spot_falls_short = self.spot_share(tick) * window < obs.remaining_h - self.margin_h
+        if obs.spot_available:
+            if obs.market == SPOT:
+                return SPOT
+            rest = self.expected_rest_of_run_h(obs.now_h)
+            if obs.market == ON_DEMAND:
+                slack = obs.slack_h()
+                if slack is not None and slack <= 2 * d + tick + EPS:
+                    return ON_DEMAND
+                return SPOT if rest > 2 * self.k * d / (self.k - 1) else ON_DEMAND
+            if rest > d:
+                return SPOT
         if obs.market == ON_DEMAND:
-            slack = obs.slack_h()
-            if slack is not None and slack <= 2 * obs.changeover_h + obs.tick_h + EPS:
-                return ON_DEMAND
-            up_for = obs.now_h - self.run_start if self.run_start is not None else 0.0
-            if up_for + EPS < self.confirm_h:
-                return ON_DEMAND
-            break_even = 2 * self.k * obs.changeover_h / (self.k - 1)
-            return SPOT if self.typical_run_h() > break_even else ON_DEMAND
-        return SPOT
-
-    def _tight(self, obs: Observation) -> bool:
-        slack = obs.slack_h()
-        return slack is not None and slack <= 2 * obs.changeover_h + obs.tick_h + EPS
+            return ON_DEMAND
+        return ON_DEMAND if spot_falls_short else WAIT
 
 
 _POLICIES = {
@@ -272,4 +282,4 @@ def make_policy(name: str, **params) -> Policy:
         raise InputError(f"bad parameters for policy {name!r}: {error}", where="policy") from None
 
 
-__all__ = ["SPOT", "ON_DEMAND", "WAIT", "POLICY_NAMES", "Observation", "Policy", "make_policy", "safety_net"]
+__all__ = ["ON_DEMAND", "POLICY_NAMES", "SPOT", "WAIT", "Observation", "Policy", "make_policy", "safety_net"]
