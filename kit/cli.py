@@ -80,6 +80,7 @@ def status(
 # commands with ``app.command()(function)``; one line per module, in this block only.
 # (infra: render/plan/apply/destroy/validate; bootstrap; simulate; train)
 # KIT-COMMANDS-BEGIN
+from kit.simulate_cli import register as _register_simulate; _register_simulate(app)  # noqa: E402
 # KIT-COMMANDS-END
 
 

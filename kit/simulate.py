@@ -288,3 +288,56 @@ def summarize(runs: list[Run], policies: list[str], params: Params, skipped: lis
         summary["per_trace"][t] = {p: float(np.mean([r.cost_vs_on_demand for r in rs if r.trace == t]))
                                    for p, rs in by.items()}
     return summary
+
+
+# --------------------------------------------------------------------------------------- plot
+def plot(traces: list[Trace], policies: list[str], params: Params, summary: dict, out: str) -> None:
+    """Progress vs time for the first start of the first usable trace, and cost per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    trace = next((t for t in traces if start_ticks(t, params)), None)
+    if trace is None:
+        raise InputError("no trace is long enough to plot", where="--plot", fix="use longer traces or a shorter deadline")
+    start = start_ticks(trace, params)[0]
+    G = trace.tick_h
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [2, 1]})
+    avail = trace.spot_available(params.nodes)[start:start + span_ticks(params, G)]
+    for i, up in enumerate(avail):
+        if up:
+            ax.axvspan(i * G, (i + 1) * G, color="tab:green", alpha=0.08, lw=0)
+    ax.plot([0, params.deadline_h], [0, params.job_h], "k--", lw=1, label="uniform progress")
+    ax.axvline(params.deadline_h, color="tab:red", lw=1, ls=":", label="deadline")
+    live = [p for p in policies if p != OPT]
+    colors = {"spot": "tab:green", "on-demand": "tab:red"}
+    for n, name in enumerate(live):
+        run = simulate_policy(trace, start, name, params, record=True)
+        ts = [0.0] + [row["t"] + G for row in run.timeline]
+        ps = [0.0] + [row["progress"] for row in run.timeline]
+        line, = ax.plot(ts, ps, lw=1.5, label=f"{name} ({run.cost_vs_on_demand:.2f})")
+        # market held per tick, as a thin band under the curves
+        y0 = -1.5 - 1.2 * n
+        for row in run.timeline:
+            if row["market"]:
+                ax.fill_between([row["t"], row["t"] + G], y0, y0 + 0.9, color=colors[row["market"]], lw=0)
+        ax.text(-0.5, y0 + 0.2, name, ha="right", fontsize=7, color=line.get_color())
+    ax.set_xlabel("hours since start")
+    ax.set_ylabel("compute done (h)")
+    ax.set_title(f"{trace.name}, start tick {start}: progress (green shade: spot up; bands: spot/on-demand)",
+                 fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    names = [p for p in policies if summary["cost_vs_on_demand"].get(p) is not None]
+    values = [summary["cost_vs_on_demand"][p] for p in names]
+    bars.bar(names, values, color=["tab:gray" if p == OPT else "tab:blue" for p in names])
+    for x, v in enumerate(values):
+        bars.text(x, v, f"{v:.3f}", ha="center", va="bottom", fontsize=7)
+    bars.set_ylabel("mean cost vs on-demand")
+    bars.set_title(f"{summary['runs']} runs, misses: " + ", ".join(
+        f"{p}={summary['deadline_misses'][p]}" for p in names if summary["deadline_misses"][p]) or "no misses",
+        fontsize=9)
+    bars.tick_params(axis="x", rotation=30, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,89 @@
+"""``kit simulate``: replay spot traces against the policies (issue 5's model, see kit/simulate.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def simulate_command(
+    traces: Annotated[list[Path], typer.Argument(help="trace .json files or directories of them")],
+    policy: Annotated[str, typer.Option(help="policy name, 'opt' (omniscient bound) or 'all'")] = "all",
+    nodes: Annotated[int, typer.Option(help="gang size N: spot usable in tick i iff data[i] >= N")] = 16,
+    job_hours: Annotated[float, typer.Option(help="compute the job needs, C0 (h)")] = 48.0,
+    deadline_hours: Annotated[float, typer.Option(help="deadline R0 from the start (h)")] = 60.0,
+    changeover_hours: Annotated[float, typer.Option(help="billed setup per launch, d (h)")] = 0.2,
+    starts: Annotated[int, typer.Option(help="start ticks per trace, K")] = 8,
+    spot_price: Annotated[float | None, typer.Option(help="spot $/h per node when a trace has none")] = None,
+    on_demand_price: Annotated[float | None, typer.Option(help="on-demand $/h per node when a trace has none")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print one line of JSON")] = False,
+    plot_file: Annotated[Path | None, typer.Option("--plot", help="write a PNG: progress for one start + cost bars")] = None,
+) -> None:
+    """Replay spot capacity traces: cost vs on-demand and deadline misses per policy (and opt)."""
+    import json
+
+    from kit.errors import InputError, KitError
+
+    try:
+        from kit.simulate import (
+            ALL_POLICIES,
+            DEFAULT_ON_DEMAND_PRICE,
+            DEFAULT_SPOT_PRICE,
+            Params,
+            plot,
+            simulate,
+        )
+        from kit.traces import load_traces
+
+        if policy == "all":
+            names = list(ALL_POLICIES)
+        else:
+            names = [p.strip() for p in policy.split(",") if p.strip()]
+            bad = [p for p in names if p not in ALL_POLICIES]
+            if bad or not names:
+                raise InputError(f"unknown policy {', '.join(bad) or policy!r}", where="--policy",
+                                 fix=f"use one of: {', '.join(ALL_POLICIES)}, all (or a comma-separated list)")
+        if plot_file is not None and plot_file.suffix.lower() != ".png":
+            raise InputError("the plot is written as PNG", where=f"--plot {plot_file}", fix="name the file *.png")
+        params = Params(nodes=nodes, job_h=job_hours, deadline_h=deadline_hours, changeover_h=changeover_hours,
+                        starts=starts, spot_price=spot_price if spot_price is not None else DEFAULT_SPOT_PRICE,
+                        on_demand_price=on_demand_price if on_demand_price is not None else DEFAULT_ON_DEMAND_PRICE)
+        params.check()
+        loaded = load_traces(traces)
+        summary = simulate(loaded, names, params)
+        if summary["runs"] == 0:
+            raise InputError(f"every trace is shorter than the deadline window ({deadline_hours} h)",
+                             where=", ".join(str(t) for t in traces), fix="use longer traces or a shorter --deadline-hours")
+        if plot_file is not None:
+            plot(loaded, names, params, summary, str(plot_file))
+            summary["plot"] = str(plot_file)
+    except KitError as error:
+        from kit.cli import fail
+
+        fail(error)
+        return
+    if json_out:
+        typer.echo(json.dumps(summary, separators=(",", ":")))
+        return
+    _print_table(summary, names)
+
+
+def _print_table(summary: dict, names: list[str]) -> None:
+    p = summary["params"]
+    typer.echo(f"{summary['runs']} runs  (N={p['nodes']}, C0={p['job_hours']} h, R0={p['deadline_hours']} h, "
+               f"d={p['changeover_hours']} h, {p['starts']} starts per trace)")
+    if summary["skipped_traces"]:
+        typer.echo(f"skipped (shorter than the window): {', '.join(summary['skipped_traces'])}")
+    typer.echo(f"{'policy':<10} {'cost vs on-demand':>18} {'p75':>7} {'misses':>7}")
+    for name in names:
+        cost = summary["cost_vs_on_demand"][name]
+        p75 = summary["cost_vs_on_demand_p75"][name]
+        typer.echo(f"{name:<10} {cost:>18.4f} {p75:>7.3f} {summary['deadline_misses'][name]:>7}")
+    if summary.get("plot"):
+        typer.echo(f"plot: {summary['plot']}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate")(simulate_command)
