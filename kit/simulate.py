@@ -94,13 +94,15 @@ def start_ticks(trace: Trace, params: Params) -> list[int]:
 
 
 def simulate_policy(trace: Trace, start: int, policy_name: str, params: Params, *, record: bool = False,
-                    policy_params: dict | None = None) -> Run:
+                    policy_params: dict | None = None, policy=None) -> Run:
+    """Replay one policy (by name, or a ready ``policy`` object) from tick ``start``."""
     G, N, C0, R0, d = trace.tick_h, params.nodes, params.job_h, params.deadline_h, params.changeover_h
     span = span_ticks(params, G)
     avail = trace.spot_available(N)[start:start + span]
     spot_prices = trace.spot_prices(params.spot_price)[start:start + span]
     q = trace.on_demand_price(params.on_demand_price)
-    policy = make_policy(policy_name, **(policy_params or {}))
+    if policy is None:
+        policy = make_policy(policy_name, **(policy_params or {}))
     market: str | None = None
     setup_left = 0.0
     progress = 0.0
@@ -334,9 +336,8 @@ def plot(traces: list[Trace], policies: list[str], params: Params, summary: dict
     for x, v in enumerate(values):
         bars.text(x, v, f"{v:.3f}", ha="center", va="bottom", fontsize=7)
     bars.set_ylabel("mean cost vs on-demand")
-    bars.set_title(f"{summary['runs']} runs, misses: " + ", ".join(
-        f"{p}={summary['deadline_misses'][p]}" for p in names if summary["deadline_misses"][p]) or "no misses",
-        fontsize=9)
+    misses = ", ".join(f"{p}={summary['deadline_misses'][p]}" for p in names if summary["deadline_misses"][p])
+    bars.set_title(f"{summary['runs']} runs; deadline misses: {misses or 'none'}", fontsize=9)
     bars.tick_params(axis="x", rotation=30, labelsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

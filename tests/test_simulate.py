@@ -1,0 +1,175 @@
+"""kit.simulate: the exact model, invariants (on-demand = 1, opt <= every policy, no avoidable
+misses), the omniscient DP against brute force, and the ``kit simulate`` command."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from kit.cli import app
+from kit.policy import ON_DEMAND, POLICY_NAMES, SPOT, WAIT
+from kit.simulate import OPT, Params, simulate, simulate_opt, simulate_policy, span_ticks, start_ticks
+from kit.traces import Trace, load_traces
+
+LIVE = list(POLICY_NAMES)
+
+
+def make_trace(data, gap_seconds=1800, **metadata):
+    return Trace(path=Path("hand.json"), gap_seconds=gap_seconds, data=tuple(data),
+                 metadata={"gap_seconds": gap_seconds, **metadata})
+
+
+def markov_trace(seed, n=400, p_up=0.5, mean_up=3.0, nodes=4, gap_seconds=1800):
+    """On/off capacity with geometric run lengths (mean ``mean_up`` ticks up)."""
+    rng = random.Random(seed)
+    leave_up = 1 / mean_up
+    leave_down = leave_up * p_up / (1 - p_up)
+    up, data = rng.random() < p_up, []
+    for _ in range(n):
+        data.append(nodes if up else rng.randrange(nodes))
+        up = (rng.random() >= leave_up) if up else (rng.random() < leave_down)
+    return make_trace(data, gap_seconds, spot_price_per_hour=1.0, on_demand_price_per_hour=3.0)
+
+
+class Scripted:
+    name = "scripted"
+
+    def __init__(self, actions):
+        self.actions = list(actions)
+        self.i = 0
+
+    def decide(self, obs):
+        action = self.actions[self.i] if self.i < len(self.actions) else ON_DEMAND
+        self.i += 1
+        return action
+
+
+def test_model_by_hand():
+    # all spot: one launch, d billed at the spot price, then C0 of progress
+    p = Params(nodes=4, job_h=3.0, deadline_h=6.0, changeover_h=0.5, starts=1)
+    t = make_trace([4] * 20, 3600, spot_price_per_hour=1.0, on_demand_price_per_hour=4.0)
+    run = simulate_policy(t, 0, "greedy", p)
+    assert run.cost == pytest.approx(4 * 1.0 * 3.5) and run.done_h == pytest.approx(3.5) and not run.missed
+    assert run.cost_vs_on_demand == pytest.approx(0.25) and run.launches == 1
+    # gang: 3 of 4 nodes is no spot; a lost spot cluster pays a new changeover
+    t = make_trace([4, 4, 3, 4, 4, 4, 4, 4], 3600, spot_price_per_hour=1.0, on_demand_price_per_hour=4.0)
+    run = simulate_policy(t, 0, "spot", Params(nodes=4, job_h=3.0, deadline_h=7.0, changeover_h=0.5, starts=1))
+    # ticks 0-1: 0.5 setup + 1.5 progress; tick 2 lost; 3: 0.5 setup + 0.5; 4: 1.0 done at 5.0
+    assert run.launches == 2 and run.done_h == pytest.approx(5.0) and run.cost == pytest.approx(4 * 4.0)
+    # per-tick prices are used when the trace has them
+    t = Trace(path=Path("p.json"), gap_seconds=3600, data=(4,) * 10, metadata={"gap_seconds": 3600},
+              prices=tuple([2.0] * 10))
+    run = simulate_policy(t, 0, "greedy", Params(nodes=1, job_h=1.0, deadline_h=5.0, changeover_h=0.0, starts=1,
+                                                 on_demand_price=8.0))
+    assert run.cost == pytest.approx(2.0) and run.cost_vs_on_demand == pytest.approx(0.25)
+
+
+def test_starts_and_span_follow_the_issue():
+    t = make_trace([1] * 1000, 600)
+    p = Params(nodes=1, deadline_h=60.0, starts=8)
+    span = span_ticks(p, t.tick_h)
+    assert span == math.ceil(60 / (600 / 3600)) + 1 == 361
+    assert start_ticks(t, p) == list(np.linspace(0, 1000 - span, 8).astype(int))
+    assert start_ticks(make_trace([1] * 360, 600), p) == []  # shorter than span: skipped
+    s = simulate([make_trace([1] * 360, 600)], ["greedy"], p)
+    assert s["runs"] == 0 and s["skipped_traces"] == ["hand"]
+
+
+def test_safety_net_fires_exactly_when_it_must_in_the_simulator():
+    # no spot ever: C0 = 5, R0 = 10, d = 0.2, G = 0.5. Slack at tick t is 10 - t - 5.2; the net
+    # fires at the first tick with slack <= 0.5, t = 4.5, and the job ends at 9.7 <= 10.
+    p = Params(nodes=1, job_h=5.0, deadline_h=10.0, changeover_h=0.2, starts=1)
+    t = make_trace([0] * 30, 1800, spot_price_per_hour=1.0, on_demand_price_per_hour=4.0)
+    for name in ("spot", "greedy", "threshold"):
+        run = simulate_policy(t, 0, name, p, record=True)
+        first = next(row["t"] for row in run.timeline if row["market"] == ON_DEMAND)
+        assert first == pytest.approx(4.5), name
+        assert run.done_h == pytest.approx(9.7) and not run.missed
+
+
+def test_on_demand_costs_exactly_one(shared_dir):
+    traces = load_traces([shared_dir / "data" / "spot-traces" / "gcp-a3-h100-2025-10"])
+    for deadline in (60.0, 72.0):
+        s = simulate(traces, ["on-demand"], Params(deadline_h=deadline))
+        assert s["runs"] == 104 and s["deadline_misses"]["on-demand"] == 0
+        assert abs(s["cost_vs_on_demand"]["on-demand"] - 1.0) < 1e-9
+    runs = [simulate_policy(markov_trace(i), 0, "on-demand", Params(nodes=4, job_h=20, deadline_h=30))
+            for i in range(5)]
+    assert all(abs(r.cost_vs_on_demand - 1.0) < 1e-9 for r in runs)
+
+
+def test_opt_matches_brute_force():
+    # 7 ticks of 1 h, C0 = 3, R0 = 6, d = 0.5: every action sequence enumerated with the same simulator
+    p = Params(nodes=2, job_h=3.0, deadline_h=6.0, changeover_h=0.5, starts=1)
+    for data in ([2, 0, 2, 2, 0, 2, 2], [0, 2, 2, 0, 0, 2, 2], [2, 2, 2, 2, 2, 2, 2], [0, 0, 0, 0, 0, 0, 0]):
+        t = make_trace(data, 3600, spot_price_per_hour=1.0, on_demand_price_per_hour=3.0)
+        best = math.inf
+        for actions in itertools.product((SPOT, ON_DEMAND, WAIT), repeat=len(data)):
+            run = simulate_policy(t, 0, "scripted", p, policy=Scripted(actions))
+            if not run.missed:
+                best = min(best, run.cost)
+        assert simulate_opt(t, 0, p).cost == pytest.approx(best), data
+
+
+def test_opt_is_a_lower_bound_and_feasible_deadlines_are_met(shared_dir):
+    params = Params(nodes=4, job_h=20.0, deadline_h=30.0, changeover_h=0.2, starts=3)
+    traces = [markov_trace(seed, p_up=p_up, mean_up=mean_up)
+              for seed, (p_up, mean_up) in enumerate([(0.2, 2), (0.5, 1.5), (0.8, 6), (0.5, 20), (0.05, 3)])]
+    gcp = load_traces([shared_dir / "data" / "spot-traces" / "gcp-a3-h100-2025-10" / f"{z}.json"
+                       for z in ("us-central1-b", "us-east4-a", "asia-southeast1-c")])
+    cases = [(t, params) for t in traces] + [(t, Params(deadline_h=60.0, starts=2)) for t in gcp]
+    for trace, p in cases:
+        for start in start_ticks(trace, p):
+            opt = simulate_opt(trace, start, p)
+            assert not opt.missed
+            for name in LIVE:
+                run = simulate_policy(trace, start, name, p)
+                assert not run.missed, (trace.name, start, name)  # R0 >= C0 + d: the net always makes it
+                assert opt.cost <= run.cost + 1e-6, (trace.name, start, name, opt.cost, run.cost)
+
+
+def test_infeasible_deadline_is_a_miss_for_everyone():
+    p = Params(nodes=1, job_h=5.0, deadline_h=5.1, changeover_h=0.2, starts=1)
+    t = make_trace([1] * 40, 1800, spot_price_per_hour=1.0, on_demand_price_per_hour=4.0)
+    s = simulate([t], LIVE + [OPT], p)
+    assert all(s["deadline_misses"][name] == 1 for name in LIVE + [OPT])
+
+
+def test_cli_json_and_plot(tmp_path, shared_dir):
+    zone = shared_dir / "data" / "spot-traces" / "gcp-a3-h100-2025-10" / "us-central1-a.json"
+    png = tmp_path / "sim.png"
+    result = CliRunner().invoke(app, ["simulate", str(zone), "--policy", "all", "--starts", "2", "--json",
+                                      "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1
+    doc = json.loads(lines[0])
+    assert doc["runs"] == 2 and set(doc["cost_vs_on_demand"]) == set(LIVE + [OPT])
+    assert doc["deadline_misses"] == {name: 0 for name in LIVE + [OPT]}
+    assert doc["cost_vs_on_demand"]["on-demand"] == pytest.approx(1.0)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # minimal-metadata trace: the price flags apply
+    mini = tmp_path / "mini.json"
+    mini.write_text(json.dumps({"metadata": {"gap_seconds": 3600}, "data": [2] * 30}))
+    result = CliRunner().invoke(app, ["simulate", str(mini), "--policy", "greedy", "--nodes", "2", "--job-hours",
+                                      "4", "--deadline-hours", "8", "--changeover-hours", "0", "--starts", "1",
+                                      "--spot-price", "1", "--on-demand-price", "5", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["cost_vs_on_demand"]["greedy"] == pytest.approx(0.2)
+
+
+def test_cli_errors_exit_2_without_traceback(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"metadata": {}, "data": [1]}')
+    for args in (["simulate", str(bad)], ["simulate", str(tmp_path / "nope.json")],
+                 ["simulate", str(bad), "--policy", "cheapest"], ["simulate", str(bad), "--nodes", "0"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "Traceback" not in result.output

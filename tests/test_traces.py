@@ -1,0 +1,68 @@
+"""kit.traces: the shared format, the minimal metadata form, and clear errors on bad files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kit.errors import InputError
+from kit.traces import load_trace, load_traces, trace_files
+
+
+def write(tmp_path, name, doc):
+    path = tmp_path / name
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return path
+
+
+def test_minimal_metadata_and_prices(tmp_path):
+    t = load_trace(write(tmp_path, "z.json", {"metadata": {"gap_seconds": 600}, "data": [2, 0, 1]}))
+    assert t.tick_h == pytest.approx(1 / 6) and t.data == (2, 0, 1) and t.name == "z"
+    assert t.spot_available(2) == [True, False, False]
+    assert t.spot_prices(1.5) == [1.5] * 3 and t.on_demand_price(4.0) == 4.0
+    t = load_trace(write(tmp_path, "p.json", {"metadata": {"gap_seconds": 60, "spot_price_per_hour": 2.0,
+                                                            "on_demand_price_per_hour": 9.0, "zone": "x-1"},
+                                              "data": [1, 1], "prices": [0.5, 0.7]}))
+    assert t.spot_prices(1.0) == [0.5, 0.7] and t.on_demand_price(4.0) == 9.0 and t.name == "x-1"
+
+
+def test_shared_traces_load(shared_dir):
+    traces = load_traces([shared_dir / "data" / "spot-traces" / "gcp-a3-h100-2025-10"])
+    assert len(traces) == 13 and all(len(t) > 2000 and t.gap_seconds == 600 for t in traces)
+
+
+@pytest.mark.parametrize("doc, where", [
+    ("{not json", "not valid JSON"),
+    ([1, 2], "JSON object"),
+    ({"data": [1]}, "metadata"),
+    ({"metadata": {}, "data": [1]}, "metadata.gap_seconds"),
+    ({"metadata": {"gap_seconds": 0}, "data": [1]}, "metadata.gap_seconds"),
+    ({"metadata": {"gap_seconds": "600"}, "data": [1]}, "metadata.gap_seconds"),
+    ({"metadata": {"gap_seconds": 600}, "data": []}, "data"),
+    ({"metadata": {"gap_seconds": 600}, "data": [1, -1]}, "data[1]"),
+    ({"metadata": {"gap_seconds": 600}, "data": [1, 0.5]}, "data[1]"),
+    ({"metadata": {"gap_seconds": 600}, "data": [1, None]}, "data[1]"),
+    ({"metadata": {"gap_seconds": 600}, "data": [1, 1], "prices": [1.0]}, "prices"),
+    ({"metadata": {"gap_seconds": 600}, "data": [1, 1], "prices": [1.0, -2]}, "prices[1]"),
+    ({"metadata": {"gap_seconds": 600, "on_demand_price_per_hour": 0}, "data": [1]}, "on_demand_price_per_hour"),
+])
+def test_bad_files_are_input_errors(tmp_path, doc, where):
+    path = write(tmp_path, "bad.json", doc)
+    with pytest.raises(InputError) as err:
+        load_trace(path)
+    assert where in err.value.render() and "bad.json" in err.value.render()
+    assert err.value.exit_code == 2
+
+
+def test_missing_and_empty_inputs(tmp_path):
+    with pytest.raises(InputError, match="not found"):
+        load_trace(tmp_path / "nope.json")
+    with pytest.raises(InputError, match="not found"):
+        trace_files([tmp_path / "nope.json"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no \\*.json"):
+        trace_files([tmp_path / "empty"])
+    write(tmp_path, "b.json", {"metadata": {"gap_seconds": 600}, "data": [1]})
+    write(tmp_path, "a.json", {"metadata": {"gap_seconds": 600}, "data": [1]})
+    assert [p.name for p in trace_files([tmp_path])] == ["a.json", "b.json"]
