@@ -187,8 +187,11 @@ class DefaultPolicy(Policy):
     """Forecast-paced greedy: spot whenever it pays, on-demand only for what spot cannot cover.
 
     It learns the market while the job runs (share of ticks with spot, lengths of spot runs;
-    both start from a weak prior) and each tick asks: at the spot share seen so far, will spot
-    alone finish the remaining compute in the time left (``f * (R - t - d) >= C - margin``)?
+    both start from a weak prior: share 0.5 worth ``prior_weight_h`` hours, runs of ``prior_run_h``)
+    and each tick asks: at the spot share seen so far, will spot alone finish the remaining
+    compute in the time left, ``f * (R - t - d) >= C - margin``? The margin
+    (``margin_h + margin_slack * slack``) leans towards waiting while slack is plentiful, since
+    waiting only spends slack while on-demand spends money.
 
     * Spot is up: stay on spot; from idle launch spot when the expected rest of the current
       spot run (mean of the longer runs seen, given its age) beats the changeover ``d``; from
@@ -207,12 +210,13 @@ class DefaultPolicy(Policy):
     name = "default"
     sticky_net = False
 
-    def __init__(self, price_ratio: float = 4.0, prior_share: float = 0.5, prior_weight_h: float = 6.0,
-                 margin_h: float = 6.0, prior_run_h: float = 2.0) -> None:
+    def __init__(self, price_ratio: float = 4.0, prior_share: float = 0.5, prior_weight_h: float = 24.0,
+                 margin_h: float = 6.0, margin_slack: float = 0.5, prior_run_h: float = 2.0) -> None:
         super().__init__()
         self.k = max(1.0 + 1e-6, float(price_ratio))
         self.prior_share, self.prior_weight_h = float(prior_share), float(prior_weight_h)
-        self.margin_h, self.prior_run_h = float(margin_h), float(prior_run_h)
+        self.margin_h, self.margin_slack = float(margin_h), float(margin_slack)
+        self.prior_run_h = float(prior_run_h)
         self.ticks = self.up_ticks = 0
         self.runs: list[float] = []  # lengths of completed spot-availability runs
         self.run_start: float | None = None
@@ -243,14 +247,15 @@ class DefaultPolicy(Policy):
             return SPOT if obs.spot_available else WAIT
         d, tick = obs.changeover_h, obs.tick_h
         window = obs.deadline_h - obs.now_h - d
-        spot_falls_short = self.spot_share(tick) * window < obs.remaining_h - self.margin_h
+        slack = max(0.0, obs.slack_h() or 0.0)
+        margin = self.margin_h + self.margin_slack * slack
+        spot_falls_short = self.spot_share(tick) * window < obs.remaining_h - margin
         if obs.spot_available:
             if obs.market == SPOT:
                 return SPOT
             rest = self.expected_rest_of_run_h(obs.now_h)
             if obs.market == ON_DEMAND:
-                slack = obs.slack_h()
-                if slack is not None and slack <= 2 * d + tick + EPS:
+                if slack <= 2 * d + tick + EPS:
                     return ON_DEMAND
                 return SPOT if rest > 2 * self.k * d / (self.k - 1) else ON_DEMAND
             if rest > d:
