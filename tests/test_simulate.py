@@ -173,3 +173,14 @@ def test_cli_errors_exit_2_without_traceback(tmp_path):
         result = CliRunner().invoke(app, args)
         assert result.exit_code == 2, (args, result.output)
         assert "Traceback" not in result.output
+
+
+def test_benchmark_target_default_beats_greedy_and_up(shared_dir):
+    """Issue 5's target on the shared GCP traces: default <= min(greedy, up), no misses, >= opt."""
+    traces = load_traces([shared_dir / "data" / "spot-traces" / "gcp-a3-h100-2025-10"])
+    for deadline in (60.0, 72.0):
+        s = simulate(traces, ["greedy", "up", "default"], Params(nodes=16, job_h=48.0, deadline_h=deadline,
+                                                                 changeover_h=0.2, starts=8))
+        cost = s["cost_vs_on_demand"]
+        assert s["runs"] == 104 and s["deadline_misses"] == {"greedy": 0, "up": 0, "default": 0}
+        assert cost["default"] < min(cost["greedy"], cost["up"]), (deadline, cost)
