@@ -11,7 +11,7 @@ import typer
 def simulate_command(
     traces: Annotated[list[Path], typer.Argument(help="trace .json files or directories of them")],
     policy: Annotated[str, typer.Option(help="policy name, 'opt' (omniscient bound) or 'all'")] = "all",
-    nodes: Annotated[int, typer.Option(help="gang size N: spot usable in tick i iff data[i] >= N")] = 16,
+    nodes: Annotated[int, typer.Option(help="gang size N: spot usable in a tick iff its count >= N")] = 16,
     job_hours: Annotated[float, typer.Option(help="compute the job needs, C0 (h)")] = 48.0,
     deadline_hours: Annotated[float, typer.Option(help="deadline R0 from the start (h)")] = 60.0,
     changeover_hours: Annotated[float, typer.Option(help="billed setup per launch, d (h)")] = 0.2,
