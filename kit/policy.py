@@ -12,8 +12,8 @@ tick could make the deadline unreachable). Policies (docs/policies.md):
   spot again; each further trip doubles the cooldown, so it never flaps forever.
 * ``up``: Uniform Progress (Wu et al., "Can't Be Late", NSDI'24) with its hysteresis.
 * ``greedy``: spot whenever available, otherwise wait, on-demand only from the safety net on.
-* ``default``: forecast-paced greedy: spot whenever a launch pays off, on-demand only when the
-  spot share seen so far cannot finish the job in the time left (see :class:`DefaultPolicy`).
+* ``default``: UP with a schedule stretched into the slack and a learned spot-lifetime gate on
+  leaving on-demand (see :class:`DefaultPolicy`).
 """
 
 from __future__ import annotations
@@ -160,9 +160,11 @@ class UniformProgressPolicy(Policy):
     """Uniform Progress (Can't Be Late, NSDI'24).
 
     Expected progress ep(t) = t * C0 / R0. Whenever spot is available take it (even when behind),
-    except that once on on-demand it stays there until cp(t) >= ep(t + 2d) (hysteresis); when
-    idle and behind (cp < ep(t)) go on-demand; otherwise wait. Without a deadline there is no
-    schedule to keep: it behaves like ``spot``.
+    except that once on on-demand it stays there until spot is available and cp(t) >= ep(t + 2d)
+    (hysteresis; it never releases on-demand to go idle, as in the reference implementation
+    ``sky_spot/strategies/*rc_cr_threshold.py``); when idle and behind (cp < ep(t)) go
+    on-demand; otherwise wait. Without a deadline there is no schedule to keep: it behaves like
+    ``spot``.
     """
 
     name = "up"
@@ -174,7 +176,8 @@ class UniformProgressPolicy(Policy):
         if obs.deadline_h is None or obs.deadline_h <= 0:
             return SPOT if obs.spot_available else WAIT
         cp = obs.progress_h
-        if obs.market == ON_DEMAND and cp < self._expected(obs, obs.now_h + 2 * obs.changeover_h) - EPS:
+        if obs.market == ON_DEMAND and (not obs.spot_available
+                                        or cp < self._expected(obs, obs.now_h + 2 * obs.changeover_h) - EPS):
             return ON_DEMAND
         if obs.spot_available:
             return SPOT
@@ -184,57 +187,45 @@ class UniformProgressPolicy(Policy):
 
 
 class DefaultPolicy(Policy):
-    """Forecast-paced greedy: spot whenever it pays, on-demand only for what spot cannot cover.
+    """Uniform Progress with a relaxed schedule and a learned spot-lifetime gate.
 
-    It learns the market while the job runs (share of ticks with spot, lengths of spot runs;
-    both start from a weak prior: share 0.5 worth ``prior_weight_h`` hours, runs of ``prior_run_h``)
-    and each tick asks: at the spot share seen so far, will spot alone finish the remaining
-    compute in the time left, ``f * (R - t - d) >= C - margin``? The margin
-    (``margin_h + margin_slack * slack``) leans towards waiting while slack is plentiful, since
-    waiting only spends slack while on-demand spends money.
+    Like ``up`` (take spot whenever it is available; when idle and behind the schedule go
+    on-demand; on on-demand stay while spot is down or until ahead of the schedule at t + 2d),
+    with two changes:
 
-    * Spot is up: stay on spot; from idle launch spot when the expected rest of the current
-      spot run (mean of the longer runs seen, given its age) beats the changeover ``d``; from
-      on-demand only when it beats Can't Be Late's break-even lifetime ``2 k d / (k - 1)`` and
-      the slack can absorb one more round trip (``> 2 d + tick``).
-    * Spot is down (or not worth a launch): on-demand when the forecast says spot alone falls
-      short, else wait (spending slack instead of money). Once on on-demand it stays there while
-      spot is down (a release and relaunch costs two changeovers).
-    * The safety net (slack <= one tick) always wins. Without a deadline it is ``spot``.
+    * the schedule is stretched into the slack: ep(t) = C0 * t / (C0 + d + s * (R0 - C0 - d)) with
+      ``pace_stretch`` s = 1.15, i.e. it aims to finish slightly *after* the deadline and lets the
+      safety net absorb the end. Waiting only spends slack, on-demand spends money;
+    * leaving on-demand for spot needs, besides being ahead of the schedule, a spot run expected to
+      outlast Can't Be Late's break-even lifetime ``2 k d / (k - 1)`` (k = on-demand / spot price,
+      4 by default). The expected rest of the current run is learned while the job runs: the mean
+      remaining length of the spot runs seen that lasted longer than the current one, plus one
+      prior run of ``prior_run_h``. On markets whose spot runs are short it stays on on-demand
+      instead of paying two changeovers for a few minutes of spot.
 
-    Unlike UP it never runs on-demand just to keep a straight-line schedule when the market has
-    been good enough to catch up later, and unlike greedy it does not burn all its slack waiting
-    on a poor market before the net forces it onto on-demand for the rest of the job.
+    The safety net (slack <= one tick) always wins. Without a deadline it is ``spot``.
     """
 
     name = "default"
     sticky_net = False
 
-    def __init__(self, price_ratio: float = 4.0, prior_share: float = 0.5, prior_weight_h: float = 24.0,
-                 margin_h: float = 6.0, margin_slack: float = 0.5, prior_run_h: float = 2.0) -> None:
+    def __init__(self, price_ratio: float = 4.0, pace_stretch: float = 1.15, prior_run_h: float = 2.0) -> None:
         super().__init__()
-        self.k = max(1.0 + 1e-6, float(price_ratio))
-        self.prior_share, self.prior_weight_h = float(prior_share), float(prior_weight_h)
-        self.margin_h, self.margin_slack = float(margin_h), float(margin_slack)
+        if price_ratio <= 1 or pace_stretch <= 0 or prior_run_h < 0:
+            raise InputError(f"default needs price_ratio > 1, pace_stretch > 0, prior_run_h >= 0 (got "
+                             f"{price_ratio}, {pace_stretch}, {prior_run_h})", where="policy")
+        self.k = float(price_ratio)
+        self.pace_stretch = float(pace_stretch)
         self.prior_run_h = float(prior_run_h)
-        self.ticks = self.up_ticks = 0
         self.runs: list[float] = []  # lengths of completed spot-availability runs
         self.run_start: float | None = None
 
     def _observe(self, obs: Observation) -> None:
-        self.ticks += 1
-        if obs.spot_available:
-            self.up_ticks += 1
-            if self.run_start is None:
-                self.run_start = obs.now_h
-        elif self.run_start is not None:
+        if obs.spot_available and self.run_start is None:
+            self.run_start = obs.now_h
+        elif not obs.spot_available and self.run_start is not None:
             self.runs.append(obs.now_h - self.run_start)
             self.run_start = None
-
-    def spot_share(self, tick_h: float) -> float:
-        """Share of time spot was available so far, shrunk towards the prior."""
-        w = self.prior_weight_h
-        return (self.up_ticks * tick_h + self.prior_share * w) / (self.ticks * tick_h + w)
 
     def expected_rest_of_run_h(self, now_h: float) -> float:
         """Mean remaining length of the current spot run, from the runs seen that lasted longer."""
@@ -242,27 +233,23 @@ class DefaultPolicy(Policy):
         longer = [r - age for r in self.runs if r > age + EPS]
         return (sum(longer) + self.prior_run_h) / (len(longer) + 1)
 
+    def expected_progress(self, obs: Observation, t: float) -> float:
+        c0, d = obs.job_h, obs.changeover_h
+        horizon = c0 + d + self.pace_stretch * max(0.0, obs.deadline_h - c0 - d)
+        return c0 * min(1.0, t / horizon) if horizon > 0 else c0
+
     def _decide(self, obs: Observation) -> str:
         if obs.deadline_h is None:
             return SPOT if obs.spot_available else WAIT
-        d, tick = obs.changeover_h, obs.tick_h
-        window = obs.deadline_h - obs.now_h - d
-        slack = max(0.0, obs.slack_h() or 0.0)
-        margin = self.margin_h + self.margin_slack * slack
-        spot_falls_short = self.spot_share(tick) * window < obs.remaining_h - margin
-        if obs.spot_available:
-            if obs.market == SPOT:
-                return SPOT
-            rest = self.expected_rest_of_run_h(obs.now_h)
-            if obs.market == ON_DEMAND:
-                if slack <= 2 * d + tick + EPS:
-                    return ON_DEMAND
-                return SPOT if rest > 2 * self.k * d / (self.k - 1) else ON_DEMAND
-            if rest > d:
-                return SPOT
+        d, cp = obs.changeover_h, obs.progress_h
         if obs.market == ON_DEMAND:
-            return ON_DEMAND
-        return ON_DEMAND if spot_falls_short else WAIT
+            if not obs.spot_available or cp < self.expected_progress(obs, obs.now_h + 2 * d) - EPS:
+                return ON_DEMAND
+            break_even = 2 * self.k * d / (self.k - 1)
+            return SPOT if self.expected_rest_of_run_h(obs.now_h) > break_even else ON_DEMAND
+        if obs.spot_available:
+            return SPOT
+        return ON_DEMAND if cp < self.expected_progress(obs, obs.now_h) - EPS else WAIT
 
 
 _POLICIES = {

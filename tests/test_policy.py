@@ -68,8 +68,10 @@ def test_up_hysteresis():
     assert up.decide(obs(2.0, 1.2, spot=True, market=ON_DEMAND)) == SPOT
     # behind and spot up: takes spot (rule 2), even when behind
     assert make_policy("up").decide(obs(3.0, 0.0, spot=True)) == SPOT
-    # on on-demand, caught up, no spot, ahead of ep(t): releases (thrifty)
-    assert make_policy("up").decide(obs(2.0, 1.3, spot=False, market=ON_DEMAND)) == WAIT
+    # on on-demand and caught up, but no spot: stays on on-demand (no release to idle)
+    assert make_policy("up").decide(obs(2.0, 1.3, spot=False, market=ON_DEMAND)) == ON_DEMAND
+    # idle, ahead, no spot: waits (thrifty)
+    assert make_policy("up").decide(obs(2.0, 1.3, spot=False, market=None)) == WAIT
 
 
 def test_threshold_counts_only_inside_the_window():
@@ -98,13 +100,24 @@ def test_threshold_cooldown_returns_to_spot_and_backs_off():
     assert t.decide(obs(8.5, spot=False, **big)) == WAIT  # spot mode, none available: wait
 
 
-def test_default_uses_on_demand_when_spot_cannot_finish_in_time():
-    # a long job on a market that never had spot: the forecast says spot falls short -> on-demand early
+def test_default_schedule_and_lifetime_gate():
+    # no spot ever, behind the (stretched) schedule: on-demand at once
     policy = make_policy("default")
-    decisions = [policy.decide(obs(i * 0.5, job=48.0, deadline=60.0, spot=False)) for i in range(10)]
-    assert ON_DEMAND in decisions
-    # a market that always had spot: waits out a short outage instead of paying on-demand
+    assert policy.decide(obs(0.5, job=48.0, deadline=60.0, spot=False)) == ON_DEMAND
+    # ahead of the schedule on an always-spot market: waits out an outage instead of paying on-demand
     policy = make_policy("default")
     for i in range(40):
         policy.decide(obs(i * 0.5, i * 0.5, job=48.0, deadline=72.0, spot=True, market=SPOT))
     assert policy.decide(obs(20.0, 20.0, job=48.0, deadline=72.0, spot=False, preempted=True)) == WAIT
+    # schedule: ep(t) = 48 t / (48.2 + 1.15 * 11.8) = 48 t / 61.77; on on-demand at t = 10 it leaves
+    # only when cp >= ep(10.4) = 8.08, and only for a spot run expected to beat 2kd/(k-1) = 0.533 h
+    flicker = make_policy("default")
+    for i in range(24):  # spot up for one 10-minute tick of every three: runs of 1/6 h
+        flicker.decide(obs(i / 6, 0.0, job=48.0, deadline=60.0, spot=i % 3 == 0, tick=1 / 6))
+    steady = make_policy("default")
+    steady.decide(obs(0.0, 0.0, job=48.0, deadline=60.0, spot=True, tick=1 / 6))
+    for p in (flicker, steady):
+        assert p.decide(obs(10.0, 8.0, job=48.0, deadline=60.0, spot=True, market=ON_DEMAND, tick=1 / 6)) == ON_DEMAND
+    assert flicker.decide(obs(10.0, 8.2, job=48.0, deadline=60.0, spot=True, market=ON_DEMAND, tick=1 / 6)) == ON_DEMAND
+    assert steady.decide(obs(10.0, 8.2, job=48.0, deadline=60.0, spot=True, market=ON_DEMAND, tick=1 / 6)) == SPOT
+    assert flicker.expected_rest_of_run_h(10.0) < 0.533 < steady.expected_rest_of_run_h(10.0)
