@@ -121,3 +121,36 @@ def test_default_schedule_and_lifetime_gate():
     assert flicker.decide(obs(10.0, 8.2, job=48.0, deadline=60.0, spot=True, market=ON_DEMAND, tick=1 / 6)) == ON_DEMAND
     assert steady.decide(obs(10.0, 8.2, job=48.0, deadline=60.0, spot=True, market=ON_DEMAND, tick=1 / 6)) == SPOT
     assert flicker.expected_rest_of_run_h(10.0) < 0.533 < steady.expected_rest_of_run_h(10.0)
+
+
+def test_watcher_wiring_builds_our_policies_and_observations():
+    from types import SimpleNamespace
+
+    from kit.watch.commands import make_policy_for
+    from kit.watch.watcher import _default_observation
+
+    threshold = SimpleNamespace(k=2, window_hours=1.0, cooldown_hours=0.5)
+    spec = SimpleNamespace(policy=SimpleNamespace(name="threshold", deadline_hours=None, changeover_hours=0.2,
+                                                  threshold=threshold))
+    policy = make_policy_for(spec)
+    assert policy.name == "threshold" and (policy.k, policy.window_h, policy.cooldown_h) == (2, 1.0, 0.5)
+    observation = _default_observation(now_h=0.0, progress_h=0.0, job_h=1.0, deadline_h=None, changeover_h=0.2,
+                                       market=SPOT, spot_available=True, preempted=True, tick_h=15 / 3600)
+    assert isinstance(observation, Observation)
+    assert make_policy_for(SimpleNamespace(policy=None)).name == "default"
+
+
+def test_replaying_the_same_ticks_gives_the_same_decisions():
+    # the watcher rebuilds a policy's memory on restart by replaying recorded observations
+    import random
+
+    rng = random.Random(7)
+    ticks = []
+    progress = 0.0
+    for i in range(300):
+        ticks.append(obs(i / 6, progress, job=30.0, deadline=40.0, spot=rng.random() < 0.6,
+                         market=rng.choice([None, SPOT, ON_DEMAND]), preempted=rng.random() < 0.1, tick=1 / 6))
+        progress = min(30.0, progress + rng.choice([0.0, 1 / 6]))
+    for name in POLICY_NAMES:
+        first, second = make_policy(name), make_policy(name)
+        assert [first.decide(t) for t in ticks] == [second.decide(t) for t in ticks], name
