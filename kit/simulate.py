@@ -294,16 +294,29 @@ def summarize(runs: list[Run], policies: list[str], params: Params, skipped: lis
 
 # --------------------------------------------------------------------------------------- plot
 def plot(traces: list[Trace], policies: list[str], params: Params, summary: dict, out: str) -> None:
-    """Progress vs time for the first start of the first usable trace, and cost per policy."""
+    """Progress vs time for one start, and cost per policy.
+
+    The start shown is, on the trace where the policies' mean costs differ most (on-demand and opt
+    left out), the start where they differ most.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    trace = next((t for t in traces if start_ticks(t, params)), None)
-    if trace is None:
+    usable = [t for t in traces if start_ticks(t, params)]
+    per_trace = summary.get("per_trace") or {}
+
+    compared = [p for p in policies if p not in (OPT, ON_DEMAND)]
+
+    def spread(costs: list[float]) -> float:
+        return max(costs) - min(costs) if len(costs) > 1 else 0.0
+
+    if not usable:
         raise InputError("no trace is long enough to plot", where="--plot", fix="use longer traces or a shorter deadline")
-    start = start_ticks(trace, params)[0]
+    trace = max(usable, key=lambda t: spread([per_trace.get(t.name, {}).get(p, 0.0) for p in compared]))
+    start = max(start_ticks(trace, params),
+                key=lambda s: spread([simulate_policy(trace, s, p, params).cost_vs_on_demand for p in compared]))
     G = trace.tick_h
     fig, (ax, bars) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [2, 1]})
     avail = trace.spot_available(params.nodes)[start:start + span_ticks(params, G)]
