@@ -81,6 +81,7 @@ def status(
 # (infra: render/plan/apply/destroy/validate; bootstrap; simulate; train)
 # KIT-COMMANDS-BEGIN
 from kit.simulate_cli import register as _register_simulate; _register_simulate(app)  # noqa: E402
+from kit.infra_cli import register as _register_infra; _register_infra(app)  # noqa: E402
 # KIT-COMMANDS-END
 
 

@@ -1,0 +1,90 @@
+"""A small instance catalog: GPUs per node, GPU model, typical prices, placement/EFA support, zones.
+
+Prices are per node, $/h, us-east-1 / us-central1 list prices (on-demand) and a typical recent spot
+price; they are defaults for ``spec.prices`` and ``max_price`` only — the user may override both.
+GCP A3/A2/G2 types carry their GPUs (accelerator-optimized); N1 types take a ``guest_accelerator``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    cloud: str
+    name: str
+    gpus: int
+    gpu_model: str | None
+    on_demand_per_hour: float
+    spot_per_hour: float
+    placement: bool = True        # AWS cluster placement group / GCP compact placement policy
+    efa: bool = False             # AWS Elastic Fabric Adapter
+    guest_accelerator: str | None = None  # GCP: accelerator type to attach (N1 only)
+    note: str = ""
+
+
+def _t(*args, **kw) -> InstanceType:
+    return InstanceType(*args, **kw)
+
+
+_TYPES = [
+    # AWS G5: A10G 24 GB. Cluster placement groups are supported; EFA only on the large sizes.
+    _t("aws", "g5.xlarge", 1, "A10G", 1.006, 0.40),
+    _t("aws", "g5.2xlarge", 1, "A10G", 1.212, 0.48),
+    _t("aws", "g5.4xlarge", 1, "A10G", 1.624, 0.65),
+    _t("aws", "g5.8xlarge", 1, "A10G", 2.448, 0.98, efa=True),
+    _t("aws", "g5.12xlarge", 4, "A10G", 5.672, 2.27, efa=True),
+    _t("aws", "g5.16xlarge", 1, "A10G", 4.096, 1.64, efa=True),
+    _t("aws", "g5.24xlarge", 4, "A10G", 8.144, 3.26, efa=True),
+    _t("aws", "g5.48xlarge", 8, "A10G", 16.288, 6.52, efa=True),
+    _t("aws", "p4d.24xlarge", 8, "A100-40GB", 32.7726, 13.11, efa=True),
+    _t("aws", "p5.48xlarge", 8, "H100-80GB", 55.04, 22.02, efa=True),
+    # GCP accelerator-optimized: GPUs come with the machine type. Compact placement: A2/A3 only.
+    _t("gcp", "a3-highgpu-1g", 1, "H100-80GB", 11.06, 2.95),
+    _t("gcp", "a3-highgpu-2g", 2, "H100-80GB", 22.12, 5.90),
+    _t("gcp", "a3-highgpu-4g", 4, "H100-80GB", 44.24, 11.80),
+    _t("gcp", "a3-highgpu-8g", 8, "H100-80GB", 88.49, 23.60),
+    _t("gcp", "a2-highgpu-1g", 1, "A100-40GB", 3.67, 1.47),
+    _t("gcp", "a2-highgpu-8g", 8, "A100-40GB", 29.39, 11.76),
+    _t("gcp", "g2-standard-4", 1, "L4", 0.71, 0.28, placement=False),
+    _t("gcp", "g2-standard-8", 1, "L4", 0.85, 0.34, placement=False),
+    _t("gcp", "g2-standard-16", 1, "L4", 1.15, 0.46, placement=False),
+    _t("gcp", "g2-standard-48", 4, "L4", 4.00, 1.60, placement=False),
+    # N1 + guest accelerator (one T4 each here); N1 does not support compact placement policies.
+    _t("gcp", "n1-standard-8", 1, "T4", 0.73, 0.25, placement=False, guest_accelerator="nvidia-tesla-t4",
+       note="GPU attached as guest_accelerator nvidia-tesla-t4 x1"),
+    _t("gcp", "n1-standard-16", 1, "T4", 1.11, 0.38, placement=False, guest_accelerator="nvidia-tesla-t4",
+       note="GPU attached as guest_accelerator nvidia-tesla-t4 x1"),
+]
+
+CATALOG: dict[tuple[str, str], InstanceType] = {(t.cloud, t.name): t for t in _TYPES}
+
+# region -> zones, for the regions kit's examples and tests use.
+ZONES: dict[str, dict[str, tuple[str, ...]]] = {
+    "aws": {
+        "us-east-1": ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1f"),
+        "us-east-2": ("us-east-2a", "us-east-2b", "us-east-2c"),
+        "us-west-2": ("us-west-2a", "us-west-2b", "us-west-2c", "us-west-2d"),
+        "eu-west-1": ("eu-west-1a", "eu-west-1b", "eu-west-1c"),
+    },
+    "gcp": {
+        "us-central1": ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"),
+        "us-east4": ("us-east4-a", "us-east4-b", "us-east4-c"),
+        "us-east5": ("us-east5-a", "us-east5-b", "us-east5-c"),
+        "us-west1": ("us-west1-a", "us-west1-b", "us-west1-c"),
+        "europe-west4": ("europe-west4-a", "europe-west4-b", "europe-west4-c"),
+        "asia-northeast1": ("asia-northeast1-a", "asia-northeast1-b", "asia-northeast1-c"),
+    },
+}
+
+
+def lookup(cloud: str, instance_type: str | None) -> InstanceType | None:
+    if not instance_type:
+        return None
+    return CATALOG.get((cloud, instance_type))
+
+
+def zones_of(cloud: str, region: str) -> tuple[str, ...] | None:
+    """Known zones of a region, or None if the region is not in the map (then only the prefix is checked)."""
+    return ZONES.get(cloud, {}).get(region)

@@ -1,0 +1,134 @@
+"""``kit validate``, ``kit render``, ``kit plan``, ``kit apply``, ``kit destroy`` (issue 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+console = Console()
+
+SpecArg = Annotated[Path, typer.Argument(help="cluster.yaml")]
+
+
+def _fail(error) -> None:
+    from kit.cli import fail
+
+    fail(error)
+
+
+def validate(spec: SpecArg) -> None:
+    """Check a cluster spec; exit 2 with the field and the fix when it is wrong."""
+    from kit.errors import KitError
+    from kit.spec import load_spec
+
+    try:
+        s = load_spec(spec)
+    except KitError as error:
+        _fail(error)
+        return
+    console.print(f"[green]ok[/green] {spec}: {s.nodes} x {s.instance_type or 'local node'} "
+                  f"({s.gpus_per_node} GPU each) on {s.cloud} {s.zone or ''} {s.market}", highlight=False)
+
+
+def render(
+    spec: SpecArg,
+    out: Annotated[Path | None, typer.Option("--out", help="deployment directory (default deploy/<name>)")] = None,
+    market: Annotated[str | None, typer.Option(help="spot or on-demand (default: the spec's)")] = None,
+) -> None:
+    """Write the Terraform root modules (cluster + disks) for a spec."""
+    from kit.errors import KitError
+    from kit.spec import load_spec
+
+    try:
+        s = load_spec(spec)
+        from kit import render as r
+
+        out_dir = out or r.deployment_dir(s)
+        files = r.render(s, out_dir, market=market)
+    except KitError as error:
+        _fail(error)
+        return
+    console.print(f"rendered {len(files)} files into {out_dir}", highlight=False)
+
+
+def plan(
+    spec: SpecArg,
+    out: Annotated[Path | None, typer.Option("--out", help="deployment directory (default deploy/<name>)")] = None,
+    market: Annotated[str | None, typer.Option(help="spot or on-demand (default: the spec's)")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="text or markdown (for PR comments)")] = "text",
+) -> None:
+    """Render, init and plan; saves the plan (tfplan) and prints adds/changes/destroys per type."""
+    from kit import terraform
+    from kit.errors import InputError, KitError
+    from kit.spec import load_spec
+
+    try:
+        if fmt not in ("text", "markdown"):
+            raise InputError(f"unknown format {fmt!r}", where="--format", fix="use text or markdown")
+        s = load_spec(spec)
+        from kit import render as r
+
+        out_dir = out or r.deployment_dir(s)
+        r.render(s, out_dir, market=market)
+        summary = terraform.plan(out_dir)
+    except KitError as error:
+        _fail(error)
+        return
+    typer.echo(summary.markdown() if fmt == "markdown" else summary.text())
+
+
+def apply(
+    spec: SpecArg,
+    out: Annotated[Path | None, typer.Option("--out", help="deployment directory (default deploy/<name>)")] = None,
+) -> None:
+    """Apply the plan saved by ``kit plan``."""
+    from kit import terraform
+    from kit.errors import KitError
+    from kit.spec import load_spec
+
+    try:
+        s = load_spec(spec)
+        from kit import render as r
+
+        out_dir = out or r.deployment_dir(s)
+        terraform.apply(out_dir)
+        outputs = terraform.output(out_dir)
+    except KitError as error:
+        _fail(error)
+        return
+    for node in outputs.get("nodes") or []:
+        console.print(f"{node.get('name')}: {node.get('public_ip') or node.get('private_ip')} "
+                      f"({node.get('market')})", highlight=False)
+
+
+def destroy(
+    spec: SpecArg,
+    out: Annotated[Path | None, typer.Option("--out", help="deployment directory (default deploy/<name>)")] = None,
+    with_disks: Annotated[bool, typer.Option("--with-disks", help="also destroy the data disks (checkpoints!)")] = False,
+) -> None:
+    """Destroy the instances; the data disks stay unless --with-disks."""
+    from kit import terraform
+    from kit.errors import KitError
+    from kit.spec import load_spec
+
+    try:
+        s = load_spec(spec)
+        from kit import render as r
+
+        out_dir = out or r.deployment_dir(s)
+        terraform.destroy(out_dir, with_disks=with_disks)
+    except KitError as error:
+        _fail(error)
+        return
+    console.print("destroyed" + (" (disks too)" if with_disks else " (disks kept)"))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate")(validate)
+    app.command("render")(render)
+    app.command("plan")(plan)
+    app.command("apply")(apply)
+    app.command("destroy")(destroy)

@@ -1,0 +1,387 @@
+"""The cluster spec (``cluster.yaml``): pydantic v2 models, defaults from the catalog, clear errors.
+
+``load_spec(path)`` returns a ``ClusterSpec`` or raises ``InputError`` naming the field
+(``where="cluster.yaml: ssh.allowed_cidrs"``) and the fix. Nothing is written while loading.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kit import catalog
+from kit.errors import InputError
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
+LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class DiskSection(_Model):
+    size_gb: int = 200
+    type: str | None = None  # default: gp3 (aws) / pd-balanced (gcp)
+
+
+class SshSection(_Model):
+    user: str = "ubuntu"
+    public_key: str = "~/.ssh/id_ed25519.pub"
+    allowed_cidrs: list[str] = Field(default_factory=list)
+    allow_world: bool = False
+
+
+class NetworkSection(_Model):
+    create: bool = False            # gcp: create a network + subnetwork for the cluster
+    vpc_id: str | None = None       # aws: existing VPC (default: the region's default VPC)
+    subnet_id: str | None = None    # aws: existing subnet in the zone (default: default subnet of the zone)
+    name: str | None = None         # gcp: existing network name (default "default")
+    subnetwork: str | None = None   # gcp: existing subnetwork
+    cidr: str = "10.42.0.0/20"      # gcp create: subnetwork range
+
+
+class BackendSection(_Model):
+    type: Literal["local", "s3", "gcs"] = "local"
+    bucket: str | None = None
+    prefix: str | None = None       # key prefix (s3) / prefix (gcs); default kit/<name>
+    region: str | None = None       # s3 only; default the cluster region
+
+
+class PricesSection(_Model):
+    spot_per_hour: float | None = None
+    on_demand_per_hour: float | None = None
+
+
+class TrainingSection(_Model):
+    model: str = "vit_base_patch16_224"
+    image_size: int = 224
+    num_classes: int = 1000
+    batch_size: int = 32
+    steps: int = 1000
+    lr: float = 1e-3
+    warmup_steps: int = 100
+    ckpt_every: int = 100
+    ckpt_every_seconds: float | None = None
+    keep: int = 3
+    seed: int = 0
+    data: str = "synthetic"
+    log_every: int = 10
+    device: Literal["cpu", "cuda"] | None = None
+    deterministic: bool = False
+    compile: bool = False
+    ckpt_dir: str = "/mnt/kit-disk/ckpt"
+
+
+class ThresholdSection(_Model):
+    k: int = 3
+    window_hours: float = 6.0
+    cooldown_hours: float = 6.0
+
+
+class PolicySection(_Model):
+    name: str = "default"
+    deadline_hours: float | None = None
+    changeover_hours: float = 0.2
+    threshold: ThresholdSection = Field(default_factory=ThresholdSection)
+
+
+class LocalSection(_Model):
+    trace: str | None = None
+    time_scale: float = 3600.0
+    preempt_every_seconds: float | None = None
+    grace_seconds: float = 5.0
+    preemptions: bool = True
+
+
+class ClusterSpec(_Model):
+    name: str
+    cloud: Literal["aws", "gcp", "local"]
+    region: str | None = None
+    zone: str | None = None
+    project: str | None = None
+    nodes: int = 1
+    instance_type: str | None = None
+    gpus_per_node: int | None = None
+    market: Literal["spot", "on-demand"] = "spot"
+    max_price: float | None = None
+    placement: Literal["cluster", "none"] = "none"
+    disk: DiskSection = Field(default_factory=DiskSection)
+    image: str | None = None
+    ssh: SshSection = Field(default_factory=SshSection)
+    network: NetworkSection = Field(default_factory=NetworkSection)
+    efa: bool = False
+    labels: dict[str, str] = Field(default_factory=dict)
+    backend: BackendSection = Field(default_factory=BackendSection)
+    prices: PricesSection = Field(default_factory=PricesSection)
+    training: TrainingSection = Field(default_factory=TrainingSection)
+    policy: PolicySection = Field(default_factory=PolicySection)
+    local: LocalSection = Field(default_factory=LocalSection)
+    # Where the spec came from (not a YAML field): the generated-file header names it.
+    source: str | None = Field(default=None, exclude=True)
+
+    def with_market(self, market: str) -> ClusterSpec:
+        if market not in ("spot", "on-demand"):
+            raise InputError(f"unknown market {market!r}", where="market", fix="use spot or on-demand")
+        return self.model_copy(update={"market": market}, deep=True)
+
+    @property
+    def instance(self) -> catalog.InstanceType | None:
+        return catalog.lookup(self.cloud, self.instance_type)
+
+    @property
+    def disk_type(self) -> str:
+        return self.disk.type or ("gp3" if self.cloud == "aws" else "pd-balanced")
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors: turn pydantic's into one InputError naming the field and the fix.
+
+_FIXES = {
+    "extra_forbidden": "remove it (check the spelling against docs/infrastructure.md)",
+    "missing": "add it",
+    "literal_error": "use one of the allowed values",
+    "int_parsing": "use a whole number",
+    "int_type": "use a whole number",
+    "float_parsing": "use a number",
+    "bool_parsing": "use true or false",
+    "string_type": "use a string",
+    "dict_type": "use a mapping (key: value)",
+    "list_type": "use a list",
+    "model_type": "use a mapping with the documented keys",
+}
+
+
+def _where(path: str, loc: tuple[Any, ...]) -> str:
+    field = ".".join(str(p) for p in loc) if loc else "(top level)"
+    return f"{path}: {field}"
+
+
+def _from_validation_error(error: ValidationError, path: str) -> InputError:
+    first = error.errors()[0]
+    kind = first.get("type", "")
+    loc = tuple(first.get("loc", ()))
+    msg = first.get("msg", "invalid value")
+    if kind == "extra_forbidden":
+        what = f"unknown key {loc[-1]!r}"
+    elif kind == "missing":
+        what = "required field is missing"
+    else:
+        what = f"{msg} (got {first.get('input')!r})"
+    more = len(error.errors()) - 1
+    if more:
+        what += f" (and {more} more problem{'s' if more > 1 else ''})"
+    return InputError(what, where=_where(path, loc), fix=_FIXES.get(kind, "see docs/infrastructure.md"))
+
+
+def _bad(path: str, field: str, what: str, fix: str) -> InputError:
+    return InputError(what, where=f"{path}: {field}", fix=fix)
+
+
+def _check(spec: ClusterSpec, path: str) -> None:
+    if not NAME_RE.match(spec.name):
+        raise _bad(path, "name", f"invalid cluster name {spec.name!r}",
+                   "use 1-31 characters: a lowercase letter, then lowercase letters, digits or '-'")
+    if spec.nodes < 1:
+        raise _bad(path, "nodes", f"nodes must be at least 1 (got {spec.nodes})", "set nodes: 1 or more")
+    if spec.disk.size_gb <= 0:
+        raise _bad(path, "disk.size_gb", f"disk size must be positive (got {spec.disk.size_gb})",
+                   "set disk.size_gb to e.g. 200")
+    if spec.max_price is not None and spec.max_price <= 0:
+        raise _bad(path, "max_price", f"max_price must be positive (got {spec.max_price})",
+                   "remove it (default: the on-demand price) or set a positive $/h")
+    for key, value in spec.labels.items():
+        if not LABEL_KEY_RE.match(key) or not LABEL_VALUE_RE.match(value):
+            raise _bad(path, f"labels.{key}", f"label {key}={value!r} is not valid on both clouds",
+                       "use lowercase letters, digits, '_' and '-' (keys start with a letter, ≤63 chars)")
+    if spec.policy.name:
+        from kit.policy import POLICY_NAMES
+
+        if spec.policy.name not in POLICY_NAMES:
+            raise _bad(path, "policy.name", f"unknown policy {spec.policy.name!r}",
+                       f"use one of {', '.join(POLICY_NAMES)}")
+    if spec.backend.type in ("s3", "gcs") and not spec.backend.bucket:
+        raise _bad(path, "backend.bucket", f"backend {spec.backend.type} needs a bucket",
+                   "set backend.bucket to an existing bucket, or use backend.type: local")
+    if spec.cloud == "local":
+        return
+    # -- cloud clusters ---------------------------------------------------------------------
+    for field in ("region", "zone", "instance_type"):
+        if not getattr(spec, field):
+            raise _bad(path, field, f"{field} is required for cloud {spec.cloud}", f"add {field}: ...")
+    if spec.cloud == "gcp" and not spec.project:
+        raise _bad(path, "project", "project is required for cloud gcp", "add project: <your GCP project id>")
+    if spec.cloud == "aws" and spec.project:
+        raise _bad(path, "project", "project is a GCP field", "remove it for cloud aws")
+    zones = catalog.zones_of(spec.cloud, spec.region)
+    if zones is not None and spec.zone not in zones:
+        raise _bad(path, "zone", f"zone {spec.zone!r} is not in region {spec.region!r}",
+                   f"use one of {', '.join(zones)}")
+    if zones is None and not spec.zone.startswith(spec.region):
+        raise _bad(path, "zone", f"zone {spec.zone!r} is not in region {spec.region!r}",
+                   f"use a zone of {spec.region}, e.g. {spec.region}{'a' if spec.cloud == 'aws' else '-a'}")
+    itype = spec.instance
+    if itype is None and spec.gpus_per_node is None:
+        raise _bad(path, "gpus_per_node", f"instance type {spec.instance_type!r} is not in kit's catalog",
+                   "set gpus_per_node (and prices) yourself, or use a catalog type (kit/catalog.py)")
+    if itype is not None and spec.gpus_per_node is not None and spec.gpus_per_node != itype.gpus:
+        raise _bad(path, "gpus_per_node", f"{spec.instance_type} has {itype.gpus} GPU(s), not {spec.gpus_per_node}",
+                   f"remove gpus_per_node or set it to {itype.gpus}")
+    if spec.placement == "cluster" and itype is not None and not itype.placement:
+        raise _bad(path, "placement", f"{spec.instance_type} does not support cluster/compact placement",
+                   "set placement: none, or use a type that supports it (AWS g5/p4d/p5, GCP a2/a3)")
+    if spec.placement == "cluster" and spec.cloud == "gcp" and spec.nodes > 1500:
+        raise _bad(path, "nodes", "a compact placement policy holds at most 1500 VMs", "use fewer nodes")
+    if spec.efa:
+        if spec.cloud != "aws":
+            raise _bad(path, "efa", "efa is an AWS feature", "remove efa for cloud gcp")
+        if itype is not None and not itype.efa:
+            raise _bad(path, "efa", f"{spec.instance_type} does not support EFA",
+                       "set efa: false, or use g5.8xlarge+ / p4d.24xlarge / p5.48xlarge")
+    if spec.cloud == "aws" and spec.disk.type and spec.disk.type not in ("gp3", "gp2", "io1", "io2", "st1"):
+        raise _bad(path, "disk.type", f"unknown EBS volume type {spec.disk.type!r}", "use gp3, gp2, io1, io2 or st1")
+    if spec.cloud == "gcp" and spec.disk.type and spec.disk.type not in (
+            "pd-balanced", "pd-ssd", "pd-standard", "hyperdisk-balanced"):
+        raise _bad(path, "disk.type", f"unknown persistent disk type {spec.disk.type!r}",
+                   "use pd-balanced, pd-ssd, pd-standard or hyperdisk-balanced")
+    if spec.cloud == "aws" and spec.backend.type == "gcs" or spec.cloud == "gcp" and spec.backend.type == "s3":
+        pass  # allowed: teams may keep state in the other cloud's bucket
+    # -- ssh -------------------------------------------------------------------------------
+    if not spec.ssh.allowed_cidrs:
+        raise _bad(path, "ssh.allowed_cidrs", "no CIDR allowed to reach SSH",
+                   "list the networks that may SSH in, e.g. allowed_cidrs: [203.0.113.7/32]")
+    for i, cidr in enumerate(spec.ssh.allowed_cidrs):
+        try:
+            net = ipaddress.ip_network(cidr, strict=True)
+        except ValueError as error:
+            raise _bad(path, f"ssh.allowed_cidrs[{i}]", f"not a CIDR: {cidr!r} ({error})",
+                       "write it as a network, e.g. 203.0.113.0/24 or 203.0.113.7/32") from None
+        if net.version != 4:
+            raise _bad(path, f"ssh.allowed_cidrs[{i}]", f"IPv6 CIDR {cidr!r} is not supported yet",
+                       "use an IPv4 CIDR")
+        if net.prefixlen == 0 and not spec.ssh.allow_world:
+            raise _bad(path, f"ssh.allowed_cidrs[{i}]", "SSH open to the whole internet (0.0.0.0/0) is refused",
+                       "list your own networks, or set ssh.allow_world: true if you really mean it")
+    if not spec.ssh.user or not re.match(r"^[a-z_][a-z0-9_-]*$", spec.ssh.user):
+        raise _bad(path, "ssh.user", f"invalid user name {spec.ssh.user!r}", "use e.g. ubuntu")
+    # -- network -----------------------------------------------------------------------------
+    net = spec.network
+    if spec.cloud == "aws" and (net.name or net.subnetwork or net.create):
+        raise _bad(path, "network", "network.name/subnetwork/create are GCP fields",
+                   "for AWS use network.vpc_id and network.subnet_id (or leave network out: default VPC)")
+    if spec.cloud == "gcp" and (net.vpc_id or net.subnet_id):
+        raise _bad(path, "network", "network.vpc_id/subnet_id are AWS fields",
+                   "for GCP use network.name (+ subnetwork) or network.create: true")
+    if spec.cloud == "gcp" and net.create and (net.name or net.subnetwork):
+        raise _bad(path, "network.create", "create: true makes a new network; name/subnetwork name an existing one",
+                   "use one or the other")
+    try:
+        ipaddress.ip_network(net.cidr, strict=True)
+    except ValueError:
+        raise _bad(path, "network.cidr", f"not a CIDR: {net.cidr!r}", "use e.g. 10.42.0.0/20") from None
+
+
+def _fill_defaults(spec: ClusterSpec) -> ClusterSpec:
+    itype = spec.instance
+    update: dict[str, Any] = {}
+    if spec.gpus_per_node is None:
+        update["gpus_per_node"] = itype.gpus if itype else (1 if spec.cloud == "local" else None)
+    prices = spec.prices.model_copy()
+    if itype is not None:
+        if prices.spot_per_hour is None:
+            prices.spot_per_hour = itype.spot_per_hour
+        if prices.on_demand_per_hour is None:
+            prices.on_demand_per_hour = itype.on_demand_per_hour
+    elif spec.cloud == "local":
+        meta = _local_trace_prices(spec)
+        if prices.spot_per_hour is None:
+            prices.spot_per_hour = meta.get("spot_per_hour", 1.0)
+        if prices.on_demand_per_hour is None:
+            prices.on_demand_per_hour = meta.get("on_demand_per_hour", 4.0)
+    update["prices"] = prices
+    if spec.max_price is None and prices.on_demand_per_hour is not None and spec.cloud != "local":
+        update["max_price"] = prices.on_demand_per_hour
+    return spec.model_copy(update=update)
+
+
+def _local_trace_prices(spec: ClusterSpec) -> dict[str, float]:
+    """Prices from the local trace's metadata when it has any (best effort; never fails loading)."""
+    if not spec.local.trace:
+        return {}
+    try:
+        import json
+
+        from kit.paths import spot_traces_dir
+
+        path = Path(spec.local.trace)
+        if not path.is_absolute() and not path.exists():
+            path = spot_traces_dir() / spec.local.trace
+        data = json.loads(path.read_text())
+        meta = data.get("metadata") or data.get("meta") or {}
+        out = {}
+        for key, names in (("spot_per_hour", ("spot_per_hour", "spot_price", "spot_price_per_hour")),
+                           ("on_demand_per_hour", ("on_demand_per_hour", "on_demand_price",
+                                                   "on_demand_price_per_hour"))):
+            for name in names:
+                if isinstance(meta.get(name), (int, float)):
+                    out[key] = float(meta[name])
+                    break
+        return out
+    except Exception:  # noqa: BLE001 - optional metadata
+        return {}
+
+
+def parse_spec(data: Any, path: str = "cluster.yaml") -> ClusterSpec:
+    if not isinstance(data, dict):
+        raise InputError("the spec must be a YAML mapping", where=path, fix="start from examples/aws-g5-spot.yaml")
+    try:
+        spec = ClusterSpec.model_validate(data)
+    except ValidationError as error:
+        raise _from_validation_error(error, path) from None
+    _check(spec, path)
+    spec = _fill_defaults(spec)
+    spec.source = path
+    return spec
+
+
+def load_spec(path: str | Path) -> ClusterSpec:
+    path = Path(path)
+    shown = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError("spec file not found", where=shown, fix="pass the path of your cluster.yaml") from None
+    except OSError as error:
+        raise InputError(f"cannot read the spec: {error.strerror}", where=shown, fix="check the path") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{shown}:{mark.line + 1}" if mark else shown
+        raise InputError(f"not valid YAML: {getattr(error, 'problem', error)}", where=where,
+                         fix="fix the YAML syntax (indentation, colons, quotes)") from None
+    return parse_spec(data, shown)
+
+
+def training_args(spec: ClusterSpec) -> list[str]:
+    """``training.train`` flags for the spec's training section (boolean flags only when true)."""
+    t = spec.training
+    args = ["--model", t.model, "--image-size", str(t.image_size), "--num-classes", str(t.num_classes),
+            "--batch-size", str(t.batch_size), "--steps", str(t.steps), "--lr", repr(t.lr),
+            "--warmup-steps", str(t.warmup_steps), "--ckpt-dir", t.ckpt_dir, "--ckpt-every", str(t.ckpt_every),
+            "--keep", str(t.keep), "--seed", str(t.seed), "--data", t.data, "--log-every", str(t.log_every)]
+    if t.ckpt_every_seconds is not None:
+        args += ["--ckpt-every-seconds", repr(t.ckpt_every_seconds)]
+    if t.device is not None:
+        args += ["--device", t.device]
+    if t.deterministic:
+        args.append("--deterministic")
+    if t.compile:
+        args.append("--compile")
+    return args

@@ -1,0 +1,127 @@
+"""kit.spec: good examples load, ≥15 bad specs fail with exit 2, the field and the fix, nothing written."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from kit.cli import app
+from kit.errors import InputError
+from kit.paths import EXAMPLES_DIR
+from kit.spec import load_spec, parse_spec, training_args
+
+AWS = yaml.safe_load((EXAMPLES_DIR / "aws-g5-spot.yaml").read_text())
+GCP = yaml.safe_load((EXAMPLES_DIR / "gcp-a3-spot.yaml").read_text())
+
+
+def test_examples_load_with_catalog_defaults():
+    aws = load_spec(EXAMPLES_DIR / "aws-g5-spot.yaml")
+    assert (aws.nodes, aws.gpus_per_node, aws.market, aws.placement) == (4, 1, "spot", "cluster")
+    assert aws.max_price == aws.prices.on_demand_per_hour > aws.prices.spot_per_hour > 0
+    gcp = load_spec(EXAMPLES_DIR / "gcp-a3-spot.yaml")
+    assert (gcp.nodes, gcp.instance_type, gcp.gpus_per_node) == (4, "a3-highgpu-1g", 1)
+    assert gcp.with_market("on-demand").market == "on-demand" and gcp.market == "spot"
+
+
+def test_training_args_and_local_defaults():
+    spec = parse_spec({"name": "loc", "cloud": "local", "training": {"deterministic": True, "steps": 7}})
+    args = training_args(spec)
+    assert args[args.index("--steps") + 1] == "7" and "--deterministic" in args and "--compile" not in args
+    assert (spec.prices.spot_per_hour, spec.prices.on_demand_per_hour) == (1.0, 4.0)
+    assert spec.policy.threshold.k == 3 and spec.local.time_scale == 3600.0
+
+
+def _set(data, dotted, value):
+    data = copy.deepcopy(data)
+    node = data
+    keys = dotted.split(".")
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    if value is _DEL:
+        node.pop(keys[-1], None)
+    else:
+        node[keys[-1]] = value
+    return data
+
+
+_DEL = object()
+
+BAD = [
+    ("unknown-cloud", AWS, "cloud", "azure", "cloud", "allowed"),
+    ("nodes-zero", AWS, "nodes", 0, "nodes", "nodes: 1"),
+    ("zone-not-in-region", AWS, "zone", "us-west-2a", "zone", "us-east-1a"),
+    ("zone-not-in-region-gcp", GCP, "zone", "europe-west4-a", "zone", "us-central1"),
+    ("placement-unsupported", _set(GCP, "instance_type", "g2-standard-8"), "placement", "cluster",
+     "placement", "placement: none"),
+    ("missing-cidr", AWS, "ssh.allowed_cidrs", [], "ssh.allowed_cidrs", "allowed_cidrs"),
+    ("world-open-ssh", AWS, "ssh.allowed_cidrs", ["0.0.0.0/0"], "ssh.allowed_cidrs[0]", "allow_world"),
+    ("bad-cidr", AWS, "ssh.allowed_cidrs", ["10.0.0.1/33"], "ssh.allowed_cidrs[0]", "203.0.113"),
+    ("negative-disk", AWS, "disk.size_gb", -5, "disk.size_gb", "size_gb"),
+    ("unknown-top-key", AWS, "colour", "blue", "colour", "remove it"),
+    ("unknown-nested-key", AWS, "ssh.port", 22, "ssh.port", "remove it"),
+    ("gcp-missing-project", GCP, "project", _DEL, "project", "project"),
+    ("bad-name", AWS, "name", "My_Cluster", "name", "lowercase"),
+    ("efa-unsupported-type", AWS, "efa", True, "efa", "g5.8xlarge"),
+    ("efa-on-gcp", GCP, "efa", True, "efa", "remove efa"),
+    ("gpus-mismatch", AWS, "gpus_per_node", 8, "gpus_per_node", "set it to 1"),
+    ("unknown-market", AWS, "market", "reserved", "market", "allowed"),
+    ("nodes-not-int", AWS, "nodes", "four", "nodes", "whole number"),
+    ("s3-without-bucket", AWS, "backend", {"type": "s3"}, "backend.bucket", "bucket"),
+    ("unknown-policy", AWS, "policy.name", "yolo", "policy.name", "threshold"),
+    ("aws-missing-zone", AWS, "zone", _DEL, "zone", "zone"),
+    ("unknown-type-no-gpus", AWS, "instance_type", "x9.mega", "gpus_per_node", "catalog"),
+    ("bad-disk-type", GCP, "disk.type", "gp3", "disk.type", "pd-balanced"),
+    ("aws-network-gcp-field", AWS, "network", {"name": "default"}, "network", "vpc_id"),
+    ("bad-label", AWS, "labels", {"Team": "ML"}, "labels.Team", "lowercase"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_bad_spec_names_field_and_fix(case, tmp_path, monkeypatch):
+    _, base, field, value, where, fix_word = case
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(_set(base, field, value)))
+    with pytest.raises(InputError) as info:
+        load_spec(path)
+    err = info.value
+    assert err.exit_code == 2
+    assert err.where == f"{path}: {where}", err.render()
+    assert err.fix and fix_word.lower() in (err.fix + err.what).lower(), err.render()
+    # The CLI: exit 2, message with field and fix, no traceback, nothing written.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
+    for argv in (["validate", str(path)],):  # RENDER-CASE
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 2, result.output
+        assert where in result.output and "fix:" in result.output and "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.yaml"]
+
+
+def test_yaml_syntax_error_and_missing_file(tmp_path):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(InputError, match="not valid YAML"):
+        load_spec(bad)
+    with pytest.raises(InputError, match="not found"):
+        load_spec(tmp_path / "missing.yaml")
+
+
+def test_world_ssh_allowed_only_explicitly(tmp_path):
+    data = _set(_set(AWS, "ssh.allowed_cidrs", ["0.0.0.0/0"]), "ssh.allow_world", True)
+    assert parse_spec(data).ssh.allow_world
+
+
+def test_cli_validate_subprocess_exit_code(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(_set(AWS, "nodes", 0)))
+    kit = Path(sys.executable).with_name("kit")
+    proc = subprocess.run([str(kit), "validate", str(path)], check=False, capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 2 and "nodes" in proc.stderr and "Traceback" not in proc.stderr
