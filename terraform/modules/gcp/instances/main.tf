@@ -1,0 +1,99 @@
+locals {
+  spot  = var.market == "spot"
+  nodes = [for i in range(var.nodes) : "${var.cluster_name}-node-${i}"]
+}
+
+# Members talk to each other on every port (NCCL, torchrun rendezvous); SSH only from allowed_cidrs.
+resource "google_compute_firewall" "internal" {
+  name        = "${var.cluster_name}-internal"
+  project     = var.project
+  network     = var.network
+  description = "kit cluster ${var.cluster_name}: all traffic between members"
+  direction   = "INGRESS"
+  source_tags = ["kit-${var.cluster_name}"]
+  target_tags = ["kit-${var.cluster_name}"]
+
+  allow {
+    protocol = "all"
+  }
+}
+
+resource "google_compute_firewall" "ssh" {
+  name          = "${var.cluster_name}-ssh"
+  project       = var.project
+  network       = var.network
+  description   = "kit cluster ${var.cluster_name}: SSH from the allowed CIDRs"
+  direction     = "INGRESS"
+  source_ranges = var.allowed_cidrs
+  target_tags   = ["kit-${var.cluster_name}"]
+
+  allow {
+    protocol = "tcp"
+    ports    = ["22"]
+  }
+}
+
+resource "google_compute_instance" "node" {
+  count                     = var.nodes
+  name                      = local.nodes[count.index]
+  project                   = var.project
+  zone                      = var.zone
+  machine_type              = var.machine_type
+  tags                      = ["kit-${var.cluster_name}"]
+  resource_policies         = var.resource_policy == null ? null : [var.resource_policy]
+  allow_stopping_for_update = true
+  labels                    = merge(var.labels, { "kit-node" = tostring(count.index), "kit-market" = var.market })
+
+  boot_disk {
+    auto_delete = true
+    initialize_params {
+      image = var.image
+      size  = var.boot_disk_size_gb
+      type  = "pd-balanced"
+    }
+  }
+
+  # The data disk lives in the disks root module; the instance only attaches it.
+  attached_disk {
+    source      = var.disk_ids[count.index]
+    device_name = "kit-data"
+    mode        = "READ_WRITE"
+  }
+
+  network_interface {
+    network    = var.network
+    subnetwork = var.subnetwork
+    access_config {}
+  }
+
+  dynamic "guest_accelerator" {
+    for_each = var.guest_accelerator == null ? [] : [var.guest_accelerator]
+    content {
+      type  = guest_accelerator.value.type
+      count = guest_accelerator.value.count
+    }
+  }
+
+  # GPUs cannot live-migrate: TERMINATE on host maintenance. Spot VMs stop (disk kept) when
+  # preempted; instance_termination_action is set only for SPOT (GCP rejects it for STANDARD).
+  scheduling {
+    provisioning_model          = local.spot ? "SPOT" : "STANDARD"
+    preemptible                 = local.spot
+    automatic_restart           = !local.spot
+    on_host_maintenance         = "TERMINATE"
+    instance_termination_action = local.spot ? "STOP" : null
+  }
+
+  metadata = {
+    ssh-keys               = "${var.ssh_user}:${trimspace(var.ssh_public_key)}"
+    block-project-ssh-keys = "true"
+    enable-oslogin         = "false"
+    serial-port-enable     = "false"
+    shutdown-script        = file("${path.module}/shutdown.sh")
+  }
+
+  shielded_instance_config {
+    enable_integrity_monitoring = true
+    enable_vtpm                 = true
+  }
+}

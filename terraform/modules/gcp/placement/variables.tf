@@ -1,0 +1,39 @@
+variable "cluster_name" {
+  description = "kit cluster name; prefix of every resource name."
+  type        = string
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{0,30}$", var.cluster_name))
+    error_message = "cluster_name: a lowercase letter, then up to 30 lowercase letters, digits or '-'."
+  }
+}
+
+variable "project" {
+  description = "GCP project id."
+  type        = string
+}
+
+variable "labels" {
+  description = "Labels for every resource (kit-cluster etc.)."
+  type        = map(string)
+  default     = {}
+}
+
+variable "nodes" {
+  description = "Number of nodes (node rank = index)."
+  type        = number
+  validation {
+    condition     = var.nodes >= 1 && floor(var.nodes) == var.nodes
+    error_message = "nodes must be a whole number >= 1."
+  }
+}
+
+variable "region" {
+  description = "Region of the zone."
+  type        = string
+}
+
+variable "enabled" {
+  description = "Create a compact placement policy (spec placement: cluster)."
+  type        = bool
+  default     = true
+}
