@@ -45,3 +45,6 @@ destroy:
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .pytest_cache
+
+golden: ## regenerate tests/golden/ (rendered examples; review the diff like code)
+	$(BIN)/python tests/golden/regen.py

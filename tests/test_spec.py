@@ -97,7 +97,7 @@ def test_bad_spec_names_field_and_fix(case, tmp_path, monkeypatch):
     # The CLI: exit 2, message with field and fix, no traceback, nothing written.
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
-    for argv in (["validate", str(path)],):  # RENDER-CASE
+    for argv in (["validate", str(path)], ["render", str(path), "--out", str(tmp_path / "out")]):
         result = CliRunner().invoke(app, argv)
         assert result.exit_code == 2, result.output
         assert where in result.output and "fix:" in result.output and "Traceback" not in result.output

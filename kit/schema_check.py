@@ -1,0 +1,121 @@
+"""Offline check of Terraform files against the real provider schemas (shared/data/provider-schemas/).
+
+Every ``resource`` and ``data`` block is parsed with python-hcl2 and compared with
+``terraform providers schema -json`` output for its type: unknown attributes or blocks, setting a
+computed-only attribute, a missing required attribute or block, or a block repeated beyond
+``max_items`` are problems. ``terraform_remote_state`` is Terraform's built-in data source (no
+provider schema file); it is checked by hand for its two required arguments.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import hcl2
+
+from kit.paths import provider_schemas_dir
+
+META_ARGS = {"count", "for_each", "depends_on", "provider", "lifecycle", "connection", "provisioner",
+             "__is_block__", "__comments__", "__inline_comments__", "__start_line__", "__end_line__"}
+PROVIDERS = {"aws": "aws", "google": "google"}
+
+
+def _unquote(label: str) -> str:
+    return label[1:-1] if len(label) >= 2 and label[0] == label[-1] == '"' else label
+
+
+@cache
+def schema_for(kind: str, rtype: str, root: str | None = None) -> dict | None:
+    provider = PROVIDERS.get(rtype.split("_", 1)[0])
+    if provider is None:
+        return None
+    base = Path(root) if root else provider_schemas_dir()
+    path = base / provider / ("resource" if kind == "resource" else "data") / f"{rtype}.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())["block"]
+
+
+def _check_block(body: dict[str, Any], block: dict, where: str, problems: list[str]) -> None:
+    attrs = block.get("attributes", {})
+    blocks = block.get("block_types", {})
+    present_blocks: dict[str, int] = {}
+    for key, value in body.items():
+        if key in META_ARGS:
+            continue
+        if key == "dynamic":
+            for dyn in value:
+                for label, spec in dyn.items():
+                    name = _unquote(label)
+                    if name not in blocks:
+                        problems.append(f"{where}: unknown dynamic block {name!r}")
+                        continue
+                    present_blocks[name] = present_blocks.get(name, 0) + 1
+                    for content in spec.get("content", []):
+                        _check_block(content, blocks[name]["block"], f"{where}.{name}", problems)
+            continue
+        if key in attrs:
+            a = attrs[key]
+            if a.get("computed") and not a.get("optional") and not a.get("required"):
+                problems.append(f"{where}: {key!r} is computed-only and cannot be set")
+            if a.get("deprecated"):
+                problems.append(f"{where}: {key!r} is deprecated in the provider")
+            continue
+        if key in blocks:
+            items = value if isinstance(value, list) else [value]
+            items = [i for i in items if isinstance(i, dict)]
+            present_blocks[key] = present_blocks.get(key, 0) + len(items)
+            spec = blocks[key]
+            max_items = spec.get("max_items") or (1 if spec.get("nesting_mode") == "single" else 0)
+            if max_items and len(items) > max_items:
+                problems.append(f"{where}: block {key!r} given {len(items)} times (at most {max_items})")
+            for item in items:
+                _check_block(item, spec["block"], f"{where}.{key}", problems)
+            continue
+        problems.append(f"{where}: unknown attribute or block {key!r}")
+    for name, a in attrs.items():
+        if a.get("required") and name not in body:
+            problems.append(f"{where}: required attribute {name!r} is missing")
+    for name, spec in blocks.items():
+        if (spec.get("min_items") or 0) > 0 and not present_blocks.get(name):
+            problems.append(f"{where}: required block {name!r} is missing")
+
+
+def check_file(path: str | Path, schemas_root: str | Path | None = None) -> list[str]:
+    path = Path(path)
+    try:
+        with path.open() as fh:
+            doc = hcl2.load(fh)
+    except Exception as error:  # noqa: BLE001 - any parse failure is a problem to report
+        return [f"{path}: does not parse as HCL: {error}"]
+    problems: list[str] = []
+    root = str(schemas_root) if schemas_root else None
+    for kind in ("resource", "data"):
+        for entry in doc.get(kind, []):
+            for rtype_q, named in entry.items():
+                rtype = _unquote(rtype_q)
+                for name_q, body in named.items():
+                    where = f"{path}: {kind}.{rtype}.{_unquote(name_q)}"
+                    if kind == "data" and rtype == "terraform_remote_state":
+                        for required in ("backend", "config"):
+                            if required not in body:
+                                problems.append(f"{where}: required attribute {required!r} is missing")
+                        continue
+                    block = schema_for(kind, rtype, root)
+                    if block is None:
+                        problems.append(f"{where}: no provider schema for {rtype} (add it to provider-schemas/)")
+                        continue
+                    _check_block(body, block, where, problems)
+    return problems
+
+
+def check_tree(directory: str | Path, schemas_root: str | Path | None = None) -> tuple[int, list[str]]:
+    """(number of .tf files checked, problems) for every .tf file under directory."""
+    files = sorted(p for p in Path(directory).rglob("*.tf") if ".terraform" not in p.parts)
+    problems: list[str] = []
+    for path in files:
+        problems += check_file(path, schemas_root)
+    return len(files), problems
