@@ -1,0 +1,172 @@
+"""kit.terraform: offline provider failure (fast, one paragraph), KIT_TERRAFORM_BIN, plan summary, disk guard."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kit import terraform
+from kit.cli import app
+from kit.errors import KitError
+from kit.paths import EXAMPLES_DIR
+from kit.render import render
+from kit.spec import load_spec
+
+FAKE = r'''#!{python}
+import json, os, sys
+argv = sys.argv[1:]
+chdir = argv[0].split("=", 1)[1]
+root = os.path.basename(chdir)
+cmd, args = argv[1], argv[2:]
+with open(os.environ["FAKE_LOG"], "a") as fh:
+    fh.write(json.dumps([root, cmd] + args) + "\n")
+plans = json.loads(os.environ.get("FAKE_PLANS", "{{}}"))
+if cmd == "plan":
+    out = [a.split("=", 1)[1] for a in args if a.startswith("-out=")][0]
+    open(os.path.join(chdir, out), "w").write("plan")
+elif cmd == "show":
+    print(json.dumps(plans.get(root, {{}})))
+elif cmd == "state":
+    print(os.environ.get("FAKE_STATE_" + root, ""))
+elif cmd == "output":
+    print(json.dumps({{"nodes": {{"value": [{{"name": "n0", "market": "spot"}}]}}, "zone": {{"value": "z"}}}}))
+elif cmd == "apply":
+    if os.path.exists(os.path.join(chdir, "../modules/aws/disks/kit_destroy_override.tf")):
+        open(os.path.join(chdir, "override-seen"), "w").write("yes")
+sys.exit(0)
+'''
+
+
+def _change(rtype, actions, name="this"):
+    return {"address": f"module.x.{rtype}.{name}", "type": rtype, "change": {"actions": actions}}
+
+
+@pytest.fixture
+def deploy(tmp_path):
+    d = tmp_path / "deploy"
+    render(load_spec(EXAMPLES_DIR / "aws-g5-spot.yaml"), d)
+    return d
+
+
+@pytest.fixture
+def fake_tf(tmp_path, monkeypatch):
+    script = tmp_path / "fake-terraform"
+    script.write_text(FAKE.format(python=sys.executable))
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    log = tmp_path / "tf.log"
+    monkeypatch.setenv("KIT_TERRAFORM_BIN", str(script))
+    monkeypatch.setenv("FAKE_LOG", str(log))
+
+    def calls():
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return calls
+
+
+def _offline_config(tmp_path: Path, kind: str) -> Path:
+    cfg = tmp_path / f"{kind}.tfrc"
+    if kind == "filesystem":
+        (tmp_path / "empty-mirror").mkdir()
+        body = f'filesystem_mirror {{\n    path    = "{tmp_path / "empty-mirror"}"\n    include = ["*/*/*"]\n  }}'
+    else:  # a network mirror on a loopback port nothing listens on: refused at once
+        body = 'network_mirror {\n    url = "https://127.0.0.1:9/providers/"\n  }'
+    cfg.write_text(f"provider_installation {{\n  {body}\n}}\n")
+    return cfg
+
+
+@pytest.mark.parametrize("kind", ["filesystem", "network"])
+def test_provider_download_failure_is_one_clear_paragraph(deploy, tmp_path, monkeypatch, kind):
+    monkeypatch.delenv("KIT_TERRAFORM_BIN", raising=False)
+    monkeypatch.setenv("TF_CLI_CONFIG_FILE", str(_offline_config(tmp_path, kind)))
+    start = time.monotonic()
+    with pytest.raises(KitError) as info:
+        terraform.plan(deploy)
+    assert time.monotonic() - start < 60, "must fail fast, not after network timeouts"
+    message = info.value.what
+    assert "\n" not in message and "Traceback" not in message
+    assert "could not download the providers" in message and "TF_CLI_CONFIG_FILE" in message
+    assert "registry.terraform.io" in message and "hashicorp/aws" in message
+    # the CLI: exit 1, the paragraph, no traceback
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "cli-deploy"))
+    result = CliRunner().invoke(app, ["plan", str(EXAMPLES_DIR / "aws-g5-spot.yaml")])
+    assert result.exit_code == 1 and "TF_CLI_CONFIG_FILE" in result.output and "Traceback" not in result.output
+
+
+def test_plan_summary_text_and_markdown(deploy, fake_tf, monkeypatch):
+    monkeypatch.setenv("FAKE_STATE_disks", "module.disks.aws_ebs_volume.this[0]")
+    monkeypatch.setenv("FAKE_PLANS", json.dumps({
+        "disks": {"resource_changes": [_change("aws_ebs_volume", ["no-op"])]},
+        "cluster": {"resource_changes": [_change("aws_instance", ["create"], "a"), _change("aws_instance", ["create"], "b"),
+                                         _change("aws_security_group", ["update"]),
+                                         _change("aws_volume_attachment", ["delete", "create"])]}}))
+    summary = terraform.plan(deploy)
+    assert summary.totals == {"add": 3, "change": 1, "destroy": 1}
+    assert summary.roots["cluster"]["aws_instance"] == {"add": 2, "change": 0, "destroy": 0}
+    assert "Plan: 3 to add, 1 to change, 1 to destroy." in summary.text()
+    md = summary.markdown()
+    assert "| cluster | `aws_instance` | 2 | 0 | 0 |" in md and md.startswith("| root |")
+    calls = fake_tf()
+    assert [c[:2] for c in calls if c[1] in ("init", "plan")] == [["disks", "init"], ["disks", "plan"],
+                                                                  ["cluster", "init"], ["cluster", "plan"]]
+    assert (deploy / "cluster" / "tfplan").is_file() and (deploy / "disks" / "tfplan").is_file()
+    terraform.apply(deploy)
+    applied = [c for c in fake_tf() if c[1] == "apply"]
+    assert [c[0] for c in applied] == ["disks", "cluster"] and all(c[-1] == "tfplan" for c in applied)
+    assert not (deploy / "cluster" / "tfplan").exists()  # a saved plan applies once
+    assert terraform.output(deploy) == {"nodes": [{"name": "n0", "market": "spot"}], "zone": "z"}
+
+
+def test_first_deployment_defers_cluster_plan_to_apply(deploy, fake_tf, monkeypatch):
+    monkeypatch.setenv("FAKE_PLANS", json.dumps({"disks": {"resource_changes": [_change("aws_ebs_volume", ["create"])]}}))
+    summary = terraform.plan(deploy)
+    assert summary.deferred == ["cluster"] and "planned at apply time" in summary.text()
+    terraform.apply(deploy)
+    assert [c[:2] for c in fake_tf() if c[0] == "cluster" and c[1] in ("plan", "apply")] == [
+        ["cluster", "plan"], ["cluster", "apply"]]
+
+
+@pytest.mark.parametrize("actions", [["delete"], ["delete", "create"], ["create", "delete"]])
+def test_plan_that_loses_a_disk_is_refused(deploy, fake_tf, monkeypatch, actions):
+    monkeypatch.setenv("FAKE_PLANS", json.dumps({"disks": {"resource_changes": [_change("aws_ebs_volume", actions)]}}))
+    with pytest.raises(KitError, match="refusing a plan that would delete or replace data disk"):
+        terraform.plan(deploy)
+    assert not (deploy / "disks" / "tfplan").exists()
+
+
+def test_destroy_keeps_disks_unless_asked(deploy, fake_tf, monkeypatch):
+    monkeypatch.setenv("FAKE_PLANS", json.dumps({"disks": {"resource_changes": [_change("aws_ebs_volume", ["delete"])]}}))
+    terraform.destroy(deploy)
+    assert {c[0] for c in fake_tf() if c[1] in ("plan", "apply")} == {"cluster"}
+    assert any("-destroy" in c for c in fake_tf() if c[1] == "plan")
+    terraform.destroy(deploy, with_disks=True)
+    assert [c[0] for c in fake_tf() if c[1] == "apply"] == ["cluster", "cluster", "disks"]
+    assert (deploy / "disks" / "override-seen").read_text() == "yes"  # prevent_destroy lifted for the run
+    assert not (deploy / "modules" / "aws" / "disks" / "kit_destroy_override.tf").exists()
+
+
+def test_terraform_bin_override_same_args(deploy, fake_tf):
+    rc, _, _ = terraform.run_terraform(["fmt", "-check", "."], deploy)
+    assert rc == 0 and fake_tf()[-1] == ["deploy", "fmt", "-check", "."]
+
+
+def test_missing_binary_and_missing_render(tmp_path, monkeypatch):
+    monkeypatch.setenv("KIT_TERRAFORM_BIN", str(tmp_path / "nope"))
+    with pytest.raises(KitError, match="terraform binary not found"):
+        terraform.run_terraform(["version"], tmp_path)
+    with pytest.raises(KitError, match="kit render"):
+        terraform.plan(tmp_path)
+    with pytest.raises(KitError, match="run `kit plan"):
+        (tmp_path / "disks").mkdir()
+        (tmp_path / "disks" / "main.tf").write_text("")
+        terraform.apply(tmp_path)
+
+
+def test_embedded_terraform_runs(tmp_path, monkeypatch):
+    monkeypatch.delenv("KIT_TERRAFORM_BIN", raising=False)
+    rc, out, _ = terraform.run_terraform(["version"], tmp_path, timeout=120)
+    assert rc == 0 and "Terraform v1." in out
