@@ -2,3 +2,13 @@
 # Installs what the test suite needs beyond the Python venv. Idempotent: a second run does nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# --- infra (issue 2): checkov in its own venv (it pins an old boto3; kept out of .venv) -------------
+CHECKOV_VERSION=3.3.30
+if ! .tools/checkov/bin/checkov --version 2>/dev/null | grep -qx "$CHECKOV_VERSION"; then
+  PY=$(command -v python3.11 || command -v python3)
+  "$PY" -m venv .tools/checkov
+  .tools/checkov/bin/pip install -q --upgrade pip
+  .tools/checkov/bin/pip install -q "checkov==$CHECKOV_VERSION"
+fi
+# --- end infra ---------------------------------------------------------------------------------------
