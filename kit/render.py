@@ -170,7 +170,8 @@ def render_texts(spec, market: str | None = None) -> dict[str, str]:
 def _fmt_dir(directory: Path) -> None:
     from kit.terraform import run_terraform
 
-    rc, out, err = run_terraform(["fmt", "-recursive", "-list=false", "."], directory, timeout=120)
+    # Always the embedded core: rendered bytes must not depend on the user's terraform version.
+    rc, out, err = run_terraform(["fmt", "-recursive", "-list=false", "."], directory, timeout=120, embedded=True)
     if rc != 0:
         raise KitError(f"terraform fmt failed on the rendered files: {(err or out).strip()[:2000]}",
                        where=str(directory), fix="this is a kit bug in templates/: please report it")

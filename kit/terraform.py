@@ -66,9 +66,9 @@ def _base_env() -> dict[str, str]:
 
 
 def run_terraform(args: list[str], cwd: str | Path, *, timeout: float = 1800,
-                  env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """Run ``terraform -chdir=cwd ARGS``: $KIT_TERRAFORM_BIN if set, else the embedded core."""
-    binary = os.environ.get("KIT_TERRAFORM_BIN")
+                  env: dict[str, str] | None = None, embedded: bool = False) -> tuple[int, str, str]:
+    """Run ``terraform -chdir=cwd ARGS``: $KIT_TERRAFORM_BIN if set (and not ``embedded``), else the embedded core."""
+    binary = None if embedded else os.environ.get("KIT_TERRAFORM_BIN")
     argv = ([binary] if binary else [sys.executable, "-m", "kit.terraform"]) + [f"-chdir={cwd}", *args]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env or _base_env(),

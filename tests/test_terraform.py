@@ -170,3 +170,19 @@ def test_embedded_terraform_runs(tmp_path, monkeypatch):
     monkeypatch.delenv("KIT_TERRAFORM_BIN", raising=False)
     rc, out, _ = terraform.run_terraform(["version"], tmp_path, timeout=120)
     assert rc == 0 and "Terraform v1." in out
+
+
+def test_cli_plan_markdown_apply_destroy(tmp_path, fake_tf, monkeypatch):
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "d"))
+    monkeypatch.setenv("FAKE_STATE_disks", "x")
+    monkeypatch.setenv("FAKE_PLANS", json.dumps({"cluster": {"resource_changes": [_change("aws_instance", ["create"])]}}))
+    spec = str(EXAMPLES_DIR / "aws-g5-spot.yaml")
+    result = CliRunner().invoke(app, ["plan", spec, "--format", "markdown", "--market", "on-demand"])
+    assert result.exit_code == 0, result.output
+    assert "| cluster | `aws_instance` | 1 | 0 | 0 |" in result.output
+    assert 'market              = "on-demand"' in (tmp_path / "d" / "g5-spot" / "cluster" / "terraform.tfvars").read_text()
+    assert CliRunner().invoke(app, ["plan", spec, "--format", "html"]).exit_code == 2
+    result = CliRunner().invoke(app, ["apply", spec])
+    assert result.exit_code == 0 and "n0" in result.output, result.output
+    result = CliRunner().invoke(app, ["destroy", spec])
+    assert result.exit_code == 0 and "disks kept" in result.output, result.output
