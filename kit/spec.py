@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from kit import catalog
 from kit.errors import InputError
@@ -124,7 +124,11 @@ class ClusterSpec(_Model):
     policy: PolicySection = Field(default_factory=PolicySection)
     local: LocalSection = Field(default_factory=LocalSection)
     # Where the spec came from (not a YAML field): the generated-file header names it.
-    source: str | None = Field(default=None, exclude=True)
+    _source: str | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> str | None:
+        return self._source
 
     def with_market(self, market: str) -> ClusterSpec:
         if market not in ("spot", "on-demand"):
@@ -346,7 +350,7 @@ def parse_spec(data: Any, path: str = "cluster.yaml") -> ClusterSpec:
         raise _from_validation_error(error, path) from None
     _check(spec, path)
     spec = _fill_defaults(spec)
-    spec.source = path
+    spec._source = path
     return spec
 
 
