@@ -1,0 +1,270 @@
+"""The local backend: N node processes on this machine, same interface as aws/gcp (issue 6).
+
+A "node" is a process group: ``torchrun --nnodes N --node-rank r`` (c10d rendezvous at node 0's
+``127.0.0.1:<free port>``, gloo on CPU or NCCL on CUDA as the trainer picks) plus, when the
+kit has it, the node agent (``training.agent --cloud local``). Each node has
+
+* a data-disk directory ``deploy/NAME/local/disks/node-<r>/`` (checkpoints in ``ckpt/``,
+  agent events), reused across restarts like the clouds' disks;
+* an instance directory ``deploy/NAME/local/run/node-<r>/`` with the metadata-like notice file
+  ``metadata/preempted`` (``TRUE`` = preemption notice), the trainer's stop file, progress file
+  and logs (recreated with every new instance);
+* a state file ``deploy/NAME/local/nodes/node-<r>.json`` (contract in kit/watch/sources/local.py)
+  with a new ``instance_id`` on every (re)start.
+
+Processes never outlive kit: each group gets the parent-death signal and is killed at exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kit.backends.base import Backend, CapacityError, Node
+from kit.errors import KitError
+
+SPOT = "spot"
+_LIVE: set[LocalBackend] = set()
+
+
+def _kill_all_at_exit() -> None:
+    for backend in list(_LIVE):
+        with contextlib.suppress(Exception):
+            backend.kill_all()
+
+
+atexit.register(_kill_all_at_exit)
+
+
+def _pdeathsig() -> None:  # runs in the child: die with kit (Linux)
+    os.setsid()
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def agent_available() -> bool:
+    from kit.paths import REPO_ROOT
+
+    return (REPO_ROOT / "training" / "agent.py").exists()
+
+
+class LocalBackend(Backend):
+    cloud = "local"
+
+    def __init__(self, spec, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None,
+                 clock: Callable[[], float] = time.time, node_command: Callable[[LocalBackend, int, str],
+                                                                                 list[str]] | None = None,
+                 spot_available: Callable[[], bool] | None = None, use_agent: bool | None = None):
+        self.spec = spec
+        self.deploy_dir = Path(deploy_dir)
+        self.root = self.deploy_dir / "local"
+        self.watcher_url = watcher_url
+        self.watcher_token = watcher_token
+        self.clock = clock
+        self.node_command = node_command or LocalBackend.trainer_command
+        self.spot_available = spot_available  # set by the injector: False while spot capacity is low
+        self.use_agent = agent_available() if use_agent is None else use_agent
+        self.procs: dict[int, list[subprocess.Popen]] = {}
+        self.endpoint: str | None = None
+        self.lock = threading.RLock()
+        _LIVE.add(self)
+
+    # ------------------------------------------------------------------ paths
+    def state_dir(self) -> Path:
+        return self.root / "nodes"
+
+    def state_file(self, rank: int) -> Path:
+        return self.state_dir() / f"node-{rank}.json"
+
+    def disk_dir(self, rank: int) -> Path:
+        return self.root / "disks" / f"node-{rank}"
+
+    def node_dir(self, rank: int) -> Path:
+        return self.root / "run" / f"node-{rank}"
+
+    def progress_file(self, rank: int) -> Path:
+        return self.node_dir(rank) / "progress.json"
+
+    def stop_file(self, rank: int) -> Path:
+        return self.node_dir(rank) / "stop"
+
+    def notice_file(self, rank: int) -> Path:
+        return self.node_dir(rank) / "metadata" / "preempted"
+
+    # ------------------------------------------------------------------ state files
+    def read_state(self, rank: int) -> dict | None:
+        try:
+            return json.loads(self.state_file(rank).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def write_state(self, rank: int, instance_id: str, market: str, state: str, reason: str | None = None) -> dict:
+        data = {"name": f"node-{rank}", "instance_id": instance_id, "rank": rank, "market": market,
+                "state": state, "reason": reason, "time": self.clock()}
+        write_json_atomic(self.state_file(rank), data)
+        return data
+
+    def _new_instance_id(self, rank: int) -> str:
+        counter = self.root / "instance-counter"
+        n = int(counter.read_text()) + 1 if counter.exists() else 1
+        counter.parent.mkdir(parents=True, exist_ok=True)
+        counter.write_text(str(n))
+        return f"node-{rank}-{n}"
+
+    # ------------------------------------------------------------------ Backend
+    def apply(self, spec, market: str) -> list[Node]:
+        with self.lock:
+            self.spec = spec
+            if market == SPOT and self.spot_available is not None and not self.spot_available():
+                raise CapacityError(f"no spot capacity for {spec.nodes} local nodes (the injector's trace is low)",
+                                    where=str(self.root), fix="kit retries with backoff or moves to on-demand")
+            for rank in range(spec.nodes, 1 << 16):  # a smaller spec: drop the extra nodes
+                if not self.state_file(rank).exists():
+                    break
+                self.kill_node(rank)
+                self.state_file(rank).unlink()
+            for rank in range(spec.nodes):
+                state = self.read_state(rank)
+                if state and state["state"] == "running" and state["market"] == market:
+                    continue  # still up on this market: kept, like terraform keeps a live instance
+                self.kill_node(rank)
+                shutil.rmtree(self.node_dir(rank), ignore_errors=True)
+                self.disk_dir(rank).mkdir(parents=True, exist_ok=True)
+                self.write_state(rank, self._new_instance_id(rank), market, "running")
+            return self.nodes()
+
+    def nodes(self) -> list[Node]:
+        out = []
+        for rank in range(self.spec.nodes):
+            state = self.read_state(rank)
+            if state is None or state["state"] != "running":
+                continue
+            out.append(Node(name=state["name"], instance_id=state["instance_id"], rank=rank, market=state["market"],
+                            zone="local", private_ip="127.0.0.1", disk_id=str(self.disk_dir(rank))))
+        return out
+
+    def bootstrap(self, nodes: list[Node]) -> None:
+        with self.lock:
+            for rank in list(self.procs):
+                self.kill_node(rank)
+            up = {n.rank for n in self.nodes()}
+            if up != set(range(self.spec.nodes)):
+                raise KitError(f"cannot bootstrap: nodes {sorted(set(range(self.spec.nodes)) - up)} are not running",
+                               where=str(self.state_dir()), fix="kit re-applies and retries")
+            self.endpoint = f"127.0.0.1:{free_port()}"  # node 0's endpoint; new with every (re)start
+            for rank in range(self.spec.nodes):
+                self.start_node(rank)
+
+    def destroy(self, keep_disks: bool = True) -> None:
+        with self.lock:
+            self.kill_all()
+            shutil.rmtree(self.state_dir(), ignore_errors=True)
+            shutil.rmtree(self.root / "run", ignore_errors=True)
+            if not keep_disks:
+                shutil.rmtree(self.root / "disks", ignore_errors=True)
+
+    # ------------------------------------------------------------------ processes
+    def trainer_command(self, rank: int, endpoint: str) -> list[str]:
+        from kit.spec import training_args
+
+        args = training_args(self.spec)
+        i = args.index("--ckpt-dir")
+        args[i + 1] = str(self.disk_dir(rank) / "ckpt")
+        nproc = 1 if not self.spec.gpus_per_node else int(self.spec.gpus_per_node)
+        return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={self.spec.nodes}",
+                f"--nproc-per-node={nproc}", f"--node-rank={rank}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={endpoint}", f"--rdzv-id={self.spec.name}", "--max-restarts=0",
+                "-m", "training.train", *args, "--stop-file", str(self.stop_file(rank)),
+                "--progress-file", str(self.progress_file(rank))]
+
+    def agent_command(self, rank: int, instance_id: str) -> list[str]:
+        cmd = [sys.executable, "-m", "training.agent", "--cloud", "local", "--instance", instance_id,
+               "--node-rank", str(rank), "--stop-file", str(self.stop_file(rank)),
+               "--progress-file", str(self.progress_file(rank)), "--event-dir", str(self.disk_dir(rank)),
+               "--metadata-url", str(self.notice_file(rank)), "--interval", "0.5"]
+        if self.watcher_url and self.watcher_token:
+            token_file = self.node_dir(rank) / "watcher-token"
+            token_file.write_text(self.watcher_token)
+            token_file.chmod(0o600)
+            cmd += ["--watcher-url", self.watcher_url, "--watcher-token-file", str(token_file),
+                    "--cluster", self.spec.name]
+        return cmd
+
+    def start_node(self, rank: int) -> None:
+        from kit.paths import REPO_ROOT
+
+        state = self.read_state(rank)
+        node_dir = self.node_dir(rank)
+        (node_dir / "metadata").mkdir(parents=True, exist_ok=True)
+        for stale in (self.stop_file(rank), self.notice_file(rank)):
+            stale.unlink(missing_ok=True)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
+                                                                         os.environ.get("PYTHONPATH")])),
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "KIT_NODE_RANK": str(rank)}
+        procs = []
+        with open(node_dir / "train.log", "ab") as log:
+            procs.append(subprocess.Popen(self.node_command(self, rank, self.endpoint), cwd=REPO_ROOT, env=env,
+                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          preexec_fn=_pdeathsig))
+        if self.use_agent and state is not None:
+            with open(node_dir / "agent.log", "ab") as log:
+                procs.append(subprocess.Popen(self.agent_command(rank, state["instance_id"]), cwd=REPO_ROOT,
+                                              env=env, stdout=log, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, preexec_fn=_pdeathsig))
+        self.procs[rank] = procs
+
+    def trainer_exit(self, rank: int) -> int | None:
+        """The node's torchrun exit code (None while it runs or when nothing was started)."""
+        procs = self.procs.get(rank)
+        return procs[0].poll() if procs else None
+
+    def kill_node(self, rank: int, sig: int = signal.SIGKILL) -> None:
+        for proc in self.procs.pop(rank, []):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=10)
+
+    def kill_all(self) -> None:
+        for rank in list(self.procs):
+            self.kill_node(rank)
+
+    def mark(self, rank: int, state: str, reason: str | None = None) -> None:
+        """Kill node ``rank`` and record it as ``state`` (``preempted`` by the injector, ``stopped`` at exit)."""
+        with self.lock:
+            self.kill_node(rank)
+            current = self.read_state(rank)
+            if current and current["state"] == "running":
+                self.write_state(rank, current["instance_id"], current["market"], state, reason)
+
+    def stop_all(self, reason: str = "kit exited") -> None:
+        """Kill every node and mark the running ones stopped (their cost stops accruing)."""
+        for rank in range(self.spec.nodes):
+            self.mark(rank, "stopped", reason)
+        _LIVE.discard(self)

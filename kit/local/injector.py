@@ -1,0 +1,164 @@
+"""Spot preemptions for the local backend, the way the clouds deliver them.
+
+Two modes: replay a capacity trace (``shared/data/spot-traces``) time-compressed by
+``time_scale`` trace seconds per wall second — while ``data[i] < nodes`` spot capacity is low:
+running spot nodes beyond the capacity are preempted (highest rank first, so a trace with 0 hits
+node 0 too) and spot launches raise ``CapacityError`` — or preempt one spot node every
+``preempt_every`` wall seconds (ranks in turn, node 0 first).
+
+A preemption first writes the metadata-like notice ``<node_dir>/metadata/preempted`` = ``TRUE``
+(the node agent sees it and writes the trainer's stop file; without an agent the injector writes
+the stop file itself), then after ``grace_seconds`` kills the node's processes and marks its
+state file ``preempted``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kit.errors import InputError
+
+log = logging.getLogger("kit.local")
+
+
+class VirtualClock:
+    """Trace time: ``origin + (wall - origin) * scale``; costs and the policy run on this clock."""
+
+    def __init__(self, origin: float, scale: float, wall: Callable[[], float] = time.time):
+        if scale <= 0:
+            raise InputError(f"time scale {scale} must be > 0", where="--time-scale / local.time_scale",
+                             fix="e.g. --time-scale 3600 (one trace hour per wall second)")
+        self.origin, self.scale, self.wall = origin, float(scale), wall
+
+    def __call__(self) -> float:
+        return self.origin + (self.wall() - self.origin) * self.scale
+
+
+def resolve_trace(trace: str) -> Path:
+    from kit.paths import spot_traces_dir
+
+    path = Path(trace)
+    if path.exists():
+        return path
+    candidate = spot_traces_dir() / trace
+    if candidate.exists():
+        return candidate
+    raise InputError(f"trace {trace!r} not found", where="local.trace",
+                     fix=f"give a path or a name under {spot_traces_dir()}, e.g. gcp-a3-h100-2025-10/us-central1-c.json")
+
+
+class Injector:
+    def __init__(self, backend, *, nodes: int, clock: Callable[[], float], origin: float,
+                 trace: str | None = None, preempt_every: float | None = None, grace_seconds: float = 5.0,
+                 enabled: bool = True, wall: Callable[[], float] = time.time, period: float = 0.1):
+        self.backend = backend
+        self.nodes = nodes
+        self.clock = clock
+        self.origin = origin
+        self.preempt_every = preempt_every
+        self.grace = float(grace_seconds)
+        self.enabled = enabled
+        self.wall = wall
+        self.period = period
+        self.trace = None
+        if trace and enabled and preempt_every is None:
+            from kit.traces import load_trace
+
+            self.trace = load_trace(resolve_trace(trace))
+        if preempt_every is not None and preempt_every <= 0:
+            raise InputError(f"--preempt-every {preempt_every} must be > 0", where="--preempt-every",
+                             fix="e.g. --preempt-every 20")
+        self.pending: dict[int, float] = {}  # rank -> wall time of the kill
+        self.next_rank = 0
+        self.last_every: float | None = None
+        self.preemptions: list[dict] = []
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        backend.spot_available = self.spot_available
+
+    # ------------------------------------------------------------------ capacity
+    def capacity(self, now: float | None = None) -> int | None:
+        if self.trace is None:
+            return None
+        now = self.clock() if now is None else now
+        index = int(max(0.0, now - self.origin) // self.trace.gap_seconds) % len(self.trace.data)
+        return self.trace.data[index]
+
+    def spot_available(self) -> bool:
+        capacity = self.capacity()
+        return capacity is None or capacity >= self.nodes
+
+    # ------------------------------------------------------------------ preempting
+    def running_spot(self) -> list[int]:
+        out = []
+        for rank in range(self.nodes):
+            state = self.backend.read_state(rank)
+            if state and state["state"] == "running" and state["market"] == "spot" and rank not in self.pending:
+                out.append(rank)
+        return out
+
+    def notice(self, rank: int) -> None:
+        """Deliver the notice now; the kill follows after the grace period."""
+        path = self.backend.notice_file(rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("TRUE")
+        if not getattr(self.backend, "use_agent", False):  # no agent to relay it: ask the trainer directly
+            self.backend.stop_file(rank).write_text("preempted\n")
+        self.pending[rank] = self.wall() + self.grace
+        state = self.backend.read_state(rank) or {}
+        self.preemptions.append({"rank": rank, "instance": state.get("instance_id"), "time": self.clock()})
+        log.warning("injector: preemption notice to node-%d (%s), kill in %.1f s", rank, state.get("instance_id"),
+                    self.grace)
+
+    def step(self) -> None:
+        wall = self.wall()
+        for rank, kill_at in list(self.pending.items()):
+            if wall >= kill_at:
+                self.backend.mark(rank, "preempted", "injected preemption")
+                del self.pending[rank]
+        if not self.enabled:
+            return
+        running = self.running_spot()
+        if self.trace is not None:
+            capacity = self.capacity()
+            excess = len(running) + len([r for r in self.pending]) - capacity
+            for rank in sorted(running, reverse=True)[:max(0, excess)]:
+                self.notice(rank)
+        elif self.preempt_every is not None:
+            if len(running) < self.nodes or not self.training_started():
+                self.last_every = None
+                return
+            if self.last_every is None:
+                self.last_every = wall
+            elif wall - self.last_every >= self.preempt_every:
+                self.notice(self.next_rank % self.nodes)
+                self.next_rank += 1
+                self.last_every = None
+
+    def training_started(self) -> bool:
+        for rank in range(self.nodes):
+            if self.backend.progress_file(rank).exists():
+                return True
+        return False
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.step()
+            except Exception as error:  # noqa: BLE001 - the injector must not die silently mid-run
+                log.error("injector: %s", error)
+            self.stop.wait(self.period)
+
+    def start(self) -> Injector:
+        self.thread = threading.Thread(target=self.run, name="kit-injector", daemon=True)
+        self.thread.start()
+        return self
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join(timeout=5)

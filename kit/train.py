@@ -1,0 +1,251 @@
+"""``kit train``: apply -> bootstrap -> watch -> cost report -> tear down, in one command (issue 6).
+
+The same loop for every cloud: the watcher (kit.watch) launches through the cloud's backend
+(aws/gcp: render, terraform apply, ansible bootstrap; local: node processes), polls the cloud,
+asks the policy and re-applies until the trainer reports ``done``. ``kit train`` again after an
+interruption continues from the ledger (deploy/NAME/ledger.sqlite).
+
+Local time: the local cloud runs on a compressed clock (``local.time_scale`` trace seconds per
+wall second, :class:`kit.local.injector.VirtualClock`). The ledger, the policy and the cost report
+all use that clock, so node-hours and costs are trace hours (what the same job would have cost
+at the trace's pace); ``wall_seconds`` is real time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+
+from kit.errors import InputError, KitError
+from kit.paths import EXAMPLES_DIR
+
+DEFAULT_SPEC = EXAMPLES_DIR / "local.yaml"
+log = logging.getLogger("kit.train")
+
+
+def load_train_spec(spec_path: Path | None, *, cloud: str | None, time_scale: float | None,
+                    preempt_every: float | None, no_preemptions: bool):
+    from kit.spec import load_spec
+
+    spec = load_spec(spec_path or DEFAULT_SPEC)
+    if cloud is not None and cloud != spec.cloud:
+        raise InputError(f"--cloud {cloud} but the spec is for cloud {spec.cloud}", where=str(spec_path or DEFAULT_SPEC),
+                         fix=f"drop --cloud or use a spec with `cloud: {cloud}`")
+    local = spec.local
+    update = {}
+    if time_scale is not None:
+        if time_scale <= 0:
+            raise InputError(f"--time-scale {time_scale} must be > 0", where="--time-scale", fix="e.g. 3600")
+        update["time_scale"] = time_scale
+    if preempt_every is not None:
+        if preempt_every <= 0:
+            raise InputError(f"--preempt-every {preempt_every} must be > 0", where="--preempt-every", fix="e.g. 20")
+        update["preempt_every_seconds"] = preempt_every
+    if no_preemptions:
+        update["preemptions"] = False
+    if update:
+        spec = spec.model_copy(update={"local": local.model_copy(update=update)})
+    return spec
+
+
+def read_progress(backend, nodes: int) -> dict | None:
+    """The newest progress file of any node (rank 0 writes it; node 0 may have moved)."""
+    best = None
+    for rank in range(nodes):
+        try:
+            data = json.loads(backend.progress_file(rank).read_text())
+        except (FileNotFoundError, ValueError):
+            continue
+        if best is None or (data.get("time") or 0) > (best.get("time") or 0):
+            best = data
+    return best
+
+
+def steps_lost(ledger) -> int:
+    rows = ledger._query("SELECT step FROM progress ORDER BY id")
+    lost, prev = 0, None
+    for row in rows:
+        if prev is not None and row["step"] < prev:
+            lost += prev - row["step"]
+        prev = row["step"]
+    return lost
+
+
+def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: float | None = None,
+              preempt_every: float | None = None, no_preemptions: bool = False, json_report: Path | None = None,
+              plot: Path | None = None, keep_disks: bool = False, interval_s: float | None = None,
+              console=None) -> dict:
+    from rich.console import Console
+
+    from kit.backends import cloud as cloud_backends
+    from kit.render import deployment_dir
+    from kit.watch import sources
+    from kit.watch.acting import Actor
+    from kit.watch.commands import LEDGER_FILE, LOCK_FILE, make_policy_for, observation_type
+    from kit.watch.events import PROGRESS, Event
+    from kit.watch.ledger import Ledger, WatcherLock
+    from kit.watch.server import WatcherServer, cluster_token, ledger_sink
+    from kit.watch.status import status_report
+    from kit.watch.watcher import Watcher
+
+    console = console or Console()
+    spec = load_train_spec(spec_path, cloud=cloud, time_scale=time_scale, preempt_every=preempt_every,
+                           no_preemptions=no_preemptions)
+    deploy_dir = Path(deployment_dir(spec))
+    deploy_dir.mkdir(parents=True, exist_ok=True)
+    local = spec.cloud == "local"
+    wall_start = time.time()
+    with WatcherLock(deploy_dir / LOCK_FILE):
+        ledger = Ledger(deploy_dir / LEDGER_FILE)
+        token = cluster_token(deploy_dir)
+        policy = make_policy_for(spec)
+        wake = threading.Event()
+        injector = None
+        scale = float(spec.local.time_scale) if local else 1.0
+        if local:
+            from kit.backends.local import LocalBackend
+            from kit.local.injector import Injector, VirtualClock
+
+            origin = float(ledger.get_meta("local_clock_origin") or 0) or wall_start
+            ledger.set_meta("local_clock_origin", repr(origin))
+            clock = VirtualClock(origin, scale)
+            backend = LocalBackend(spec, deploy_dir, clock=clock)  # agents relay notices only (see docs)
+            injector = Injector(backend, nodes=spec.nodes, clock=clock, origin=origin, trace=spec.local.trace,
+                                preempt_every=spec.local.preempt_every_seconds,
+                                grace_seconds=spec.local.grace_seconds, enabled=spec.local.preemptions)
+            interval = interval_s or 0.5
+        else:
+            clock = time.time
+            backend = None
+            interval = interval_s or 15.0
+        with WatcherServer({spec.name: token}, ledger_sink(ledger, wake), host="127.0.0.1" if local else "0.0.0.0",
+                           port=0 if local else 8787) as server:
+            if backend is None:
+                backend = cloud_backends.backend_for(spec, deploy_dir, watcher_url=server.url, watcher_token=token)
+            observation = observation_type()
+
+            def make_observation(**fields):
+                fields["tick_h"] = interval * scale / 3600.0  # the tick in (trace) hours
+                return observation(**fields)
+
+            watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, clock=clock), policy,
+                              source=sources.source_for(spec, deploy_dir), interval_s=interval, clock=clock,
+                              observation=make_observation)
+            watcher.wake = wake
+            last = {"key": None}
+
+            def pump(result) -> None:
+                if not local:
+                    return
+                data = read_progress(backend, spec.nodes)
+                if not data or data.get("step") is None:
+                    return
+                key = (data.get("step"), data.get("state"), data.get("time"))
+                if key == last["key"]:
+                    return
+                last["key"] = key
+                step_time = data.get("step_time_s")
+                ledger.record(Event(kind=PROGRESS, instance="trainer", time=clock(), source="local", node_rank=0,
+                                    detail={"state": data.get("state"), "params_sha256": data.get("params_sha256")},
+                                    step=int(data["step"]), total_steps=int(data["total_steps"]),
+                                    step_time_s=None if step_time is None else float(step_time) * scale))
+                if data.get("state") == "done":
+                    ledger.set_meta("params_sha256", str(data.get("params_sha256")))
+
+            shown = {"t": 0.0}
+
+            def on_tick(result) -> None:
+                pump(result)
+                if time.time() - shown["t"] > 5:
+                    shown["t"] = time.time()
+                    progress = f"step {result.step}/{result.total_steps}" if result.step is not None else "starting"
+                    console.print(f"[{time.strftime('%H:%M:%S')}] {spec.name}: market {result.market or 'none'}, "
+                                  f"{result.nodes_up}/{spec.nodes} up, {progress}, policy {result.decision or '-'}")
+
+            stop = threading.Event()
+            if injector:
+                injector.start()
+            console.print(f"training [bold]{spec.name}[/bold] on {spec.cloud} ({spec.nodes} nodes, policy "
+                          f"{policy.name}" + (f", time scale {scale:g}x" if local else "") + ")")
+            try:
+                result = watcher.run(stop, on_tick=on_tick)
+            except KeyboardInterrupt:
+                _interrupted(ledger, wall_start, injector, backend, local)
+                console.print("interrupted: `kit train` again continues from the ledger "
+                              f"({deploy_dir / LEDGER_FILE})")
+                raise
+            except BaseException:
+                _interrupted(ledger, wall_start, injector, backend, local)
+                raise
+            # done: let the trainers finish writing, then the report and tear-down
+            if local:
+                deadline = time.time() + 60
+                while time.time() < deadline and any(backend.trainer_exit(r) is None for r in list(backend.procs)):
+                    time.sleep(0.2)
+                pump(result)
+            if injector:
+                injector.close()
+            now = clock()
+            ledger.release_nodes(now)
+            wall = float(ledger.get_meta("wall_seconds_done") or 0) + (time.time() - wall_start)
+            ledger.set_meta("wall_seconds_done", repr(wall))
+            status = status_report(ledger, spec, now=now)
+            progress = ledger.latest_progress() or {}
+            report = {
+                "cluster": spec.name, "cloud": spec.cloud, "policy": policy.name,
+                "time_scale": scale,
+                "preemptions": status["preemptions"], "market_switches": status["market_switches"],
+                "spot_hours": status["spot_hours"], "on_demand_hours": status["on_demand_hours"],
+                "cost": status["cost"], "cost_on_demand": status["cost_all_on_demand"],
+                "steps": progress.get("step"), "total_steps": progress.get("total_steps"),
+                "steps_lost": steps_lost(ledger), "wall_seconds": round(wall, 2),
+                "params_sha256": ledger.get_meta("params_sha256"),
+                "nodes_lost": status["nodes_lost"], "capacity_errors": status["capacity_errors"],
+            }
+            if local:
+                backend.destroy(keep_disks=keep_disks)
+            else:
+                # The final checkpoint stays on the cloud disks (export is the operator's step):
+                # instances go, disks are kept unless --keep-disks is off *and* they were exported.
+                backend.destroy(keep_disks=True)
+            render_report(report, console)
+            if json_report:
+                Path(json_report).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+            if plot:
+                from kit.report import plot_run
+
+                plot_run(ledger, spec, Path(plot), scale=scale)
+            ledger.set_meta("finished", "1")
+            return report
+
+
+def _interrupted(ledger, wall_start, injector, backend, local) -> None:
+    if injector:
+        injector.close()
+    if local and backend is not None:
+        backend.stop_all()
+    wall = float(ledger.get_meta("wall_seconds_done") or 0) + (time.time() - wall_start)
+    ledger.set_meta("wall_seconds_done", repr(wall))
+
+
+def render_report(report: dict, console) -> None:
+    from rich.table import Table
+
+    money = lambda v: "?" if v is None else f"${v:,.2f}"  # noqa: E731
+    table = Table(title=f"kit train {report['cluster']} ({report['cloud']}, policy {report['policy']})",
+                  title_justify="left")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    rows = [("steps", f"{report['steps']}/{report['total_steps']}"), ("steps lost", str(report["steps_lost"])),
+            ("preemptions", str(report["preemptions"])), ("market switches", str(report["market_switches"])),
+            ("spot node-hours", f"{report['spot_hours']:.2f}"), ("on-demand node-hours", f"{report['on_demand_hours']:.2f}"),
+            ("cost", money(report["cost"])), ("all on-demand", money(report["cost_on_demand"])),
+            ("wall time", f"{report['wall_seconds']:.1f} s"), ("params_sha256", str(report["params_sha256"])[:16] + "…")]
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+    if report["cloud"] == "local":
+        console.print(f"(local hours are trace hours: wall time × time scale {report['time_scale']:g})")

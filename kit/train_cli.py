@@ -1,0 +1,41 @@
+"""``kit train`` command registration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kit.errors import KitError
+
+
+def train(
+    spec: Annotated[Path | None, typer.Argument(help="cluster.yaml (default: the built-in examples/local.yaml)")] = None,
+    cloud: Annotated[str | None, typer.Option(help="local|aws|gcp (must match the spec)")] = None,
+    time_scale: Annotated[float | None, typer.Option(help="local: trace seconds per wall second")] = None,
+    preempt_every: Annotated[float | None, typer.Option(help="local: preempt a spot node every S wall seconds")] = None,
+    no_preemptions: Annotated[bool, typer.Option("--no-preemptions", help="local: no injected preemptions")] = False,
+    json_report: Annotated[Path | None, typer.Option(help="write the cost report as JSON")] = None,
+    plot: Annotated[Path | None, typer.Option(help="PNG of progress over time, markets, preemptions")] = None,
+    keep_disks: Annotated[bool, typer.Option("--keep-disks", help="keep the data disks after completion")] = False,
+) -> None:
+    """Train on spot nodes: apply, bootstrap, watch, recover, report cost, tear down."""
+    from kit.cli import fail
+    from kit.train import run_train
+
+    if cloud is not None and cloud not in ("local", "aws", "gcp"):
+        from kit.errors import InputError
+
+        fail(InputError(f"--cloud {cloud!r}", where="--cloud", fix="use local, aws or gcp"))
+    try:
+        run_train(spec, cloud=cloud, time_scale=time_scale, preempt_every=preempt_every,
+                  no_preemptions=no_preemptions, json_report=json_report, plot=plot, keep_disks=keep_disks)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except KitError as error:
+        fail(error)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train)
