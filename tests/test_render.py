@@ -142,3 +142,39 @@ def test_make_golden_script_runs_in_a_copy(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     assert proc.returncode == 0, proc.stderr
     assert _files(tmp_path / "tests" / "golden" / "aws-g5-spot") == _files(GOLDEN / "aws-g5-spot")
+
+
+def test_modules_carry_the_required_settings():
+    import hcl2
+
+    from kit.paths import TERRAFORM_MODULES_DIR as M
+
+    def resources(path):
+        with open(path) as fh:
+            doc = hcl2.load(fh)
+        return {k.strip('"') + "." + n.strip('"'): body for entry in doc.get("resource", [])
+                for k, named in entry.items() for n, body in named.items()}
+
+    aws = resources(M / "aws" / "instances" / "main.tf")["aws_instance.node"]
+    assert aws["metadata_options"][0]["http_tokens"] == '"required"'
+    assert aws["root_block_device"][0]["encrypted"] is True
+    market = aws["dynamic"][0]['"instance_market_options"']
+    assert market["for_each"] == "${local.spot ? [1] : []}"
+    assert "spot_options" in market["content"][0]
+    vol = resources(M / "aws" / "disks" / "main.tf")["aws_ebs_volume.this"]
+    assert vol["encrypted"] is True and vol["lifecycle"][0]["prevent_destroy"] is True
+    gcp = resources(M / "gcp" / "instances" / "main.tf")["google_compute_instance.node"]
+    sched = gcp["scheduling"][0]
+    assert sched["instance_termination_action"] == '${local.spot ? "STOP" : null}'
+    assert sched["provisioning_model"] == '${local.spot ? "SPOT" : "STANDARD"}'
+    assert sched["on_host_maintenance"] == '"TERMINATE"' and sched["automatic_restart"] == "${!local.spot}"
+    assert "instance/preempted" not in gcp["metadata"]  # it is in shutdown.sh:
+    assert "$md/preempted" in (M / "gcp" / "instances" / "shutdown.sh").read_text()
+    disk = resources(M / "gcp" / "disks" / "main.tf")["google_compute_disk.this"]
+    assert disk["lifecycle"][0]["prevent_destroy"] is True
+    policy = resources(M / "gcp" / "placement" / "main.tf")["google_compute_resource_policy.this"]
+    assert policy["group_placement_policy"][0]["collocation"] == '"COLLOCATED"'
+    for cloud in ("aws", "gcp"):
+        for module in ("placement", "instances", "disks"):
+            text = (M / cloud / module / "variables.tf").read_text()
+            assert "validation {" in text and "type " in text, (cloud, module)
