@@ -1,0 +1,47 @@
+"""``kit train --plot``: progress over time with the market and the preemptions marked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def plot_run(ledger, spec, out: Path, *, scale: float = 1.0) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kit.watch.events import LOSS_KINDS
+
+    started = float(ledger.get_meta("job_started") or 0)
+    hours = lambda t: (t - started) / 3600.0  # noqa: E731
+    rows = ledger._query("SELECT time, step FROM progress ORDER BY id")
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.plot([hours(r["time"]) for r in rows], [r["step"] for r in rows], color="black", lw=1.5, label="step")
+    colors = {"spot": "tab:green", "on-demand": "tab:orange"}
+    seen = set()
+    for node in ledger.all_nodes():
+        if node.rank != 0:
+            continue
+        end = node.until if node.until is not None else ledger_now(rows, node.since)
+        label = node.market if node.market not in seen else None
+        seen.add(node.market)
+        ax.axvspan(hours(node.since), hours(end), color=colors.get(node.market, "grey"), alpha=0.2, label=label)
+    losses = [e for e in ledger.events(kinds=LOSS_KINDS) if e["source"] != "agent"]
+    for i, event in enumerate(losses):
+        ax.axvline(hours(event["time"]), color="tab:red", ls="--", lw=1, label="preemption" if i == 0 else None)
+    unit = "trace hours" if spec.cloud == "local" else "hours"
+    ax.set_xlabel(f"{unit} since start" + (f" (wall × {scale:g})" if spec.cloud == "local" else ""))
+    ax.set_ylabel("step")
+    ax.set_title(f"kit train {spec.name}: progress, market (shaded), preemptions (red)")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def ledger_now(rows, default: float) -> float:
+    return max([r["time"] for r in rows] + [default])

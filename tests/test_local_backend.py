@@ -1,0 +1,186 @@
+"""LocalBackend and the injector with a fake node command (fast: no torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from kit.backends.base import CapacityError
+from kit.backends.local import LocalBackend
+from kit.errors import InputError
+from kit.local.injector import Injector, VirtualClock
+from kit.watch.sources.local import LocalSource
+
+FAKE_NODE = r"""
+import json, os, sys, time, pathlib
+rank, endpoint, stop, progress, out = sys.argv[1:6]
+pathlib.Path(out).write_text(json.dumps({"rank": int(rank), "endpoint": endpoint, "pid": os.getpid()}))
+while not os.path.exists(stop):
+    time.sleep(0.05)
+pathlib.Path(progress).write_text(json.dumps({"step": 1, "total_steps": 2, "state": "preempted", "time": time.time()}))
+sys.exit(75)
+"""
+
+
+def fake_spec(nodes=2):
+    return SimpleNamespace(name="t", nodes=nodes, gpus_per_node=1, cloud="local")
+
+
+@pytest.fixture
+def backend(tmp_path):
+    script = tmp_path / "node.py"
+    script.write_text(FAKE_NODE)
+
+    def command(b, rank, endpoint):
+        return [sys.executable, str(script), str(rank), endpoint, str(b.stop_file(rank)), str(b.progress_file(rank)),
+                str(b.node_dir(rank) / "started.json")]
+
+    b = LocalBackend(fake_spec(), tmp_path / "deploy", node_command=command, use_agent=False)
+    yield b
+    b.kill_all()
+
+
+def started(b, rank, timeout=10):
+    path = b.node_dir(rank) / "started.json"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if path.exists():
+            try:
+                return json.loads(path.read_text())
+            except ValueError:
+                pass
+        time.sleep(0.05)
+    raise AssertionError(f"node {rank} never started")
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+def test_apply_bootstrap_recover_switch_destroy(backend):
+    nodes = backend.apply(backend.spec, "spot")
+    assert [n.rank for n in nodes] == [0, 1] and all(n.market == "spot" for n in nodes)
+    ids = [n.instance_id for n in nodes]
+    assert len(set(ids)) == 2
+    polled = LocalSource("t", LocalSource.state_dir_for(backend.deploy_dir)).poll()
+    assert sorted(i.instance for i in polled.instances) == sorted(ids)
+    backend.bootstrap(nodes)
+    first = [started(backend, r) for r in (0, 1)]
+    assert first[0]["endpoint"] == first[1]["endpoint"] and first[0]["endpoint"].startswith("127.0.0.1:")
+    assert backend.disk_dir(0).is_dir() and backend.disk_dir(1).is_dir()
+    # idempotent: a second apply on the same market keeps both instances
+    assert [n.instance_id for n in backend.apply(backend.spec, "spot")] == ids
+    # node 0 preempted: state file says so, processes are gone, apply recreates only node 0
+    (backend.disk_dir(0) / "ckpt").mkdir()
+    backend.mark(0, "preempted", "injected preemption")
+    assert backend.read_state(0)["state"] == "preempted"
+    assert not alive(first[0]["pid"])
+    polled = LocalSource("t", backend.state_dir()).poll()
+    assert any(i.preempted and i.instance == ids[0] for i in polled.instances)
+    again = backend.apply(backend.spec, "spot")
+    assert again[0].instance_id not in ids and again[1].instance_id == ids[1]
+    assert (backend.disk_dir(0) / "ckpt").is_dir(), "the data disk is reused"
+    backend.bootstrap(again)
+    second = [started(backend, r) for r in (0, 1)]
+    assert second[0]["endpoint"] != first[0]["endpoint"], "a new master gets a new endpoint"
+    assert not alive(first[1]["pid"]), "bootstrap restarts every node"
+    # switch: every instance replaced
+    switched = backend.apply(backend.spec, "on-demand")
+    assert all(n.market == "on-demand" for n in switched)
+    assert not {n.instance_id for n in switched} & {n.instance_id for n in again}
+    backend.destroy(keep_disks=True)
+    assert backend.nodes() == [] and backend.disk_dir(0).is_dir()
+    backend.destroy(keep_disks=False)
+    assert not backend.disk_dir(0).exists()
+
+
+def test_bootstrap_refuses_missing_node(backend):
+    backend.apply(backend.spec, "spot")
+    backend.mark(1, "preempted")
+    with pytest.raises(Exception, match="not running"):
+        backend.bootstrap(backend.nodes())
+
+
+def test_capacity_error_and_stop_all(backend):
+    backend.spot_available = lambda: False
+    with pytest.raises(CapacityError):
+        backend.apply(backend.spec, "spot")
+    assert backend.nodes() == []
+    nodes = backend.apply(backend.spec, "on-demand")  # on-demand is not limited by the trace
+    backend.bootstrap(nodes)
+    pids = [started(backend, r)["pid"] for r in (0, 1)]
+    backend.stop_all()
+    assert not any(alive(p) for p in pids)
+    assert {backend.read_state(r)["state"] for r in (0, 1)} == {"stopped"}
+
+
+class Wall:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_injector_preempt_every_hits_node0_first(backend):
+    wall = Wall()
+    injector = Injector(backend, nodes=2, clock=VirtualClock(1000.0, 60, wall), origin=1000.0, preempt_every=5,
+                        grace_seconds=2, wall=wall)
+    nodes = backend.apply(backend.spec, "spot")
+    backend.bootstrap(nodes)
+    backend.progress_file(0).write_text("{}")
+    injector.step()
+    wall.t += 5
+    injector.step()
+    assert backend.notice_file(0).read_text() == "TRUE"
+    assert backend.stop_file(0).exists(), "without an agent the injector asks the trainer itself"
+    assert backend.read_state(0)["state"] == "running", "killed only after the grace period"
+    wall.t += 2
+    injector.step()
+    assert backend.read_state(0)["state"] == "preempted"
+    assert backend.read_state(1)["state"] == "running"
+    assert injector.preemptions[0]["rank"] == 0
+
+
+def test_injector_replays_trace(backend, tmp_path):
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [16, 1, 0, 16]}))
+    wall = Wall()
+    clock = VirtualClock(1000.0, 600, wall)  # one trace tick per wall second
+    injector = Injector(backend, nodes=2, clock=clock, origin=1000.0, trace=str(trace), grace_seconds=0.5, wall=wall)
+    backend.apply(backend.spec, "spot")
+    injector.step()
+    assert injector.spot_available() and not injector.preemptions
+    wall.t += 1  # capacity 1 < 2: the highest rank goes, spot launches fail
+    injector.step()
+    assert [p["rank"] for p in injector.preemptions] == [1]
+    assert not injector.spot_available()
+    with pytest.raises(CapacityError):
+        backend.apply(backend.spec, "spot")
+    wall.t += 1  # capacity 0: node 0 goes too
+    injector.step()
+    assert [p["rank"] for p in injector.preemptions] == [1, 0]
+    wall.t += 1
+    injector.step()
+    assert injector.spot_available()
+    assert {backend.read_state(r)["state"] for r in (0, 1)} == {"preempted"}
+    backend.apply(backend.spec, "spot")  # capacity is back
+
+
+def test_injector_bad_inputs(backend, tmp_path):
+    with pytest.raises(InputError, match="not found"):
+        Injector(backend, nodes=2, clock=time.time, origin=0, trace=str(tmp_path / "nope.json"))
+    with pytest.raises(InputError):
+        Injector(backend, nodes=2, clock=time.time, origin=0, preempt_every=0)
+    with pytest.raises(InputError):
+        VirtualClock(0, 0)
