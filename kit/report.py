@@ -14,7 +14,7 @@ def plot_run(ledger, spec, out: Path, *, scale: float = 1.0) -> Path:
     from kit.watch.events import LOSS_KINDS
 
     started = float(ledger.get_meta("job_started") or 0)
-    hours = lambda t: (t - started) / 3600.0  # noqa: E731
+    hours = lambda t: (t - started) / 3600.0
     rows = ledger._query("SELECT time, step FROM progress ORDER BY id")
     fig, ax = plt.subplots(figsize=(9, 4))
     ax.plot([hours(r["time"]) for r in rows], [r["step"] for r in rows], color="black", lw=1.5, label="step")

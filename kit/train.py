@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from kit.errors import InputError, KitError
+from kit.errors import InputError
 from kit.paths import EXAMPLES_DIR
 
 DEFAULT_SPEC = EXAMPLES_DIR / "local.yaml"
@@ -100,6 +100,14 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
     wall_start = time.time()
     with WatcherLock(deploy_dir / LOCK_FILE):
         ledger = Ledger(deploy_dir / LEDGER_FILE)
+        if ledger.get_meta("finished"):  # the last job completed: this is a new one, keep the old ledger aside
+            ledger.close()
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            for suffix in ("", "-wal", "-shm"):
+                old = deploy_dir / (LEDGER_FILE + suffix)
+                if old.exists():
+                    old.rename(deploy_dir / f"ledger-{stamp}.sqlite{suffix}")
+            ledger = Ledger(deploy_dir / LEDGER_FILE)
         token = cluster_token(deploy_dir)
         policy = make_policy_for(spec)
         wake = threading.Event()
@@ -234,7 +242,7 @@ def _interrupted(ledger, wall_start, injector, backend, local) -> None:
 def render_report(report: dict, console) -> None:
     from rich.table import Table
 
-    money = lambda v: "?" if v is None else f"${v:,.2f}"  # noqa: E731
+    money = lambda v: "?" if v is None else f"${v:,.2f}"
     table = Table(title=f"kit train {report['cluster']} ({report['cloud']}, policy {report['policy']})",
                   title_justify="left")
     table.add_column("")

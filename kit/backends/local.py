@@ -47,12 +47,38 @@ def _kill_all_at_exit() -> None:
 atexit.register(_kill_all_at_exit)
 
 
-def _pdeathsig() -> None:  # runs in the child: die with kit (Linux)
-    os.setsid()
-    with contextlib.suppress(Exception):
-        import ctypes
+try:  # resolved in the parent: the child only calls it (no imports between fork and exec)
+    import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except Exception:  # noqa: BLE001 - not Linux: no parent-death signal, atexit still cleans up
+    _PRCTL = None
+
+
+def _pdeathsig() -> None:  # runs in the child between fork and exec: die with kit (Linux)
+    if _PRCTL is not None:
+        # SIGTERM: torchrun then stops its workers (they run in sessions of their own)
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of ``pid`` (from /proc), children first."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 def free_port() -> int:
@@ -231,12 +257,12 @@ class LocalBackend(Backend):
         with open(node_dir / "train.log", "ab") as log:
             procs.append(subprocess.Popen(self.node_command(self, rank, self.endpoint), cwd=REPO_ROOT, env=env,
                                           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          preexec_fn=_pdeathsig))
+                                          start_new_session=True, preexec_fn=_pdeathsig))  # noqa: PLW1509
         if self.use_agent and state is not None:
             with open(node_dir / "agent.log", "ab") as log:
                 procs.append(subprocess.Popen(self.agent_command(rank, state["instance_id"]), cwd=REPO_ROOT,
                                               env=env, stdout=log, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, preexec_fn=_pdeathsig))
+                                              stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_pdeathsig))  # noqa: PLW1509
         self.procs[rank] = procs
 
     def trainer_exit(self, rank: int) -> int | None:
@@ -246,8 +272,12 @@ class LocalBackend(Backend):
 
     def kill_node(self, rank: int, sig: int = signal.SIGKILL) -> None:
         for proc in self.procs.pop(rank, []):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, sig)
+            tree = [proc.pid, *descendants(proc.pid)]  # torchrun's workers live in their own sessions
+            for pid in tree:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, sig)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
             with contextlib.suppress(Exception):
                 proc.wait(timeout=10)
 

@@ -1,0 +1,137 @@
+"""End-to-end `kit train --cloud local` runs (real torchrun trainers on CPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kit.paths import EXAMPLES_DIR, REPO_ROOT
+
+KIT = [str(Path(sys.executable).parent / "kit")]
+pytestmark = pytest.mark.slow
+
+
+def kit_train(tmp_path: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "KIT_DEPLOY_ROOT": str(tmp_path / "deploy"), "COLUMNS": "120"}
+    return subprocess.run(KIT + ["train", *args], check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def leftovers(marker: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            stat = (proc / "stat").read_text().split()
+        except OSError:
+            continue
+        if marker in cmd and stat[2] != "Z":
+            found.append(cmd)
+    return found
+
+
+def small_spec(tmp_path: Path, name: str, steps: int, **local) -> Path:
+    data = yaml.safe_load((EXAMPLES_DIR / "local.yaml").read_text())
+    data["name"] = name
+    data["training"].update(steps=steps, ckpt_every=20)
+    data["local"].update(local)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def report_of(tmp_path: Path, name: str) -> dict:
+    return json.loads((tmp_path / name).read_text())
+
+
+def test_default_run_matches_undisturbed_run(tmp_path):
+    started = time.time()
+    run = kit_train(tmp_path / "a", "--json-report", str(tmp_path / "a.json"), "--plot", str(tmp_path / "a.png"))
+    wall = time.time() - started
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = report_of(tmp_path, "a.json")
+    for key in ("preemptions", "market_switches", "spot_hours", "on_demand_hours", "cost", "cost_on_demand",
+                "steps", "steps_lost", "wall_seconds", "params_sha256"):
+        assert key in report
+    assert report["preemptions"] >= 2, report
+    assert report["market_switches"] >= 1, report
+    assert report["cost"] < report["cost_on_demand"], report
+    assert report["steps"] == report["total_steps"] == 300
+    assert len(report["params_sha256"]) == 64
+    assert (tmp_path / "a.png").stat().st_size > 10_000
+    assert wall < 180, f"default run took {wall:.0f} s"
+    assert not leftovers(str(tmp_path / "a")), "node processes left behind"
+    assert not (tmp_path / "a" / "deploy" / "local-example" / "local" / "disks").exists(), "disks deleted after done"
+    quiet = kit_train(tmp_path / "b", "--no-preemptions", "--json-report", str(tmp_path / "b.json"), "--keep-disks")
+    assert quiet.returncode == 0, quiet.stdout + quiet.stderr
+    undisturbed = report_of(tmp_path, "b.json")
+    assert undisturbed["preemptions"] == 0 and undisturbed["market_switches"] == 0
+    assert undisturbed["params_sha256"] == report["params_sha256"], "exact resume across the whole loop"
+    assert undisturbed["cost"] < report["cost_on_demand"]
+    assert (tmp_path / "b" / "deploy" / "local-example" / "local" / "disks" / "node-0" / "ckpt").is_dir()
+
+
+def test_node0_preempted(tmp_path):
+    spec = small_spec(tmp_path, "node0", 60, trace=None, grace_seconds=3)
+    run = kit_train(tmp_path, str(spec), "--preempt-every", "6", "--json-report", str(tmp_path / "r.json"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = report_of(tmp_path, "r.json")
+    assert report["preemptions"] >= 1 and report["steps"] == 60
+    assert "preemption notice to node-0" in run.stdout + run.stderr
+    logs = (tmp_path / "deploy" / "node0" / "local").glob("**/train.log")
+    assert not list(logs), "run dirs are removed at the end"
+    assert not leftovers(str(tmp_path / "deploy"))
+
+
+def test_ctrl_c_then_continue(tmp_path):
+    spec = small_spec(tmp_path, "ctrlc", 100, trace=None)
+    env = {**os.environ, "KIT_DEPLOY_ROOT": str(tmp_path / "deploy")}
+    proc = subprocess.Popen(KIT + ["train", str(spec), "--no-preemptions"], cwd=REPO_ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    progress = tmp_path / "deploy" / "ctrlc" / "local" / "run" / "node-0" / "progress.json"
+    deadline = time.time() + 120
+    step = 0
+    while time.time() < deadline and step < 30:
+        time.sleep(0.3)
+        try:
+            step = json.loads(progress.read_text())["step"]
+        except (FileNotFoundError, ValueError, KeyError):
+            pass
+    assert step >= 30, "training never got going"
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "kit train` again continues" in out
+    time.sleep(0.5)
+    assert not leftovers(str(tmp_path / "deploy")), "nodes must not outlive kit"
+    states = [json.loads(p.read_text())["state"] for p in (tmp_path / "deploy" / "ctrlc" / "local" / "nodes").glob("*.json")]
+    assert states and set(states) == {"stopped"}
+    started = time.time()
+    again = kit_train(tmp_path, str(spec), "--no-preemptions", "--json-report", str(tmp_path / "r.json"), "--keep-disks")
+    second = time.time() - started
+    assert again.returncode == 0, again.stdout + again.stderr
+    report = report_of(tmp_path, "r.json")
+    assert report["steps"] == 100
+    log = (tmp_path / "deploy" / "ctrlc" / "local").glob("disks/node-*/ckpt")
+    assert list(log)
+    assert report["steps_lost"] <= 20
+    assert report["wall_seconds"] > second, "the ledger carried the first run's time over"
+
+
+def test_bad_cloud_and_spec(tmp_path):
+    run = kit_train(tmp_path, "--cloud", "azure")
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    run = kit_train(tmp_path, "--cloud", "aws")  # the built-in example is a local spec
+    assert run.returncode == 2 and "cloud local" in run.stdout + run.stderr
+    run = kit_train(tmp_path, "--time-scale", "0")
+    assert run.returncode == 2
