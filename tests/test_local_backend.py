@@ -184,3 +184,20 @@ def test_injector_bad_inputs(backend, tmp_path):
         Injector(backend, nodes=2, clock=time.time, origin=0, preempt_every=0)
     with pytest.raises(InputError):
         VirtualClock(0, 0)
+
+
+def test_injector_falls_back_when_the_agent_does_not_relay(backend):
+    backend.use_agent = True  # an agent that never writes the stop file
+    wall = Wall()
+    injector = Injector(backend, nodes=2, clock=VirtualClock(1000.0, 60, wall), origin=1000.0, preempt_every=5,
+                        grace_seconds=4, wall=wall)
+    backend.apply(backend.spec, "spot")
+    backend.progress_file(0).parent.mkdir(parents=True, exist_ok=True)
+    backend.progress_file(0).write_text("{}")
+    injector.step()
+    wall.t += 5
+    injector.step()
+    assert backend.notice_file(0).read_text() == "TRUE" and not backend.stop_file(0).exists()
+    wall.t += 1.6
+    injector.step()
+    assert backend.stop_file(0).exists()

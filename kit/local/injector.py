@@ -73,6 +73,8 @@ class Injector:
             raise InputError(f"--preempt-every {preempt_every} must be > 0", where="--preempt-every",
                              fix="e.g. --preempt-every 20")
         self.pending: dict[int, float] = {}  # rank -> wall time of the kill
+        self.relay_by: dict[int, float] = {}  # rank -> when to write the stop file if the agent has not
+        self.relay_timeout = 1.5
         self.next_rank = 0
         self.last_every: float | None = None
         self.preemptions: list[dict] = []
@@ -108,6 +110,8 @@ class Injector:
         path.write_text("TRUE")
         if not getattr(self.backend, "use_agent", False):  # no agent to relay it: ask the trainer directly
             self.backend.stop_file(rank).write_text("preempted\n")
+        else:  # the agent relays it; if it has not within the relay timeout, the injector does
+            self.relay_by[rank] = self.wall() + min(self.relay_timeout, self.grace / 2)
         self.pending[rank] = self.wall() + self.grace
         state = self.backend.read_state(rank) or {}
         self.preemptions.append({"rank": rank, "instance": state.get("instance_id"), "time": self.clock()})
@@ -116,6 +120,15 @@ class Injector:
 
     def step(self) -> None:
         wall = self.wall()
+        for rank, relay_by in list(self.relay_by.items()):
+            if rank not in self.pending:
+                del self.relay_by[rank]
+            elif wall >= relay_by:
+                del self.relay_by[rank]
+                stop = self.backend.stop_file(rank)
+                if not stop.exists():
+                    log.warning("injector: node-%d's agent did not relay the notice; writing the stop file", rank)
+                    stop.write_text("preempted\n")
         for rank, kill_at in list(self.pending.items()):
             if wall >= kill_at:
                 self.backend.mark(rank, "preempted", "injected preemption")
