@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from kit.errors import InputError
+from kit.errors import InputError, KitError
 from kit.paths import EXAMPLES_DIR
 
 DEFAULT_SPEC = EXAMPLES_DIR / "local.yaml"
@@ -165,8 +165,35 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
 
             shown = {"t": 0.0}
 
+            crashed = {"since": None, "restarts": 0}
+
+            def restart_crashed() -> None:
+                """Every trainer exited without done or a preemption in flight (e.g. a rendezvous
+                timeout): restart training on the same nodes, like a node's systemd unit would."""
+                if not local or not backend.procs or (injector and injector.pending):
+                    crashed["since"] = None
+                    return
+                data = read_progress(backend, spec.nodes) or {}
+                states = [backend.read_state(r) or {} for r in range(spec.nodes)]
+                exited = all(backend.trainer_exit(r) is not None for r in backend.procs)
+                if (not exited or data.get("state") == "done"
+                        or any(st.get("state") != "running" for st in states)):
+                    crashed["since"] = None
+                    return
+                if crashed["since"] is None:
+                    crashed["since"] = time.time()
+                elif time.time() - crashed["since"] > 5:
+                    crashed["since"] = None
+                    crashed["restarts"] += 1
+                    if crashed["restarts"] > 5:
+                        raise KitError("the trainers keep exiting without finishing", where=str(backend.root / "run"),
+                                       fix="see train.log of each node")
+                    log.warning("trainers exited without finishing; restarting them (%d)", crashed["restarts"])
+                    backend.bootstrap(backend.nodes())
+
             def on_tick(result) -> None:
                 pump(result)
+                restart_crashed()
                 if time.time() - shown["t"] > 5:
                     shown["t"] = time.time()
                     progress = f"step {result.step}/{result.total_steps}" if result.step is not None else "starting"
