@@ -82,11 +82,11 @@ def test_default_run_matches_undisturbed_run(tmp_path):
 
 
 def test_node0_preempted(tmp_path):
-    spec = small_spec(tmp_path, "node0", 60, trace=None, grace_seconds=3)
-    run = kit_train(tmp_path, str(spec), "--preempt-every", "6", "--json-report", str(tmp_path / "r.json"))
+    spec = small_spec(tmp_path, "node0", 80, trace=None, grace_seconds=2)
+    run = kit_train(tmp_path, str(spec), "--preempt-every", "2", "--json-report", str(tmp_path / "r.json"))
     assert run.returncode == 0, run.stdout + run.stderr
     report = report_of(tmp_path, "r.json")
-    assert report["preemptions"] >= 1 and report["steps"] == 60
+    assert report["preemptions"] >= 1 and report["steps"] == 80
     assert "preemption notice to node-0" in run.stdout + run.stderr
     logs = (tmp_path / "deploy" / "node0" / "local").glob("**/train.log")
     assert not list(logs), "run dirs are removed at the end"
