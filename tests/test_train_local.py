@@ -66,7 +66,7 @@ def test_default_run_matches_undisturbed_run(tmp_path):
     assert report["preemptions"] >= 2, report
     assert report["market_switches"] >= 1, report
     assert report["cost"] < report["cost_on_demand"], report
-    assert report["steps"] == report["total_steps"] == 300
+    assert report["steps"] == report["total_steps"] == 400
     assert len(report["params_sha256"]) == 64
     assert (tmp_path / "a.png").stat().st_size > 10_000
     assert wall < 180, f"default run took {wall:.0f} s"
