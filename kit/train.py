@@ -77,7 +77,7 @@ def steps_lost(ledger) -> int:
 def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: float | None = None,
               preempt_every: float | None = None, no_preemptions: bool = False, json_report: Path | None = None,
               plot: Path | None = None, keep_disks: bool = False, interval_s: float | None = None,
-              console=None) -> dict:
+              listen: str | None = None, console=None) -> dict:
     from rich.console import Console
 
     from kit.backends import cloud as cloud_backends
@@ -129,8 +129,10 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
             clock = time.time
             backend = None
             interval = interval_s or 15.0
-        with WatcherServer({spec.name: token}, ledger_sink(ledger, wake), host="127.0.0.1" if local else "0.0.0.0",
-                           port=0 if local else 8787) as server:
+        from kit.watch.commands import parse_listen
+
+        host, port = parse_listen(listen or ("127.0.0.1:0" if local else "0.0.0.0:8787"))
+        with WatcherServer({spec.name: token}, ledger_sink(ledger, wake), host=host, port=port) as server:
             if backend is None:
                 backend = cloud_backends.backend_for(spec, deploy_dir, watcher_url=server.url, watcher_token=token)
             observation = observation_type()
