@@ -62,8 +62,9 @@ def test_cloud_loop_recovers_and_keeps_disks(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cloud, "backend_for", backend_for)
     monkeypatch.setattr(sources, "source_for", lambda spec, deploy_dir: BackendSource(made["b"]))
-    report = run_train(EXAMPLES_DIR / "aws-g5-spot.yaml", cloud="aws", json_report=tmp_path / "r.json",
-                       interval_s=0.1, listen="127.0.0.1:0", console=Console(file=open(tmp_path / "out", "w")))
+    with open(tmp_path / "out", "w") as out:
+        report = run_train(EXAMPLES_DIR / "aws-g5-spot.yaml", cloud="aws", json_report=tmp_path / "r.json",
+                           interval_s=0.1, listen="127.0.0.1:0", console=Console(file=out))
     backend = made["b"]
     assert report["steps"] == 20 and report["preemptions"] == 1
     assert len(backend.of("bootstrap")) == 2, "recovered once"
