@@ -1,0 +1,293 @@
+"""Node agent (COMMON interface 4): watches the cloud's preemption notice, stops the trainer, reports.
+
+``python -m training.agent --cloud aws|gcp|local --instance ID --node-rank N --stop-file P
+--progress-file P --event-dir DIR [--watcher-url U --watcher-token-file F --cluster NAME]
+[--metadata-url URL] [--interval 2]``
+
+* AWS: IMDSv2 — ``PUT /latest/api/token`` (header ``X-aws-ec2-metadata-token-ttl-seconds``), then
+  ``GET /latest/meta-data/spot/instance-action`` (404 = nothing; 200 JSON ``{"action", "time"}``
+  = notice) and ``/latest/meta-data/events/recommendations/rebalance`` (404 = nothing; 200 JSON
+  ``{"noticeTime": ...}`` = rebalance recommendation). A 401 renews the token.
+* GCP: ``GET /computeMetadata/v1/instance/preempted`` with ``Metadata-Flavor: Google`` -> ``TRUE``/``FALSE``.
+* local: ``--metadata-url`` is a file path (``<node_dir>/metadata/preempted``); content ``TRUE`` = notice.
+
+On a notice: write the stop file (the trainer saves and exits 75), append the event to
+``<event-dir>/events.jsonl``, POST it to the watcher (with retries). SIGTERM/SIGINT without a notice is
+a normal shutdown (event kind ``shutdown``). Progress from ``--progress-file`` is heartbeated to the watcher.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+log = logging.getLogger("kit.agent")
+
+DEFAULT_METADATA = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal"}
+HTTP_TIMEOUT = 2.0
+
+
+class MetadataError(Exception):
+    pass
+
+
+def _request(url: str, method: str = "GET", headers: dict | None = None, timeout: float = HTTP_TIMEOUT):
+    req = urllib.request.Request(url, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode("utf-8", "replace")
+
+
+class AwsProbe:
+    def __init__(self, base: str):
+        self.base = base.rstrip("/")
+        self.token: str | None = None
+        self.rebalance_seen = False
+
+    def _token(self) -> str:
+        status, body = _request(f"{self.base}/latest/api/token", "PUT",
+                                {"X-aws-ec2-metadata-token-ttl-seconds": "21600"})
+        if status != 200:
+            raise MetadataError(f"IMDSv2 token PUT returned {status}")
+        return body.strip()
+
+    def _get(self, path: str) -> tuple[int, str]:
+        for _ in range(2):
+            if self.token is None:
+                self.token = self._token()
+            status, body = _request(f"{self.base}{path}", headers={"X-aws-ec2-metadata-token": self.token})
+            if status == 401:
+                self.token = None
+                continue
+            return status, body
+        raise MetadataError(f"IMDSv2 {path}: 401 after renewing the token")
+
+    def poll(self) -> list[tuple[str, dict]]:
+        events = []
+        status, body = self._get("/latest/meta-data/spot/instance-action")
+        if status == 200:
+            try:
+                detail = json.loads(body)
+            except ValueError:
+                detail = {"raw": body}
+            if detail.get("action") in ("terminate", "stop", "hibernate"):
+                events.append(("preemption-notice", detail))
+        elif status != 404:
+            raise MetadataError(f"spot/instance-action returned {status}")
+        if not self.rebalance_seen:
+            status, body = self._get("/latest/meta-data/events/recommendations/rebalance")
+            if status == 200:
+                self.rebalance_seen = True
+                try:
+                    detail = json.loads(body)
+                except ValueError:
+                    detail = {"raw": body}
+                events.append(("rebalance-recommendation", detail))
+        return events
+
+
+class GcpProbe:
+    def __init__(self, base: str):
+        self.base = base.rstrip("/")
+
+    def poll(self) -> list[tuple[str, dict]]:
+        status, body = _request(f"{self.base}/computeMetadata/v1/instance/preempted",
+                                headers={"Metadata-Flavor": "Google"})
+        if status != 200:
+            raise MetadataError(f"instance/preempted returned {status}")
+        if body.strip().upper() == "TRUE":
+            return [("preemption-notice", {"preempted": "TRUE"})]
+        return []
+
+
+class LocalProbe:
+    def __init__(self, path: str):
+        self.path = Path(path)
+
+    def poll(self) -> list[tuple[str, dict]]:
+        try:
+            text = self.path.read_text()
+        except OSError:
+            return []
+        if text.strip().upper() == "TRUE":
+            return [("preemption-notice", {"preempted": "TRUE", "file": str(self.path)})]
+        return []
+
+
+def make_probe(cloud: str, metadata_url: str | None):
+    if cloud == "aws":
+        return AwsProbe(metadata_url or DEFAULT_METADATA["aws"])
+    if cloud == "gcp":
+        return GcpProbe(metadata_url or DEFAULT_METADATA["gcp"])
+    if cloud == "local":
+        if not metadata_url:
+            raise ValueError("--cloud local needs --metadata-url <node_dir>/metadata/preempted")
+        return LocalProbe(metadata_url)
+    raise ValueError(f"unknown cloud {cloud!r}")
+
+
+def read_progress(path: str | None) -> dict:
+    if not path:
+        return {}
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        return doc if isinstance(doc, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+class Agent:
+    def __init__(self, *, cloud: str, instance: str, node_rank: int, stop_file: str, progress_file: str | None,
+                 event_dir: str, watcher_url: str | None = None, watcher_token: str | None = None,
+                 cluster: str | None = None, metadata_url: str | None = None, interval: float = 2.0,
+                 heartbeat_every: float = 10.0, post_retries: int = 5, retry_delay: float = 0.5):
+        self.cloud, self.instance, self.node_rank = cloud, instance, node_rank
+        self.stop_file = Path(stop_file)
+        self.progress_file = progress_file
+        self.event_dir = Path(event_dir)
+        self.watcher_url = watcher_url.rstrip("/") if watcher_url else None
+        self.watcher_token, self.cluster = watcher_token, cluster
+        self.probe = make_probe(cloud, metadata_url)
+        self.interval = min(float(interval), 2.0)
+        self.heartbeat_every = heartbeat_every
+        self.post_retries, self.retry_delay = post_retries, retry_delay
+        self.stopping = threading.Event()
+        self.noticed = False
+        self._last_heartbeat = 0.0
+
+    def event(self, kind: str, detail: dict | None = None) -> dict:
+        prog = read_progress(self.progress_file)
+        return {"kind": kind, "instance": self.instance, "node_rank": self.node_rank, "time": time.time(),
+                "cloud": self.cloud, "detail": detail or {}, "step": prog.get("step"),
+                "total_steps": prog.get("total_steps"), "step_time_s": prog.get("step_time_s")}
+
+    def record(self, ev: dict) -> None:
+        self.event_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.event_dir / "events.jsonl", "a") as f:
+            f.write(json.dumps(ev) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def post(self, ev: dict, retries: int | None = None) -> bool:
+        if not (self.watcher_url and self.watcher_token and self.cluster):
+            return False
+        url = f"{self.watcher_url}/v1/clusters/{self.cluster}/events"
+        data = json.dumps(ev).encode()
+        for attempt in range(self.post_retries if retries is None else retries):
+            req = urllib.request.Request(url, data=data, method="POST", headers={
+                "Authorization": f"Bearer {self.watcher_token}", "Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as resp:
+                    if resp.status in (200, 202):
+                        return True
+            except urllib.error.HTTPError as err:
+                if 400 <= err.code < 500:
+                    log.warning("watcher refused %s: %s", ev["kind"], err.code)
+                    return False
+            except (OSError, urllib.error.URLError) as err:
+                log.info("watcher post failed (%s), attempt %d", err, attempt + 1)
+            time.sleep(self.retry_delay * (2 ** attempt))
+        return False
+
+    def write_stop_file(self, reason: str) -> None:
+        self.stop_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.stop_file.with_name(f".{self.stop_file.name}.tmp")
+        tmp.write_text(reason + "\n")
+        os.replace(tmp, self.stop_file)
+
+    def handle(self, kind: str, detail: dict) -> None:
+        ev = self.event(kind, detail)
+        if kind == "preemption-notice":
+            if self.noticed:
+                return
+            self.noticed = True
+            self.write_stop_file("preemption-notice")
+            log.warning("preemption notice: stop file written (%s)", self.stop_file)
+        self.record(ev)
+        self.post(ev)
+
+    def tick(self) -> None:
+        try:
+            for kind, detail in self.probe.poll():
+                self.handle(kind, detail)
+        except (MetadataError, OSError) as err:
+            log.info("metadata poll failed: %s", err)
+        now = time.monotonic()
+        if self.watcher_url and now - self._last_heartbeat >= self.heartbeat_every:
+            self._last_heartbeat = now
+            if read_progress(self.progress_file):
+                self.post(self.event("progress"), retries=1)
+
+    def shutdown(self) -> None:
+        """A stop of the agent itself: a normal shutdown unless a notice came first."""
+        if self.noticed:
+            return
+        ev = self.event("shutdown", {"reason": "agent stopped without a preemption notice"})
+        self.record(ev)
+        self.post(ev, retries=2)
+
+    def run(self) -> int:
+        while not self.stopping.is_set():
+            self.tick()
+            self.stopping.wait(self.interval)
+        self.shutdown()
+        return 0
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m training.agent", description=__doc__.splitlines()[0])
+    p.add_argument("--cloud", choices=("aws", "gcp", "local"), required=True)
+    p.add_argument("--instance", required=True)
+    p.add_argument("--node-rank", type=int, required=True)
+    p.add_argument("--stop-file", required=True)
+    p.add_argument("--progress-file")
+    p.add_argument("--event-dir", required=True)
+    p.add_argument("--watcher-url")
+    p.add_argument("--watcher-token-file")
+    p.add_argument("--cluster")
+    p.add_argument("--metadata-url")
+    p.add_argument("--interval", type=float, default=2.0)
+    p.add_argument("--heartbeat-every", type=float, default=10.0)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
+    a = parse_args(argv)
+    token = None
+    if a.watcher_token_file:
+        try:
+            token = Path(a.watcher_token_file).read_text().strip() or None
+        except OSError as err:
+            print(f"agent: cannot read --watcher-token-file: {err}", file=sys.stderr)
+            return 2
+    try:
+        agent = Agent(cloud=a.cloud, instance=a.instance, node_rank=a.node_rank, stop_file=a.stop_file,
+                      progress_file=a.progress_file, event_dir=a.event_dir, watcher_url=a.watcher_url,
+                      watcher_token=token, cluster=a.cluster, metadata_url=a.metadata_url,
+                      interval=a.interval, heartbeat_every=a.heartbeat_every)
+    except ValueError as err:
+        print(f"agent: {err}", file=sys.stderr)
+        return 2
+
+    def _stop(signum, frame):
+        agent.stopping.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
