@@ -83,6 +83,7 @@ def status(
 from kit.simulate_cli import register as _register_simulate; _register_simulate(app)  # noqa: E402
 from kit.infra_cli import register as _register_infra; _register_infra(app)  # noqa: E402
 from kit.train_cli import register as _register_train; _register_train(app)  # noqa: E402
+from kit.bootstrap_cli import register as _register_bootstrap; _register_bootstrap(app)  # noqa: E402
 # KIT-COMMANDS-END
 
 

@@ -1,0 +1,151 @@
+"""Ansible bootstrap of training nodes (COMMON interface 6, issue 4).
+
+``inventory_from_spec(spec, outputs, role_vars)`` builds an ansible inventory from ``terraform output``
+(``kit.terraform.output``); ``bootstrap_nodes(inventory, ...)`` runs ``ansible/site.yml`` with
+ansible-runner (the venv's ``bin`` on PATH) and returns a :class:`BootstrapResult`.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kit.errors import InputError, KitError
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ANSIBLE_DIR = REPO_ROOT / "ansible"
+PLAYBOOK = ANSIBLE_DIR / "site.yml"
+RDZV_PORT = 29500
+
+
+@dataclass
+class BootstrapResult:
+    ok: bool
+    failures: dict[str, list[str]] = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+    rc: int = 0
+
+
+def _data_device(cloud: str, node: dict) -> str:
+    """The by-id path of the node's data disk (AWS NVMe serial = volume id without the dash; GCP device_name)."""
+    disk_id = node.get("disk_id") or ""
+    if cloud == "aws" and disk_id:
+        return "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_" + disk_id.replace("-", "")
+    if cloud == "gcp":
+        return "/dev/disk/by-id/google-kit-data"
+    return ""
+
+
+def inventory_from_spec(spec, outputs: dict, role_vars: dict | None = None) -> dict:
+    """Ansible inventory (YAML/JSON-shaped dict) for the deployed nodes, rank order."""
+    from kit.spec import training_args
+
+    nodes = outputs.get("nodes") or []
+    if isinstance(nodes, dict) and "value" in nodes:  # raw `terraform output -json`
+        nodes = nodes["value"]
+    if not nodes:
+        raise KitError("no nodes in the terraform outputs", where="terraform output nodes",
+                       fix="run `kit apply` first (or check the deployment directory)")
+    hosts: dict[str, dict] = {}
+    for rank, node in enumerate(nodes):
+        name = node.get("name") or f"{spec.name}-{rank}"
+        address = node.get("public_ip") or node.get("private_ip")
+        if not address:
+            raise KitError(f"node {name} has no IP address", where="terraform output nodes",
+                           fix="wait until the instance is running, then retry")
+        hosts[name] = {"ansible_host": address, "node_rank": rank, "private_ip": node.get("private_ip") or address,
+                       "instance_id": node.get("instance_id") or name, "zone": node.get("zone"),
+                       "market": node.get("market"), "trainer_data_device": _data_device(spec.cloud, node)}
+    first = nodes[0]
+    endpoint = f"{first.get('private_ip') or first.get('public_ip')}:{RDZV_PORT}"
+    group_vars = {
+        "ansible_user": spec.ssh.user,
+        "trainer_cluster_name": spec.name,
+        "trainer_nnodes": len(nodes),
+        "trainer_rdzv_endpoint": endpoint,
+        "trainer_nproc_per_node": int(spec.gpus_per_node or 1),
+        "trainer_ckpt_dir": spec.training.ckpt_dir,
+        "trainer_flags": training_args(spec),
+        "preemption_agent_cloud": spec.cloud,
+        "preemption_agent_cluster": spec.name,
+    }
+    key = str(spec.ssh.public_key)
+    if key.endswith(".pub") and Path(key[:-4]).expanduser().exists():
+        group_vars["ansible_ssh_private_key_file"] = str(Path(key[:-4]).expanduser())
+    group_vars.update(role_vars or {})
+    return {"all": {"hosts": hosts, "vars": group_vars}}
+
+
+def _parse_extra_vars(items: list[str] | None) -> dict:
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise InputError(f"bad -e value {item!r}", where="-e", fix="use -e key=value")
+        key, _, value = item.partition("=")
+        out[key.strip()] = value
+    return out
+
+
+def _summarise(events: list[dict]) -> tuple[dict[str, list[str]], dict]:
+    failures: dict[str, list[str]] = {}
+    stats: dict = {}
+    for ev in events:
+        kind = ev.get("event")
+        data = ev.get("event_data") or {}
+        if kind in ("runner_on_failed", "runner_on_unreachable") and not data.get("ignore_errors"):
+            res = data.get("res") or {}
+            msg = res.get("msg") or res.get("stderr") or "failed"
+            failures.setdefault(data.get("host", "?"), []).append(f"{data.get('task', '?')}: {str(msg).strip()[:500]}")
+        elif kind == "playbook_on_stats":
+            for key in ("ok", "changed", "failures", "dark", "skipped", "rescued", "ignored"):
+                for host, n in (data.get(key) or {}).items():
+                    stats.setdefault(host, {})[key] = n
+    return failures, stats
+
+
+def bootstrap_nodes(inventory: dict, *, check: bool = False, limit: str | None = None,
+                    extra_vars: dict | None = None, private_data_dir: str | Path | None = None,
+                    verbosity: int = 0, on_event: Callable[[dict], None] | None = None,
+                    ssh_key: str | None = None) -> BootstrapResult:
+    """Run ansible/site.yml against the inventory; failures per host, stats per host."""
+    import ansible_runner
+
+    bindir = str(Path(sys.executable).parent)
+    if not shutil.which("ansible-playbook", path=os.pathsep.join([bindir, os.environ.get("PATH", "")])):
+        raise KitError("ansible-playbook not found", where=bindir, fix="run `make install` (installs ansible-core)")
+    tmp = None
+    if private_data_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="kit-bootstrap-")
+        private_data_dir = tmp.name
+    pdd = Path(private_data_dir)
+    pdd.mkdir(parents=True, exist_ok=True)
+    events: list[dict] = []
+
+    def _handler(ev: dict) -> bool:
+        events.append(ev)
+        if on_event:
+            on_event(ev)
+        return True
+
+    env = {"PATH": os.pathsep.join([bindir, os.environ.get("PATH", "")]),
+           "ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(ANSIBLE_DIR / "roles")}
+    cmdline = "--check --diff" if check else None
+    try:
+        runner = ansible_runner.run(private_data_dir=str(pdd), playbook=str(PLAYBOOK), inventory=inventory,
+                                    extravars=extra_vars or {}, limit=limit, envvars=env, cmdline=cmdline,
+                                    verbosity=verbosity or None, quiet=True, event_handler=_handler,
+                                    ssh_key=Path(ssh_key).read_text() if ssh_key else None,
+                                    project_dir=str(ANSIBLE_DIR))
+        failures, stats = _summarise(events)
+        rc = runner.rc
+        if runner.status != "successful" and not failures:
+            failures = {"(ansible)": [f"ansible-playbook {runner.status}, rc={rc}"]}
+        return BootstrapResult(ok=(runner.status == "successful" and not failures), failures=failures,
+                               stats=stats, rc=rc)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()

@@ -1,0 +1,87 @@
+"""``kit bootstrap SPEC [--hosts inventory.yml] [--check] [-e k=v] [--limit] [-v]`` (issue 4)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+console = Console()
+
+
+def _progress_printer(verbose: int):
+    def on_event(ev: dict) -> None:
+        kind = ev.get("event")
+        data = ev.get("event_data") or {}
+        host, task = data.get("host", ""), data.get("task", "")
+        if kind == "playbook_on_task_start" and verbose:
+            console.print(f"[bold]TASK[/bold] {data.get('task')}", highlight=False)
+        elif kind == "runner_on_ok":
+            changed = (data.get("res") or {}).get("changed")
+            if changed or verbose:
+                console.print(f"  [{'yellow' if changed else 'green'}]{'changed' if changed else 'ok'}[/] "
+                              f"{host}: {task}", highlight=False)
+        elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+            console.print(f"  [red]failed[/red] {host}: {task}", highlight=False)
+        elif kind == "runner_on_unreachable":
+            console.print(f"  [red]unreachable[/red] {host}: {task}", highlight=False)
+        elif kind == "runner_on_skipped" and verbose > 1:
+            console.print(f"  [dim]skipped {host}: {task}[/dim]", highlight=False)
+    return on_event
+
+
+def bootstrap(
+    spec: Annotated[Path, typer.Argument(help="cluster.yaml")],
+    hosts: Annotated[Path | None, typer.Option("--hosts", help="inventory YAML (default: from terraform output)")] = None,
+    check: Annotated[bool, typer.Option("--check", help="dry run (ansible --check --diff)")] = False,
+    extra: Annotated[list[str] | None, typer.Option("-e", "--extra-vars", help="key=value")] = None,
+    limit: Annotated[str | None, typer.Option("--limit", help="ansible host pattern")] = None,
+    verbose: Annotated[int, typer.Option("-v", "--verbose", count=True)] = 0,
+) -> None:
+    """Install the driver, the trainer and the preemption agent on the cluster's nodes (ansible)."""
+    import yaml
+
+    from kit import bootstrap as bs
+    from kit.cli import fail
+    from kit.errors import InputError, KitError
+    from kit.spec import load_spec
+
+    try:
+        s = load_spec(spec)
+        extra_vars = bs._parse_extra_vars(extra)
+        if hosts is not None:
+            try:
+                inventory = yaml.safe_load(hosts.read_text())
+            except (OSError, yaml.YAMLError) as err:
+                raise InputError(f"cannot read the inventory: {err}", where=str(hosts),
+                                 fix="pass an ansible YAML inventory") from err
+            if not isinstance(inventory, dict) or "all" not in inventory:
+                raise InputError("inventory has no `all` group", where=str(hosts),
+                                 fix="use the ansible YAML inventory shape: all: {hosts: ..., vars: ...}")
+        else:
+            from kit import terraform
+            from kit.render import deployment_dir
+
+            inventory = bs.inventory_from_spec(s, terraform.output(deployment_dir(s)))
+        n = len((inventory.get("all") or {}).get("hosts") or {})
+        console.print(f"bootstrapping {n} host(s){' (check mode)' if check else ''}", highlight=False)
+        result = bs.bootstrap_nodes(inventory, check=check, limit=limit, extra_vars=extra_vars,
+                                    verbosity=verbose, on_event=_progress_printer(verbose))
+    except KitError as error:
+        fail(error)
+        return
+    for host, st in sorted(result.stats.items()):
+        console.print(f"{host}: ok={st.get('ok', 0)} changed={st.get('changed', 0)} "
+                      f"failed={st.get('failures', 0)} unreachable={st.get('dark', 0)}", highlight=False)
+    if not result.ok:
+        for host, msgs in sorted(result.failures.items()):
+            console.print(f"[red]{host}[/red] failed:", highlight=False)
+            for msg in msgs:
+                console.print(f"  - {msg}", highlight=False)
+        raise typer.Exit(1)
+    console.print("[green]bootstrap done[/green]")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bootstrap")(bootstrap)
