@@ -1,0 +1,184 @@
+"""ansible/: lint (production profile), syntax check, unit templates (systemd-analyze verify), inventory."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+ANSIBLE = REPO / "ansible"
+
+
+def _env():
+    import os
+
+    return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "ANSIBLE_CONFIG": str(ANSIBLE / "ansible.cfg")}
+
+
+@pytest.mark.skipif(not (BIN / "ansible-lint").exists(), reason="ansible-lint not installed (make install)")
+def test_ansible_lint_production_clean(tmp_path):
+    proc = subprocess.run(check=False, args=[str(BIN / "ansible-lint"), "--profile", "production", "--offline", "ansible/"], cwd=REPO,
+                          env=_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # the same lint must fail on a bad role (a task without a name and a non-FQCN module)
+    bad = tmp_path / "ansible"
+    shutil.copytree(ANSIBLE, bad)
+    with open(bad / "roles" / "trainer" / "tasks" / "main.yml", "a") as f:
+        f.write("\n- shell: echo hi\n")
+    proc = subprocess.run(check=False, args=[str(BIN / "ansible-lint"), "--profile", "production", "--offline", str(bad)],
+                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+
+
+def test_playbook_syntax_check(tmp_path):
+    proc = subprocess.run(check=False, args=[str(BIN / "ansible-playbook"), "--syntax-check", "-i", "localhost,", "site.yml"],
+                          cwd=ANSIBLE, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    bad = tmp_path / "bad.yml"
+    bad.write_text("- hosts: all\n  tasks:\n    - name: x\n      ansible.builtin.nosuchmodule: {}\n")
+    proc = subprocess.run(check=False, args=[str(BIN / "ansible-playbook"), "--syntax-check", "-i", "localhost,", str(bad)],
+                          cwd=ANSIBLE, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+
+
+def render_template(role: str, name: str, variables: dict) -> str:
+    import jinja2
+
+    text = (ANSIBLE / "roles" / role / "templates" / name).read_text()
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    import shlex
+
+    env.filters["quote"] = shlex.quote
+    return env.from_string(text).render(ansible_managed="Ansible managed", **variables)
+
+
+def verify_unit(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(check=False, args=["systemd-analyze", "verify", "--man=no", str(path)], capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_units_verify(tmp_path):
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    trainer = tmp_path / "kit-trainer.service"
+    trainer.write_text(render_template("trainer", "kit-trainer.service.j2", {"trainer_venv": str(venv)}))
+    agent = tmp_path / "kit-agent.service"
+    agent.write_text(render_template("preemption_agent", "kit-agent.service.j2", {
+        "preemption_agent_venv": str(venv), "preemption_agent_cloud": "gcp", "preemption_agent_instance": "vm-0",
+        "preemption_agent_node_rank": 0, "preemption_agent_stop_file": "/run/kit/stop",
+        "preemption_agent_progress_file": "/mnt/kit-disk/progress.json", "preemption_agent_event_dir": "/mnt/kit-disk",
+        "preemption_agent_interval": 2, "preemption_agent_metadata_url": "",
+        "preemption_agent_watcher_url": "http://10.0.0.1:8080", "preemption_agent_watcher_token": "t",
+        "preemption_agent_cluster": "c1"}))
+    for unit in (trainer, agent):
+        proc = verify_unit(unit)
+        assert proc.returncode == 0, proc.stderr
+    text = trainer.read_text()
+    assert "Restart=on-failure" in text and "RestartForceExitStatus=75" in text
+    assert "--watcher-token-file /etc/kit/watcher-token --cluster c1" in agent.read_text()
+    bad = tmp_path / "kit-bad.service"
+    bad.write_text("[Service]\nExecStart=relative/path\nRestart=sometimes\n")
+    proc = verify_unit(bad)
+    assert proc.returncode != 0
+
+
+def test_train_env_template_round_trips_through_launch():
+    from training import launch
+
+    flags = ["--model", "vit_tiny_patch16_224", "--steps", "10", "--data", "synthetic run"]
+    text = render_template("trainer", "train.env.j2", {
+        "trainer_cluster_name": "c1", "trainer_nnodes": 2, "trainer_node_rank": 1,
+        "trainer_rdzv_endpoint": "10.0.0.4:29500", "trainer_nproc_per_node": 8, "trainer_ckpt_dir": "/mnt/kit-disk/ckpt",
+        "trainer_flags": flags, "trainer_stop_file": "/run/kit/stop",
+        "trainer_progress_file": "/mnt/kit-disk/progress.json", "trainer_venv": "/opt/kit/venv"})
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".env") as f:
+        f.write(text)
+        f.flush()
+        env = launch.read_env_file(f.name)
+    cmd = launch.build_command(env)
+    assert cmd[0] == "/opt/kit/venv/bin/python"
+    assert "--nproc-per-node=8" in cmd and "--nnodes=2" in cmd and "--node-rank=1" in cmd
+    i = cmd.index("training.train")
+    assert cmd[i + 1:i + 1 + len(flags)] == flags
+
+
+def _spec(tmp_path, nodes=2):
+    from kit.spec import load_spec
+
+    src = (REPO / "examples" / "aws-g5-spot.yaml").read_text()
+    p = tmp_path / "c.yaml"
+    p.write_text(src)
+    spec = load_spec(p)
+    return spec.model_copy(update={"nodes": nodes})
+
+
+def test_inventory_from_spec(tmp_path):
+    from kit.bootstrap import inventory_from_spec
+    from kit.errors import KitError
+    from kit.spec import training_args
+
+    spec = _spec(tmp_path)
+    outputs = {"nodes": [
+        {"name": "n0", "instance_id": "i-0", "private_ip": "10.0.0.4", "public_ip": "3.3.3.3", "disk_id": "vol-0abc",
+         "zone": "us-east-1a", "market": "spot"},
+        {"name": "n1", "instance_id": "i-1", "private_ip": "10.0.0.5", "public_ip": None, "disk_id": "vol-0def",
+         "zone": "us-east-1a", "market": "spot"}], "zone": "us-east-1a", "market": "spot", "cluster_name": spec.name}
+    inv = inventory_from_spec(spec, outputs, role_vars={"preemption_agent_watcher_url": "http://w:1"})
+    hosts = inv["all"]["hosts"]
+    assert list(hosts) == ["n0", "n1"]
+    assert hosts["n0"]["ansible_host"] == "3.3.3.3" and hosts["n1"]["ansible_host"] == "10.0.0.5"
+    assert hosts["n1"]["node_rank"] == 1
+    assert hosts["n0"]["trainer_data_device"].endswith("vol0abc")
+    v = inv["all"]["vars"]
+    assert v["trainer_rdzv_endpoint"] == "10.0.0.4:29500" and v["trainer_nnodes"] == 2
+    assert v["trainer_flags"] == training_args(spec)
+    assert v["preemption_agent_watcher_url"] == "http://w:1"
+    raw = {"nodes": {"value": outputs["nodes"]}}
+    assert inventory_from_spec(spec, raw)["all"]["hosts"]["n0"]["private_ip"] == "10.0.0.4"
+    with pytest.raises(KitError):
+        inventory_from_spec(spec, {"nodes": []})
+    with pytest.raises(KitError):
+        inventory_from_spec(spec, {"nodes": [{"name": "x"}]})
+
+
+def test_extra_vars_parsing():
+    from kit.bootstrap import _parse_extra_vars
+    from kit.errors import InputError
+
+    assert _parse_extra_vars(["a=1", "b=x=y"]) == {"a": "1", "b": "x=y"}
+    with pytest.raises(InputError):
+        _parse_extra_vars(["novalue"])
+
+
+def test_cli_bad_inventory_exits_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from kit.cli import app
+
+    spec = tmp_path / "c.yaml"
+    spec.write_text((REPO / "examples" / "aws-g5-spot.yaml").read_text())
+    inv = tmp_path / "inv.yml"
+    inv.write_text("just: text\n")
+    res = CliRunner().invoke(app, ["bootstrap", str(spec), "--hosts", str(inv)])
+    assert res.exit_code == 2, res.output
+    res = CliRunner().invoke(app, ["bootstrap", str(spec), "--hosts", str(inv), "-e", "novalue"])
+    assert res.exit_code == 2
+
+
+def test_bootstrap_unreachable_host_fails(tmp_path):
+    """A real ansible-runner run against an unreachable loopback port: per-host failure, not ok."""
+    from kit.bootstrap import bootstrap_nodes
+
+    inv = {"all": {"hosts": {"ghost": {"ansible_host": "127.0.0.1", "ansible_port": 9, "node_rank": 0}},
+                   "vars": {"ansible_user": "root", "ansible_ssh_common_args": "-o ConnectTimeout=3"}}}
+    result = bootstrap_nodes(inv, private_data_dir=tmp_path / "pdd")
+    assert not result.ok
+    assert "ghost" in result.failures
