@@ -1,0 +1,144 @@
+"""Real SSH test hosts: a Debian 12 rootfs copy per host, each in its own network, mount and PID namespace.
+
+``rootfs_tarball()`` builds the rootfs once with debootstrap (minbase + what ansible and the roles need)
+and caches it as ``~/.cache/kit-test/debian12-rootfs-v1.tar``. ``NetnsHosts(n, workdir)`` starts ``n``
+hosts: veth pair ``198.18.<i>.1`` (root side) / ``198.18.<i>.2`` (host side), ``unshare -m -p -f`` +
+``chroot`` + ``sshd -D``, a generated ed25519 key, a loop device per host as its data disk. systemd does
+not run inside (PID 1 is sshd). Needs root.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+CACHE = Path(os.environ.get("KIT_TEST_CACHE", Path.home() / ".cache" / "kit-test"))
+TARBALL = CACHE / "debian12-rootfs-v1.tar"
+MIRROR = os.environ.get("KIT_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+PACKAGES = "python3,python3-venv,python3-pip,python3-apt,openssh-server,e2fsprogs,util-linux,mount"
+
+
+def _run(cmd: list[str] | str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, shell=isinstance(cmd, str), **kw)
+
+
+def rootfs_tarball() -> Path:
+    if TARBALL.exists():
+        return TARBALL
+    if shutil.which("debootstrap") is None:
+        raise RuntimeError("debootstrap not installed (scripts/install-tools.sh)")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    build = CACHE / f"build-{os.getpid()}"
+    try:
+        _run(["debootstrap", "--variant=minbase", f"--include={PACKAGES}", "bookworm", str(build), MIRROR],
+             timeout=1200)
+        _run(["chroot", str(build), "sh", "-c",
+              "apt-get clean; rm -rf /var/lib/apt/lists/* /usr/share/doc/* /usr/share/man/* /usr/share/locale/*"])
+        tmp = TARBALL.with_suffix(".tmp")
+        _run(["tar", "-C", str(build), "-cf", str(tmp), "."], timeout=600)
+        tmp.replace(TARBALL)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    return TARBALL
+
+
+class Host:
+    def __init__(self, index: int, workdir: Path, tag: str):
+        self.index = index
+        self.name = f"node{index}"
+        self.root = workdir / self.name / "root"
+        self.netns = f"kit{tag}h{index}"
+        self.veth = f"kv{tag}{index}"[:15]
+        self.ip = f"198.18.{index + 1}.2"
+        self.gateway = f"198.18.{index + 1}.1"
+        self.disk_image = workdir / self.name / "disk.img"
+        self.loop: str | None = None
+        self.proc: subprocess.Popen | None = None
+
+
+class NetnsHosts:
+    def __init__(self, n: int, workdir: Path, disk_mb: int = 64):
+        self.workdir = Path(workdir)
+        self.tag = str(os.getpid() % 10000)
+        self.hosts = [Host(i, self.workdir, self.tag) for i in range(n)]
+        self.disk_mb = disk_mb
+        self.key = self.workdir / "id_ed25519"
+
+    def start(self) -> NetnsHosts:
+        tarball = rootfs_tarball()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key)])
+        for h in self.hosts:
+            h.root.mkdir(parents=True)
+            _run(["tar", "-C", str(h.root), "-xf", str(tarball)], timeout=300)
+            ssh_dir = h.root / "root" / ".ssh"
+            ssh_dir.mkdir(mode=0o700, exist_ok=True)
+            (ssh_dir / "authorized_keys").write_text(Path(f"{self.key}.pub").read_text())
+            (ssh_dir / "authorized_keys").chmod(0o600)
+            (h.root / "etc" / "hostname").write_text(h.name + "\n")
+            _run(["truncate", "-s", f"{self.disk_mb}M", str(h.disk_image)])
+            h.loop = _run(["losetup", "-f", "--show", str(h.disk_image)]).stdout.strip()
+            _run(["ip", "netns", "add", h.netns])
+            _run(["ip", "link", "add", h.veth, "type", "veth", "peer", "name", "eth0", "netns", h.netns])
+            _run(["ip", "addr", "add", f"{h.gateway}/24", "dev", h.veth])
+            _run(["ip", "link", "set", h.veth, "up"])
+            for cmd in (["ip", "addr", "add", f"{h.ip}/24", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
+                        ["ip", "link", "set", "lo", "up"]):
+                _run(["ip", "netns", "exec", h.netns, *cmd])
+            r = str(h.root)
+            script = (f"mount -t proc proc {r}/proc && mount --rbind /dev {r}/dev && "
+                      f"mount -t sysfs sysfs {r}/sys && mount -t tmpfs tmpfs {r}/run && "
+                      f"mkdir -p {r}/run/sshd && exec chroot {r} /usr/sbin/sshd -D -e "
+                      "-o UseDNS=no -o PermitRootLogin=prohibit-password")
+            log = open(self.workdir / f"{h.name}.sshd.log", "wb")  # noqa: SIM115
+            h.proc = subprocess.Popen(["ip", "netns", "exec", h.netns, "unshare", "--mount", "--pid", "--fork",
+                                       "--propagation", "private", "sh", "-c", script],
+                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        for h in self.hosts:
+            self._wait_ssh(h)
+        return self
+
+    def _wait_ssh(self, h: Host, timeout: float = 30) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if h.proc.poll() is not None:
+                raise RuntimeError(f"{h.name}: sshd exited: {(self.workdir / f'{h.name}.sshd.log').read_text()}")
+            try:
+                with socket.create_connection((h.ip, 22), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"{h.name}: ssh not reachable at {h.ip}:22")
+
+    def ssh(self, h: Host, command: str, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(["ssh", "-i", str(self.key), "-o", "StrictHostKeyChecking=no", "-o",
+                               "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"root@{h.ip}", command],
+                              check=check, capture_output=True, text=True, timeout=60)
+
+    def stop(self) -> None:
+        for h in self.hosts:
+            if h.proc is not None and h.proc.poll() is None:
+                try:
+                    os.killpg(h.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                h.proc.wait(10)
+            subprocess.run(["ip", "netns", "del", h.netns], check=False, capture_output=True)
+            subprocess.run(["ip", "link", "del", h.veth], check=False, capture_output=True)
+            if h.loop:
+                subprocess.run(["losetup", "-d", h.loop], check=False, capture_output=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> NetnsHosts:  # noqa: PYI034
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

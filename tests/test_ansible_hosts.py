@@ -1,0 +1,94 @@
+"""The real playbook over SSH against 2 Debian 12 hosts (own netns + mount + PID namespace each).
+
+Driver role: no-GPU skip path. python_env: venv without torch (``python_env_install_torch=false``;
+installing a multi-GB torch wheel into every test host would take minutes, and the trainer launch and the
+agent are tested directly elsewhere). A loop device is the data disk.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.slow]
+
+NEEDS = ("debootstrap", "ip", "unshare", "losetup", "ssh", "ssh-keygen", "mkfs.ext4")
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, loop devices, chroot)"
+    missing = [t for t in NEEDS if shutil.which(t) is None]
+    if missing:
+        return f"missing tools {missing}: run scripts/install-tools.sh"
+    return None
+
+
+@pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+def test_playbook_on_netns_hosts(tmp_path):
+    from netns_hosts import NetnsHosts
+
+    from kit.bootstrap import bootstrap_nodes
+
+    t0 = time.time()
+    with NetnsHosts(2, tmp_path / "hosts") as cluster:
+        hosts = {h.name: {"ansible_host": h.ip, "node_rank": h.index, "private_ip": h.ip,
+                          "instance_id": f"i-{h.index}", "trainer_data_device": h.loop}
+                 for h in cluster.hosts}
+        inventory = {"all": {"hosts": hosts, "vars": {
+            "ansible_user": "root", "ansible_ssh_private_key_file": str(cluster.key),
+            "trainer_cluster_name": "itest", "trainer_nnodes": 2,
+            "trainer_rdzv_endpoint": f"{cluster.hosts[0].ip}:29500",
+            "trainer_flags": ["--model", "vit_tiny_patch16_224", "--steps", "20"],
+            "python_env_install_torch": False, "preemption_agent_cloud": "gcp",
+            "preemption_agent_watcher_url": "http://198.18.1.1:8080", "preemption_agent_watcher_token": "tok"}}}
+        first = bootstrap_nodes(inventory, private_data_dir=tmp_path / "run1")
+        assert first.ok, first.failures
+        assert set(first.stats) == {"node0", "node1"}
+        assert all(s.get("changed", 0) > 0 for s in first.stats.values())
+        t1 = time.time()
+
+        for h in cluster.hosts:
+            env = cluster.ssh(h, "cat /etc/kit/train.env").stdout
+            assert f"NODE_RANK={h.index}" in env and "NNODES=2" in env
+            assert f"RDZV_ENDPOINT={cluster.hosts[0].ip}:29500" in env
+            assert 'TRAIN_FLAGS="--model vit_tiny_patch16_224 --steps 20"' in env
+            cmd = cluster.ssh(h, "/opt/kit/venv/bin/python -m training.launch --print").stdout
+            assert "torch.distributed.run" in cmd and f"--node-rank={h.index}" in cmd
+            unit = cluster.ssh(h, "cat /etc/systemd/system/kit-trainer.service").stdout
+            assert "Restart=on-failure" in unit and "RestartForceExitStatus=75" in unit
+            agent = cluster.ssh(h, "cat /etc/systemd/system/kit-agent.service").stdout
+            assert f"--node-rank {h.index}" in agent and "--cloud gcp" in agent
+            assert cluster.ssh(h, "stat -c %a /etc/kit/watcher-token").stdout.strip() == "600"
+            assert cluster.ssh(h, "test -x /opt/kit/bin/kit-gcp-shutdown-hook", check=False).returncode == 0
+            # static check of the installed units with the controller's systemd-analyze
+            if shutil.which("systemd-analyze"):
+                unit_dir = tmp_path / f"units-{h.name}"
+                unit_dir.mkdir()
+                for name in ("kit-trainer.service", "kit-agent.service"):
+                    (unit_dir / name).write_text(cluster.ssh(h, f"cat /etc/systemd/system/{name}").stdout
+                                                 .replace("/opt/kit/venv/bin/python", shutil.which("python3")))
+                    proc = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit_dir / name)],
+                                          check=False, capture_output=True, text=True, timeout=60)
+                    assert proc.returncode == 0, proc.stderr
+            # the data disk: formatted once, mounted, a file written there must survive re-runs
+            assert cluster.ssh(h, f"blkid -o value -s TYPE {h.loop}").stdout.strip() == "ext4"
+            assert cluster.ssh(h, "findmnt -n -o SOURCE /mnt/kit-disk").stdout.strip() == h.loop
+            cluster.ssh(h, "mkdir -p /mnt/kit-disk/ckpt && echo precious > /mnt/kit-disk/ckpt/step-10.pt && sync")
+
+        second = bootstrap_nodes(inventory, private_data_dir=tmp_path / "run2")
+        assert second.ok, second.failures
+        assert {h: s.get("changed", 0) for h, s in second.stats.items()} == {"node0": 0, "node1": 0}
+        for h in cluster.hosts:
+            assert cluster.ssh(h, "cat /mnt/kit-disk/ckpt/step-10.pt").stdout == "precious\n"
+
+        # after a reboot-like remount the role mounts the existing filesystem and never reformats it
+        h = cluster.hosts[1]
+        cluster.ssh(h, "umount /mnt/kit-disk")
+        third = bootstrap_nodes(inventory, limit="node1", private_data_dir=tmp_path / "run3")
+        assert third.ok, third.failures
+        assert cluster.ssh(h, "cat /mnt/kit-disk/ckpt/step-10.pt").stdout == "precious\n"
+        print(f"first run {t1 - t0:.1f}s (incl. host start), total {time.time() - t0:.1f}s")
