@@ -12,3 +12,18 @@ if ! .tools/checkov/bin/checkov --version 2>/dev/null | grep -qx "$CHECKOV_VERSI
   .tools/checkov/bin/pip install -q "checkov==$CHECKOV_VERSION"
 fi
 # --- end infra ---------------------------------------------------------------------------------------
+
+# --- ansible (issue 4): SSH integration test hosts (debootstrap rootfs, sshd, netns, loop disks) -----
+ANSIBLE_TEST_PKGS="debootstrap openssh-server openssh-client iproute2 util-linux e2fsprogs systemd tar"
+MISSING=""
+for p in $ANSIBLE_TEST_PKGS; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || MISSING="$MISSING $p"
+done
+if [ -n "$MISSING" ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $MISSING
+  else
+    echo "install-tools: not root, skipping apt packages:$MISSING" >&2
+  fi
+fi
+# --- end ansible -------------------------------------------------------------------------------------
