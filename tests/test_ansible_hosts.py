@@ -84,6 +84,9 @@ def test_playbook_on_netns_hosts(tmp_path):
         assert {h: s.get("changed", 0) for h, s in second.stats.items()} == {"node0": 0, "node1": 0}
         for h in cluster.hosts:
             assert cluster.ssh(h, "cat /mnt/kit-disk/ckpt/step-10.pt").stdout == "precious\n"
+        dry = bootstrap_nodes(inventory, check=True, private_data_dir=tmp_path / "dry")
+        assert dry.ok, dry.failures
+        assert {h: s.get("changed", 0) for h, s in dry.stats.items()} == {"node0": 0, "node1": 0}
 
         # after a reboot-like remount the role mounts the existing filesystem and never reformats it
         h = cluster.hosts[1]
