@@ -182,3 +182,22 @@ def test_bootstrap_unreachable_host_fails(tmp_path):
     result = bootstrap_nodes(inv, private_data_dir=tmp_path / "pdd")
     assert not result.ok
     assert "ghost" in result.failures
+
+
+def test_gcp_shutdown_script_calls_the_hook_bootstrap_installs():
+    """The instance metadata shutdown-script (Terraform) and the hook (Ansible) are written in two
+    places; they must agree on the hook's path and on the trainer's stop file, or a GCP preemption
+    would not trigger the emergency save."""
+    import re
+
+    import yaml
+
+    script = (REPO / "terraform" / "modules" / "gcp" / "instances" / "shutdown.sh").read_text()
+    proc = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    tasks = yaml.safe_load((ANSIBLE / "roles" / "preemption_agent" / "tasks" / "main.yml").read_text())
+    hook = next(t for t in tasks if "shutdown-script hook" in t.get("name", ""))
+    dest = next(v["dest"] for k, v in hook.items() if isinstance(v, dict) and "dest" in v)
+    assert re.search(rf'^hook={re.escape(dest)}$', script, re.M), f"shutdown.sh does not run {dest}"
+    stop_file = yaml.safe_load((ANSIBLE / "roles" / "trainer" / "defaults" / "main.yml").read_text())["trainer_stop_file"]
+    assert f"touch {stop_file}" in script, f"fallback must write the trainer's stop file {stop_file}"

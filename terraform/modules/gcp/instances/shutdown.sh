@@ -1,5 +1,6 @@
 #!/bin/bash
-# kit shutdown-script: record whether this stop is a preemption (GCP sets instance/preempted=TRUE).
+# kit shutdown-script: record whether this stop is a preemption (GCP sets instance/preempted=TRUE),
+# then ask the trainer to checkpoint and stop before the VM goes (GCP gives about 30 s).
 md=http://metadata.google.internal/computeMetadata/v1/instance
 preempted=$(curl -sf -H "Metadata-Flavor: Google" "$md/preempted" || echo UNKNOWN)
 name=$(curl -sf -H "Metadata-Flavor: Google" "$md/name" || hostname)
@@ -8,6 +9,11 @@ mkdir -p "$dir" 2>/dev/null || dir=/var/log
 printf '{"kind": "shutdown", "instance": "%s", "preempted": "%s", "time": %s}\n' \
   "$name" "$preempted" "$(date +%s)" >> "$dir/shutdown.jsonl"
 logger -t kit-shutdown "instance=$name preempted=$preempted"
-# Ask the trainer to stop and checkpoint (it watches this file); GCP gives ~30 s.
-touch /run/kit-stop 2>/dev/null || true
-sleep 25
+# `kit bootstrap` (ansible role preemption_agent) installs the hook: it writes the trainer's stop
+# file and waits for kit-trainer to finish its emergency save. Before bootstrap there is no trainer.
+hook=/opt/kit/bin/kit-gcp-shutdown-hook
+if [ -x "$hook" ]; then
+  "$hook"
+else
+  mkdir -p /run/kit && touch /run/kit/stop 2>/dev/null || true
+fi
