@@ -40,6 +40,20 @@ def _data_device(cloud: str, node: dict) -> str:
     return ""
 
 
+# Where the trainer writes its progress on a node (on the data disk: survives a restart); kit
+# train reads it over SSH, the agent heartbeats it.
+NODE_PROGRESS_FILE = "/mnt/kit-disk/progress.json"
+
+
+def ssh_private_key(spec) -> str | None:
+    """The private half of ``ssh.public_key`` (``id_x.pub`` -> ``id_x``) when it exists here; else
+    None and ssh uses its own defaults (agent, ~/.ssh/config)."""
+    key = str(spec.ssh.public_key)
+    if key.endswith(".pub") and Path(key[:-4]).expanduser().exists():
+        return str(Path(key[:-4]).expanduser())
+    return None
+
+
 def inventory_from_spec(spec, outputs: dict, role_vars: dict | None = None) -> dict:
     """Ansible inventory (YAML/JSON-shaped dict) for the deployed nodes, rank order."""
     from kit.spec import training_args
@@ -69,13 +83,14 @@ def inventory_from_spec(spec, outputs: dict, role_vars: dict | None = None) -> d
         "trainer_rdzv_endpoint": endpoint,
         "trainer_nproc_per_node": int(spec.gpus_per_node or 1),
         "trainer_ckpt_dir": spec.training.ckpt_dir,
+        "trainer_progress_file": NODE_PROGRESS_FILE,  # kit train reads it over SSH
         "trainer_flags": training_args(spec),
         "preemption_agent_cloud": spec.cloud,
         "preemption_agent_cluster": spec.name,
     }
-    key = str(spec.ssh.public_key)
-    if key.endswith(".pub") and Path(key[:-4]).expanduser().exists():
-        group_vars["ansible_ssh_private_key_file"] = str(Path(key[:-4]).expanduser())
+    key = ssh_private_key(spec)
+    if key:
+        group_vars["ansible_ssh_private_key_file"] = key
     group_vars.update(role_vars or {})
     return {"all": {"hosts": hosts, "vars": group_vars}}
 

@@ -77,14 +77,15 @@ def status(
 
 # ---------------------------------------------------------------------------------------------
 # Command groups of the other concerns. Each module defines ``register(app)`` which adds its
-# commands with ``app.command()(function)``; one line per module, in this block only.
-# (infra: render/plan/apply/destroy/validate; bootstrap; simulate; train)
-# KIT-COMMANDS-BEGIN
-from kit.simulate_cli import register as _register_simulate; _register_simulate(app)  # noqa: E402
-from kit.infra_cli import register as _register_infra; _register_infra(app)  # noqa: E402
-from kit.train_cli import register as _register_train; _register_train(app)  # noqa: E402
-from kit.bootstrap_cli import register as _register_bootstrap; _register_bootstrap(app)  # noqa: E402
-# KIT-COMMANDS-END
+# commands with ``app.command()(function)``; ``kit --help`` lists them in the workflow's order.
+def _register_parts() -> None:
+    from kit import bootstrap_cli, infra_cli, simulate_cli, train_cli
+
+    for part in (train_cli, infra_cli, bootstrap_cli, simulate_cli):
+        part.register(app)
+
+
+_register_parts()
 
 
 def main() -> None:  # pragma: no cover - console entry point alternative

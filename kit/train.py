@@ -51,19 +51,6 @@ def load_train_spec(spec_path: Path | None, *, cloud: str | None, time_scale: fl
     return spec
 
 
-def read_progress(backend, nodes: int) -> dict | None:
-    """The newest progress file of any node (rank 0 writes it; node 0 may have moved)."""
-    best = None
-    for rank in range(nodes):
-        try:
-            data = json.loads(backend.progress_file(rank).read_text())
-        except (FileNotFoundError, ValueError):
-            continue
-        if best is None or (data.get("time") or 0) > (best.get("time") or 0):
-            best = data
-    return best
-
-
 def steps_lost(ledger) -> int:
     rows = ledger._query("SELECT step FROM progress ORDER BY id")
     lost, prev = 0, None
@@ -77,7 +64,7 @@ def steps_lost(ledger) -> int:
 def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: float | None = None,
               preempt_every: float | None = None, no_preemptions: bool = False, json_report: Path | None = None,
               plot: Path | None = None, keep_disks: bool = False, interval_s: float | None = None,
-              listen: str | None = None, console=None) -> dict:
+              listen: str | None = None, advertise_url: str | None = None, console=None) -> dict:
     from rich.console import Console
 
     from kit.backends import cloud as cloud_backends
@@ -131,10 +118,14 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
             interval = interval_s or 15.0
         from kit.watch.commands import parse_listen
 
-        host, port = parse_listen(listen or ("127.0.0.1:0" if local else "0.0.0.0:8787"))
+        # The endpoint is only opened to the network when the nodes are told where to reach it.
+        host, port = parse_listen(listen or ("0.0.0.0:8787" if advertise_url and not local else "127.0.0.1:0"))
         with WatcherServer({spec.name: token}, ledger_sink(ledger, wake), host=host, port=port) as server:
             if backend is None:
-                backend = cloud_backends.backend_for(spec, deploy_dir, watcher_url=server.url, watcher_token=token)
+                # Nodes post to the endpoint only at a URL they can reach; otherwise kit reads the
+                # progress over SSH and the cloud APIs tell it about preemptions.
+                url = advertise_url or (server.url if host not in ("0.0.0.0", "::") else None)
+                backend = cloud_backends.backend_for(spec, deploy_dir, watcher_url=url, watcher_token=token)
             observation = observation_type()
 
             def make_observation(**fields):
@@ -147,10 +138,15 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
             watcher.wake = wake
             last = {"key": None}
 
-            def pump(result) -> None:
-                if not local:
+            pulled = {"t": 0.0}
+
+            def pump(result, force: bool = False) -> None:
+                """Record the trainer's progress read from the nodes (files here, SSH on the clouds,
+                at most every 15 s there), so the loop works without the agents' heartbeats."""
+                if not local and not force and time.time() - pulled["t"] < 15:
                     return
-                data = read_progress(backend, spec.nodes)
+                pulled["t"] = time.time()
+                data = backend.progress()
                 if not data or data.get("step") is None:
                     return
                 key = (data.get("step"), data.get("state"), data.get("time"))
@@ -158,12 +154,13 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
                     return
                 last["key"] = key
                 step_time = data.get("step_time_s")
-                ledger.record(Event(kind=PROGRESS, instance="trainer", time=clock(), source="local", node_rank=0,
+                ledger.record(Event(kind=PROGRESS, instance="trainer", time=clock(), source=spec.cloud, node_rank=0,
                                     detail={"state": data.get("state"), "params_sha256": data.get("params_sha256")},
                                     step=int(data["step"]), total_steps=int(data["total_steps"]),
                                     step_time_s=None if step_time is None else float(step_time) * scale))
-                if data.get("state") == "done":
-                    ledger.set_meta("params_sha256", str(data.get("params_sha256")))
+                if data.get("state") == "done" and data.get("params_sha256"):
+                    ledger.set_meta("params_sha256", str(data["params_sha256"]))
+                    wake.set()
 
             shown = {"t": 0.0}
 
@@ -175,7 +172,7 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
                 if not local or not backend.procs or (injector and injector.pending):
                     crashed["since"] = None
                     return
-                data = read_progress(backend, spec.nodes) or {}
+                data = backend.progress() or {}
                 states = [backend.read_state(r) or {} for r in range(spec.nodes)]
                 exited = all(backend.trainer_exit(r) is not None for r in backend.procs)
                 if (not exited or data.get("state") == "done"
@@ -222,7 +219,7 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
                 deadline = time.time() + 60
                 while time.time() < deadline and any(backend.trainer_exit(r) is None for r in list(backend.procs)):
                     time.sleep(0.2)
-                pump(result)
+            pump(result, force=True)
             if injector:
                 injector.close()
             now = clock()
@@ -242,12 +239,20 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
                 "params_sha256": ledger.get_meta("params_sha256"),
                 "nodes_lost": status["nodes_lost"], "capacity_errors": status["capacity_errors"],
             }
-            if local:
-                backend.destroy(keep_disks=keep_disks)
-            else:
-                # The final checkpoint stays on the cloud disks (export is the operator's step):
-                # instances go, disks are kept unless --keep-disks is off *and* they were exported.
-                backend.destroy(keep_disks=True)
+            # Export the final checkpoint while the nodes are still up; the data disks are deleted
+            # only once that export has been verified here (and not with --keep-disks).
+            export_dir = deploy_dir / "export"
+            try:
+                manifest = export_final(backend, backend.nodes(), export_dir, step=progress.get("total_steps"),
+                                        params_sha256=report["params_sha256"], console=console)
+                report["export"] = manifest["path"]
+            except KitError as error:
+                report["export"] = None
+                console.print(f"[yellow]warning:[/yellow] {error.what}; the data disks are kept"
+                              + (f" ({error.fix})" if error.fix else ""))
+            delete_disks = report["export"] is not None and not keep_disks
+            backend.destroy(keep_disks=not delete_disks)
+            report["disks"] = "deleted" if delete_disks else "kept"
             render_report(report, console)
             if json_report:
                 Path(json_report).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
@@ -257,6 +262,33 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
                 plot_run(ledger, spec, Path(plot), scale=scale)
             ledger.set_meta("finished", "1")
             return report
+
+
+def export_final(backend, nodes, dest: Path, *, step: int | None, params_sha256: str | None, console) -> dict:
+    """Export the job's final checkpoint (training.export) from the first node that has it, in rank
+    order: verified copy, model weights, manifest under ``dest/step-N``. KitError when no node can."""
+    import shutil
+
+    from training.export import ExportError, export
+
+    if not nodes:
+        raise KitError("no nodes are up to export the final checkpoint from", where=str(dest),
+                       fix="the checkpoint is on the data disks; `kit apply` and export it with python -m training.export")
+    failures = []
+    scratch = dest / ".fetch"
+    for node in sorted(nodes, key=lambda n: n.rank):
+        try:
+            source = backend.checkpoint_dir(node, scratch)
+            manifest = export(source, dest, step=step, params_sha256=params_sha256,
+                              log=lambda message: console.print(f"[yellow]{message}[/yellow]"))
+            console.print(f"exported step {manifest['step']} from {node.name} to {manifest['path']}")
+            return manifest
+        except (KitError, ExportError, OSError) as error:
+            failures.append(f"{node.name}: {getattr(error, 'what', None) or error}")
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    raise KitError("the final checkpoint could not be exported: " + "; ".join(failures), where=str(dest),
+                   fix="the data disks keep it; export it with `python -m training.export CKPT_DIR OUT` from a node")
 
 
 def _interrupted(ledger, wall_start, injector, backend, local) -> None:
@@ -281,6 +313,9 @@ def render_report(report: dict, console) -> None:
             ("spot node-hours", f"{report['spot_hours']:.2f}"), ("on-demand node-hours", f"{report['on_demand_hours']:.2f}"),
             ("cost", money(report["cost"])), ("all on-demand", money(report["cost_on_demand"])),
             ("wall time", f"{report['wall_seconds']:.1f} s"), ("params_sha256", str(report["params_sha256"])[:16] + "…")]
+    if "disks" in report:
+        rows.append(("final checkpoint", str(report.get("export") or "not exported")))
+        rows.append(("data disks", report["disks"]))
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)

@@ -19,6 +19,10 @@ def train(
     json_report: Annotated[Path | None, typer.Option(help="write the cost report as JSON")] = None,
     plot: Annotated[Path | None, typer.Option(help="PNG of progress over time, markets, preemptions")] = None,
     keep_disks: Annotated[bool, typer.Option("--keep-disks", help="keep the data disks after completion")] = False,
+    listen: Annotated[str | None, typer.Option(help="HOST:PORT of the agents' endpoint (default 127.0.0.1:0; 0.0.0.0:8787 with --advertise-url)")] = None,
+    advertise_url: Annotated[str | None, typer.Option(
+        help="URL the nodes reach that endpoint at (clouds; without it the agents do not post and kit "
+             "reads progress over SSH)")] = None,
 ) -> None:
     """Train on spot nodes: apply, bootstrap, watch, recover, report cost, tear down."""
     from kit.cli import fail
@@ -30,7 +34,8 @@ def train(
         fail(InputError(f"--cloud {cloud!r}", where="--cloud", fix="use local, aws or gcp"))
     try:
         run_train(spec, cloud=cloud, time_scale=time_scale, preempt_every=preempt_every,
-                  no_preemptions=no_preemptions, json_report=json_report, plot=plot, keep_disks=keep_disks)
+                  no_preemptions=no_preemptions, json_report=json_report, plot=plot, keep_disks=keep_disks,
+                  listen=listen, advertise_url=advertise_url)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except KitError as error:

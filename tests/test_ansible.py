@@ -198,6 +198,6 @@ def test_gcp_shutdown_script_calls_the_hook_bootstrap_installs():
     tasks = yaml.safe_load((ANSIBLE / "roles" / "preemption_agent" / "tasks" / "main.yml").read_text())
     hook = next(t for t in tasks if "shutdown-script hook" in t.get("name", ""))
     dest = next(v["dest"] for k, v in hook.items() if isinstance(v, dict) and "dest" in v)
-    assert re.search(rf'^hook={re.escape(dest)}$', script, re.M), f"shutdown.sh does not run {dest}"
+    assert re.search(rf'^hook={re.escape(dest)}$', script, re.MULTILINE), f"shutdown.sh does not run {dest}"
     stop_file = yaml.safe_load((ANSIBLE / "roles" / "trainer" / "defaults" / "main.yml").read_text())["trainer_stop_file"]
     assert f"touch {stop_file}" in script, f"fallback must write the trainer's stop file {stop_file}"

@@ -94,4 +94,40 @@ def test_playbook_on_netns_hosts(tmp_path):
         third = bootstrap_nodes(inventory, limit="node1", private_data_dir=tmp_path / "run3")
         assert third.ok, third.failures
         assert cluster.ssh(h, "cat /mnt/kit-disk/ckpt/step-10.pt").stdout == "precious\n"
+
+        # kit train's final export: the cloud backend copies the newest complete checkpoint over SSH
+        fetch_final_checkpoint(cluster, tmp_path)
         print(f"first run {t1 - t0:.1f}s (incl. host start), total {time.time() - t0:.1f}s")
+
+
+def fetch_final_checkpoint(cluster, tmp_path):
+    from types import SimpleNamespace
+
+    from trainer_helpers import write_final_checkpoint
+
+    from kit.backends.base import Node
+    from kit.backends.cloud import TerraformBackend
+    from training.export import export
+
+    h = cluster.hosts[1]
+    sha = write_final_checkpoint(tmp_path / "final", 30)
+    write_final_checkpoint(tmp_path / "final", 20)  # an older one next to it: the newest is fetched
+    tar = subprocess.run(["tar", "-C", str(tmp_path / "final"), "-cf", "-", "."], capture_output=True, check=True)
+    cluster.ssh(h, "mkdir -p /mnt/kit-disk/ckpt/.tmp-step-00000040-1")  # a save that never finished: ignored
+    subprocess.run(["ssh", "-i", str(cluster.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                    f"root@{h.ip}", "tar -C /mnt/kit-disk/ckpt -xf -"], input=tar.stdout, check=True, timeout=60)
+    spec = SimpleNamespace(cloud="gcp", ssh=SimpleNamespace(user="root", public_key=f"{cluster.key}.pub"),
+                           training=SimpleNamespace(ckpt_dir="/mnt/kit-disk/ckpt"))
+    backend = TerraformBackend(spec, tmp_path / "deploy")
+    node = Node(name=h.name, instance_id="i-1", rank=1, public_ip=h.ip)
+    fetched = backend.checkpoint_dir(node, tmp_path / "scratch")
+    assert sorted(p.name for p in fetched.iterdir()) == ["step-00000030"]
+    assert export(fetched, tmp_path / "export", step=30, params_sha256=sha)["params_sha256"] == sha
+    assert cluster.ssh(h, "ls /mnt/kit-disk/ckpt").stdout.split() == ["step-00000020", "step-00000030", "step-10.pt"]
+    cluster.ssh(h, "rm -rf /mnt/kit-disk/ckpt/step-00000030/COMPLETE")  # incomplete now: the older one is fetched
+    assert sorted(p.name for p in backend.checkpoint_dir(node, tmp_path / "s2").iterdir()) == ["step-00000020"]
+    # kit train follows the job by reading the progress file over SSH (no inbound path to the watcher needed)
+    backend.nodes = lambda: [node, Node(name="gone", instance_id="i-9", rank=0, public_ip="127.0.0.1")]
+    assert backend.progress() is None, "no progress file yet"
+    cluster.ssh(h, """echo '{"step": 30, "total_steps": 30, "state": "done", "time": 5}' > /mnt/kit-disk/progress.json""")
+    assert backend.progress()["state"] == "done"

@@ -8,6 +8,7 @@ import threading
 import urllib.request
 
 from rich.console import Console
+from trainer_helpers import write_final_checkpoint
 from watch_fakes import BackendSource, RecordingBackend
 
 from kit.paths import EXAMPLES_DIR
@@ -21,6 +22,7 @@ class AgentBackend(RecordingBackend):
         super().__init__(nodes=2)
         self.url, self.token, self.cluster, self.total, self.preempt_at = url, token, cluster, total, preempt_at
         self.step = 0
+        self.final_sha = None
 
     def post(self, body):
         req = urllib.request.Request(f"{self.url}/v1/clusters/{self.cluster}/events", data=json.dumps(body).encode(),
@@ -38,8 +40,9 @@ class AgentBackend(RecordingBackend):
         while self.step < self.total:
             self.step += 1
             state = "done" if self.step == self.total else "running"
+            detail = {"state": state, **({"params_sha256": self.final_sha} if state == "done" and self.final_sha else {})}
             self.post({"kind": "progress", "instance": self.deployed[0].instance_id if self.deployed else "x",
-                       "node_rank": 0, "time": time.time(), "cloud": "aws", "detail": {"state": state},
+                       "node_rank": 0, "time": time.time(), "cloud": "aws", "detail": detail,
                        "step": self.step, "total_steps": self.total, "step_time_s": 0.05})
             if self.step == self.preempt_at:
                 self.preempt_at = None
@@ -68,5 +71,48 @@ def test_cloud_loop_recovers_and_keeps_disks(tmp_path, monkeypatch):
     backend = made["b"]
     assert report["steps"] == 20 and report["preemptions"] == 1
     assert len(backend.of("bootstrap")) == 2, "recovered once"
-    assert backend.of("destroy") == [("destroy", True)], "cloud disks are kept (final checkpoint on them)"
+    assert backend.of("destroy") == [("destroy", True)], "no export (this fake has no checkpoints): disks kept"
+    assert report["export"] is None and report["disks"] == "kept"
     assert json.loads((tmp_path / "r.json").read_text())["cost"] < report["cost_on_demand"]
+
+
+class DiskBackend(AgentBackend):
+    """Nodes whose disks hold the final checkpoint: node 0's copy is truncated, node 1's is good."""
+
+    def __init__(self, *args, disks, **kw):
+        super().__init__(*args, **kw)
+        self.disks = disks
+
+    def checkpoint_dir(self, node, scratch):
+        return self.disks / f"node-{node.rank}"
+
+
+def test_cloud_disks_deleted_only_after_a_verified_export(tmp_path, monkeypatch):
+    import shutil
+
+    from kit.backends import cloud
+    from kit.train import run_train
+    from kit.watch import sources
+
+    disks = tmp_path / "disks"
+    sha = write_final_checkpoint(disks / "node-0", 20)
+    shutil.copytree(disks / "node-0", disks / "node-1")
+    state = disks / "node-0" / "step-00000020" / "state.pt"
+    state.write_bytes(state.read_bytes()[:1000])  # node 0's copy is damaged: node 1's is exported
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
+    made = {}
+
+    def backend_for(spec, deploy_dir, *, watcher_url=None, watcher_token=None):
+        made["b"] = DiskBackend(watcher_url, watcher_token, spec.name, disks=disks, preempt_at=None)
+        made["b"].final_sha = sha
+        return made["b"]
+
+    monkeypatch.setattr(cloud, "backend_for", backend_for)
+    monkeypatch.setattr(sources, "source_for", lambda spec, deploy_dir: BackendSource(made["b"]))
+    with open(tmp_path / "out", "w") as out:
+        report = run_train(EXAMPLES_DIR / "aws-g5-spot.yaml", cloud="aws", interval_s=0.1, listen="127.0.0.1:0",
+                           console=Console(file=out))
+    assert report["params_sha256"] == sha
+    assert report["export"].endswith("export/step-00000020") and report["disks"] == "deleted"
+    assert made["b"].of("destroy") == [("destroy", False)]
+    assert "skipping step-00000020" in (tmp_path / "out").read_text()

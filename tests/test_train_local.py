@@ -72,6 +72,11 @@ def test_default_run_matches_undisturbed_run(tmp_path):
     assert wall < 180, f"default run took {wall:.0f} s"
     assert not leftovers(str(tmp_path / "a")), "node processes left behind"
     assert not (tmp_path / "a" / "deploy" / "local-example" / "local" / "disks").exists(), "disks deleted after done"
+    # ... but only after the final checkpoint was exported and checked against the trainer's digest
+    exported = tmp_path / "a" / "deploy" / "local-example" / "export" / "step-00000400"
+    assert report["export"] == str(exported) and report["disks"] == "deleted"
+    assert json.loads((exported / "export.json").read_text())["params_sha256"] == report["params_sha256"]
+    assert (exported / "model.pt").is_file() and (exported / "checkpoint" / "COMPLETE").is_file()
     quiet = kit_train(tmp_path / "b", "--no-preemptions", "--json-report", str(tmp_path / "b.json"), "--keep-disks")
     assert quiet.returncode == 0, quiet.stdout + quiet.stderr
     undisturbed = report_of(tmp_path, "b.json")
@@ -79,6 +84,7 @@ def test_default_run_matches_undisturbed_run(tmp_path):
     assert undisturbed["params_sha256"] == report["params_sha256"], "exact resume across the whole loop"
     assert undisturbed["cost"] < report["cost_on_demand"]
     assert (tmp_path / "b" / "deploy" / "local-example" / "local" / "disks" / "node-0" / "ckpt").is_dir()
+    assert undisturbed["disks"] == "kept" and undisturbed["export"], "--keep-disks still exports"
 
 
 def test_node0_preempted(tmp_path):

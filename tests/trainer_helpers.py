@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+from kit.backends.local import descendants
+
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--model", "vit_tiny_patch16_224", "--image-size", "32", "--num-classes", "10", "--batch-size", "4",
         "--lr", "1e-3", "--warmup-steps", "2", "--device", "cpu", "--deterministic", "--log-every", "1"]
@@ -89,25 +91,6 @@ class Run:
         self._reader.join(5)
 
 
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(p.name))
-    out, todo = [], [pid]
-    while todo:
-        cur = todo.pop()
-        for c in children.get(cur, []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 def kill_tree(pid: int) -> None:
     """SIGKILL a process we started and all its descendants (by pid), like a node losing power."""
     for _ in range(5):
@@ -138,3 +121,21 @@ def complete_steps(ckpt_dir: Path) -> list[int]:
         return []
     return sorted(int(p.name[5:]) for p in ckpt_dir.iterdir()
                   if p.name.startswith("step-") and (p / "COMPLETE").is_file())
+
+
+def write_final_checkpoint(directory: Path, step: int) -> str:
+    """A real checkpoint of the tiny model at ``step`` as the trainer lays it out; returns the
+    parameters' digest (what the trainer would log as params_sha256)."""
+    import torch
+
+    from training.checkpoint import Checkpointer
+    from training.export import parameter_names, params_sha256_of
+    from training.train import create_model
+
+    args = {"model": "vit_tiny_patch16_224", "num_classes": 10, "image_size": 32, "steps": step}
+    model = create_model(args["model"], 10, 32)
+    writer = Checkpointer(directory, keep=2, log=lambda *_: None)
+    writer.save(step, {"step": step, "args": args, "model": model.state_dict(), "rng": {"t": torch.zeros(1)}},
+                sync=True)
+    writer.close()
+    return params_sha256_of(model.state_dict(), parameter_names(args))

@@ -226,8 +226,10 @@ class Agent:
         now = time.monotonic()
         if self.watcher_url and now - self._last_heartbeat >= self.heartbeat_every:
             self._last_heartbeat = now
-            if read_progress(self.progress_file):
-                self.post(self.event("progress"), retries=1)
+            prog = read_progress(self.progress_file)
+            if prog:  # state "done" and the final digest let the watcher stop and verify the export
+                self.post(self.event("progress", {k: prog[k] for k in ("state", "params_sha256") if prog.get(k)}),
+                          retries=1)
 
     def shutdown(self) -> None:
         """A stop of the agent itself: a normal shutdown unless a notice came first."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from kit.errors import KitError
 
@@ -65,6 +66,28 @@ class Backend(ABC):
     @abstractmethod
     def destroy(self, keep_disks: bool = True) -> None:
         """Delete the instances; the data disks survive unless ``keep_disks`` is False."""
+
+    def progress(self) -> dict | None:
+        """The trainer's newest progress record (training/progress.py: step, total_steps, state,
+        step_time_s, params_sha256 when done, time) read from the nodes, or None when unknown.
+        Lets ``kit train`` follow a job whose nodes cannot reach the watcher's endpoint."""
+        return None
+
+    @staticmethod
+    def newest_progress(records) -> dict | None:
+        best = None
+        for data in records:
+            if isinstance(data, dict) and data.get("step") is not None and (
+                    best is None or (data.get("time") or 0) > (best.get("time") or 0)):
+                best = data
+        return best
+
+    def checkpoint_dir(self, node: Node, scratch: Path) -> Path:
+        """A directory on this machine holding ``node``'s newest complete checkpoint, for the final
+        export (training.export): the local backend's disk itself, a copy fetched over SSH for the
+        clouds. Read-only on the node."""
+        raise KitError(f"the {self.cloud} backend cannot fetch checkpoints", where=node.name,
+                       fix="copy the checkpoint directory from the node's data disk yourself")
 
 
 def rendezvous_endpoint(nodes: list[Node], port: int = RENDEZVOUS_PORT) -> str:

@@ -66,6 +66,36 @@ class TerraformBackend(Backend):
             raise KitError(f"bootstrap failed on {len(result.failures) or 'some'} node(s)",
                            where=str(self.deploy_dir), fix="see the task failures above; kit watch retries")
 
+    def progress(self) -> dict | None:
+        """``cat`` of every node's progress file over SSH (the watcher's endpoint is often not
+        reachable from the cloud; the agents' heartbeats, when they arrive, say the same)."""
+        import json
+
+        from kit import bootstrap, remote
+
+        records = []
+        for node in self.nodes():
+            host = node.public_ip or node.private_ip
+            if not host:
+                continue
+            ssh = remote.ssh_base(host, self.spec.ssh.user, bootstrap.ssh_private_key(self.spec))
+            try:
+                text = remote.read_file(ssh, bootstrap.NODE_PROGRESS_FILE, timeout=30)
+                records.append(json.loads(text))
+            except (KitError, ValueError):
+                continue  # node gone or trainer not started yet
+        return self.newest_progress(records)
+
+    def checkpoint_dir(self, node: Node, scratch: Path) -> Path:
+        from kit import bootstrap, remote
+
+        host = node.public_ip or node.private_ip
+        if not host:
+            raise KitError(f"node {node.name} has no IP address", where="terraform output nodes",
+                           fix="wait until the instance is running, then `kit train` again")
+        ssh = remote.ssh_base(host, self.spec.ssh.user, bootstrap.ssh_private_key(self.spec))
+        return remote.fetch_newest_checkpoint(ssh, self.spec.training.ckpt_dir, Path(scratch) / node.name)
+
     def destroy(self, keep_disks: bool = True) -> None:
         from kit import terraform
 

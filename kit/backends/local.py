@@ -68,10 +68,9 @@ def descendants(pid: int) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
-        except OSError:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # the process exited while we read it
             continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
         parents.setdefault(ppid, []).append(int(entry.name))
     out, todo = [], [pid]
     while todo:
@@ -206,6 +205,19 @@ class LocalBackend(Backend):
             self.endpoint = f"127.0.0.1:{free_port()}"  # node 0's endpoint; new with every (re)start
             for rank in range(self.spec.nodes):
                 self.start_node(rank)
+
+    def progress(self) -> dict | None:
+        """Rank 0 of the job writes it on its node; node 0 may have moved, so take the newest."""
+        records = []
+        for rank in range(self.spec.nodes):
+            try:
+                records.append(json.loads(self.progress_file(rank).read_text()))
+            except (FileNotFoundError, ValueError):
+                continue
+        return self.newest_progress(records)
+
+    def checkpoint_dir(self, node: Node, scratch: Path) -> Path:
+        return self.disk_dir(node.rank) / "ckpt"  # the "disk" is on this machine already
 
     def destroy(self, keep_disks: bool = True) -> None:
         with self.lock:

@@ -198,6 +198,10 @@ class Ledger:
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (event.time, now, event.instance, event.node_rank, event.step, event.total_steps,
                      event.step_time_s, event.detail.get("state")))
+                if event.detail.get("state") == "done" and event.detail.get("params_sha256"):
+                    # the trainer's final digest: the export of the final checkpoint is checked against it
+                    db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('params_sha256', ?)",
+                               (str(event.detail["params_sha256"]),))
                 return True
             cursor = db.execute(
                 "INSERT OR IGNORE INTO events(time, recorded, kind, instance, node_rank, source, detail, dedup_key)"
