@@ -15,9 +15,13 @@ install: install-python install-tools ## create .venv with kit (editable) and ev
 install-python:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch pinned so the CPU wheel is used on machines without a GPU.
-	$(BIN)/pip install -q torch==2.13.0
+	# torch==2.13.0 first: where a local CPU wheel is offered (PIP_FIND_LINKS) it is taken. timm needs
+	# torchvision, and PyPI only has CUDA builds of it, so pip then installs the torch build that
+	# the newest torchvision matches (PyPI, with CUDA libraries) — a CPU torch with PyPI's
+	# torchvision cannot load torchvision's operators. The check below fails early if they disagree.
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/python -c "import timm, torchvision" || { echo "torch/torchvision mismatch: $(BIN)/pip install -U torch torchvision" >&2; exit 1; }
 
 install-tools: ## system packages and isolated tool environments (root needed for apt)
 	bash scripts/install-tools.sh
