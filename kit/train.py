@@ -72,8 +72,8 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
     from kit.watch import sources
     from kit.watch.acting import Actor
     from kit.watch.commands import LEDGER_FILE, LOCK_FILE, make_policy_for, observation_type
-    from kit.watch.events import PROGRESS, Event
     from kit.watch.ledger import Ledger, WatcherLock
+    from kit.watch.progress import ProgressPuller
     from kit.watch.server import WatcherServer, cluster_token, ledger_sink
     from kit.watch.status import status_report
     from kit.watch.watcher import Watcher
@@ -136,30 +136,13 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
                               source=sources.source_for(spec, deploy_dir), interval_s=interval, clock=clock,
                               observation=make_observation)
             watcher.wake = wake
-            last = {"key": None}
 
-            pulled = {"t": 0.0}
+            puller = ProgressPuller(backend, ledger, source=spec.cloud, clock=clock, time_scale=scale,
+                                    every_s=0.0 if local else 15.0)
 
             def pump(result, force: bool = False) -> None:
-                """Record the trainer's progress read from the nodes (files here, SSH on the clouds,
-                at most every 15 s there), so the loop works without the agents' heartbeats."""
-                if not local and not force and time.time() - pulled["t"] < 15:
-                    return
-                pulled["t"] = time.time()
-                data = backend.progress()
-                if not data or data.get("step") is None:
-                    return
-                key = (data.get("step"), data.get("state"), data.get("time"))
-                if key == last["key"]:
-                    return
-                last["key"] = key
-                step_time = data.get("step_time_s")
-                ledger.record(Event(kind=PROGRESS, instance="trainer", time=clock(), source=spec.cloud, node_rank=0,
-                                    detail={"state": data.get("state"), "params_sha256": data.get("params_sha256")},
-                                    step=int(data["step"]), total_steps=int(data["total_steps"]),
-                                    step_time_s=None if step_time is None else float(step_time) * scale))
-                if data.get("state") == "done" and data.get("params_sha256"):
-                    ledger.set_meta("params_sha256", str(data["params_sha256"]))
+                data = puller.pull(force=force)
+                if data and data.get("state") == "done":
                     wake.set()
 
             shown = {"t": 0.0}

@@ -74,6 +74,7 @@ def run_watch(spec_path: Path, *, interval_s: float, listen: str, advertise_url:
     from kit.watch import sources
     from kit.watch.acting import Actor
     from kit.watch.ledger import Ledger, WatcherLock
+    from kit.watch.progress import ProgressPuller
     from kit.watch.server import WatcherServer, cluster_token, ledger_sink
     from kit.watch.status import cost_summary, prices_of
     from kit.watch.watcher import Watcher
@@ -102,7 +103,11 @@ def run_watch(spec_path: Path, *, interval_s: float, listen: str, advertise_url:
             if once:
                 stop.set()
             with Live(console=console, refresh_per_second=2, transient=False) as live:
+                puller = ProgressPuller(backend, ledger, source=spec.cloud)
+
                 def show(result) -> None:
+                    if puller.pull() and not result.done:
+                        wake.set()  # new progress: let the policy see it at once
                     live.update(status_line(result, cost_summary(ledger, prices_of(spec), result.now), spec))
 
                 try:

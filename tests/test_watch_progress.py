@@ -1,0 +1,34 @@
+"""ProgressPuller: progress read from the nodes is recorded like a heartbeat (throttled, deduplicated,
+the final digest kept for the export check)."""
+from __future__ import annotations
+
+from kit.watch.ledger import Ledger
+from kit.watch.progress import ProgressPuller
+
+
+class NodesSay:
+    def __init__(self):
+        self.record = None
+        self.reads = 0
+
+    def progress(self):
+        self.reads += 1
+        return self.record
+
+
+def test_pull_records_new_progress_once_and_keeps_the_final_digest(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    nodes = NodesSay()
+    puller = ProgressPuller(nodes, ledger, source="gcp", clock=lambda: 100.0, every_s=3600, time_scale=2.0)
+    assert puller.pull(force=True) is None and ledger.latest_progress() is None, "nothing to read yet"
+    nodes.record = {"step": 10, "total_steps": 50, "state": "running", "step_time_s": 0.5, "time": 1}
+    assert puller.pull() is None and nodes.reads == 1, "throttled: no second read within every_s"
+    assert puller.pull(force=True)["step"] == 10
+    assert puller.pull(force=True) is None, "the same record is not stored twice"
+    row = ledger.latest_progress()
+    assert (row["step"], row["total_steps"], row["step_time_s"]) == (10, 50, 1.0), "step time in scaled seconds"
+    assert ledger.get_meta("params_sha256") is None
+    nodes.record = {"step": 50, "total_steps": 50, "state": "done", "params_sha256": "ab" * 32, "time": 2}
+    assert puller.pull(force=True)["state"] == "done"
+    assert ledger.latest_progress()["state"] == "done"
+    assert ledger.get_meta("params_sha256") == "ab" * 32
