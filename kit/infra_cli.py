@@ -63,7 +63,7 @@ def plan(
     """Render, init and plan; saves the plan (tfplan) and prints adds/changes/destroys per type."""
     from kit import terraform
     from kit.errors import InputError, KitError
-    from kit.spec import load_spec
+    from kit.spec import check_ssh_key, load_spec
 
     try:
         if fmt not in ("text", "markdown"):
@@ -72,6 +72,7 @@ def plan(
         from kit import render as r
 
         out_dir = out or r.deployment_dir(s)
+        check_ssh_key(s)
         r.render(s, out_dir, market=market)
         summary = terraform.plan(out_dir)
     except KitError as error:

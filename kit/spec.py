@@ -274,6 +274,14 @@ def _check(spec: ClusterSpec, path: str) -> None:
                        "list your own networks, or set ssh.allow_world: true if you really mean it")
     if not spec.ssh.user or not re.match(r"^[a-z_][a-z0-9_-]*$", spec.ssh.user):
         raise _bad(path, "ssh.user", f"invalid user name {spec.ssh.user!r}", "use e.g. ubuntu")
+    key = spec.ssh.public_key
+    if not (key.startswith("~") or Path(key).is_absolute()):
+        # Terraform reads it with file() from the rendered root module's directory, not from here.
+        raise _bad(path, "ssh.public_key", f"relative key path {key!r}",
+                   "use an absolute path or one under ~, e.g. ~/.ssh/id_ed25519.pub")
+    if not key.endswith(".pub"):
+        raise _bad(path, "ssh.public_key", f"{key!r} does not look like a public key file",
+                   "point it at the .pub half of your key pair (kit finds the private half beside it)")
     # -- network -----------------------------------------------------------------------------
     net = spec.network
     if spec.cloud == "aws" and (net.name or net.subnetwork or net.create):
@@ -371,6 +379,23 @@ def load_spec(path: str | Path) -> ClusterSpec:
         raise InputError(f"not valid YAML: {getattr(error, 'problem', error)}", where=where,
                          fix="fix the YAML syntax (indentation, colons, quotes)") from None
     return parse_spec(data, shown)
+
+
+def check_ssh_key(spec: ClusterSpec) -> None:
+    """Before a plan or apply (not in ``kit validate``: a spec is often checked where the key is
+    not): the public key Terraform reads at plan time must exist and be an OpenSSH public key."""
+    if spec.cloud not in ("aws", "gcp"):
+        return
+    path = Path(spec.ssh.public_key).expanduser()
+    try:
+        text = path.read_text().strip()
+    except OSError as error:
+        raise InputError(f"ssh public key {spec.ssh.public_key} cannot be read ({error.strerror})",
+                         where="ssh.public_key",
+                         fix="create a key pair with `ssh-keygen -t ed25519` or point ssh.public_key at yours") from None
+    if not re.match(r"^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-\S+|sk-\S+) [A-Za-z0-9+/=]+", text):
+        raise InputError(f"{spec.ssh.public_key} is not an OpenSSH public key", where="ssh.public_key",
+                         fix="use the .pub file ssh-keygen wrote (one line starting with ssh-ed25519, ssh-rsa, ...)")
 
 
 def training_args(spec: ClusterSpec) -> list[str]:

@@ -81,6 +81,10 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
     console = console or Console()
     spec = load_train_spec(spec_path, cloud=cloud, time_scale=time_scale, preempt_every=preempt_every,
                            no_preemptions=no_preemptions)
+    if spec.cloud != "local":
+        from kit.spec import check_ssh_key
+
+        check_ssh_key(spec)  # before anything is written or started: plan, bootstrap and export need it
     deploy_dir = Path(deployment_dir(spec))
     deploy_dir.mkdir(parents=True, exist_ok=True)
     local = spec.cloud == "local"

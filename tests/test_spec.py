@@ -80,6 +80,8 @@ BAD = [
     ("bad-disk-type", GCP, "disk.type", "gp3", "disk.type", "pd-balanced"),
     ("aws-network-gcp-field", AWS, "network", {"name": "default"}, "network", "vpc_id"),
     ("bad-label", AWS, "labels", {"Team": "ML"}, "labels.Team", "lowercase"),
+    ("relative-ssh-key", AWS, "ssh.public_key", "keys/id.pub", "ssh.public_key", "~/.ssh"),
+    ("private-ssh-key", GCP, "ssh.public_key", "~/.ssh/id_ed25519", "ssh.public_key", ".pub"),
 ]
 
 

@@ -68,6 +68,13 @@ def fake_tf(tmp_path, monkeypatch):
     return calls
 
 
+def _ssh_home(tmp_path: Path, monkeypatch) -> None:
+    """A HOME with the examples' key (~/.ssh/id_ed25519.pub): kit plan checks it before rendering."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / ".ssh").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "home" / ".ssh" / "id_ed25519.pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDk kit@test\n")
+
+
 def _offline_config(tmp_path: Path, kind: str) -> Path:
     cfg = tmp_path / f"{kind}.tfrc"
     if kind == "filesystem":
@@ -93,6 +100,7 @@ def test_provider_download_failure_is_one_clear_paragraph(deploy, tmp_path, monk
     assert "registry.terraform.io" in message and "hashicorp/aws" in message
     # the CLI: exit 1, the paragraph, no traceback
     monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "cli-deploy"))
+    _ssh_home(tmp_path, monkeypatch)
     result = CliRunner().invoke(app, ["plan", str(EXAMPLES_DIR / "aws-g5-spot.yaml")])
     assert result.exit_code == 1 and "TF_CLI_CONFIG_FILE" in result.output and "Traceback" not in result.output
 
@@ -174,6 +182,15 @@ def test_embedded_terraform_runs(tmp_path, monkeypatch):
 
 def test_cli_plan_markdown_apply_destroy(tmp_path, fake_tf, monkeypatch):
     monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "d"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the examples' key: ~/.ssh/id_ed25519.pub
+    spec = str(EXAMPLES_DIR / "aws-g5-spot.yaml")
+    result = CliRunner().invoke(app, ["plan", spec])
+    assert result.exit_code == 2 and "ssh.public_key" in result.output and "ssh-keygen" in result.output
+    assert not (tmp_path / "d").exists(), "nothing rendered before the key check"
+    (tmp_path / "home" / ".ssh").mkdir(parents=True)
+    (tmp_path / "home" / ".ssh" / "id_ed25519.pub").write_text("not a key\n")
+    assert "not an OpenSSH public key" in CliRunner().invoke(app, ["plan", spec]).output
+    _ssh_home(tmp_path, monkeypatch)
     monkeypatch.setenv("FAKE_STATE_disks", "x")
     monkeypatch.setenv("FAKE_PLANS", json.dumps({"cluster": {"resource_changes": [_change("aws_instance", ["create"])]}}))
     spec = str(EXAMPLES_DIR / "aws-g5-spot.yaml")

@@ -7,11 +7,31 @@ import json
 import threading
 import urllib.request
 
+import pytest
 from rich.console import Console
 from trainer_helpers import write_final_checkpoint
 from watch_fakes import BackendSource, RecordingBackend
 
 from kit.paths import EXAMPLES_DIR
+
+
+@pytest.fixture(autouse=True)
+def ssh_key_home(tmp_path, monkeypatch):
+    """The examples' key, ~/.ssh/id_ed25519.pub, which kit train checks before it starts."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / ".ssh").mkdir(parents=True)
+    (tmp_path / "home" / ".ssh" / "id_ed25519.pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDk kit@test\n")
+
+
+def test_missing_ssh_key_stops_before_anything_starts(tmp_path, monkeypatch):
+    from kit.errors import InputError
+    from kit.train import run_train
+
+    (tmp_path / "home" / ".ssh" / "id_ed25519.pub").unlink()
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
+    with pytest.raises(InputError, match="ssh public key"):
+        run_train(EXAMPLES_DIR / "aws-g5-spot.yaml", cloud="aws")
+    assert not (tmp_path / "deploy").exists()
 
 
 class AgentBackend(RecordingBackend):

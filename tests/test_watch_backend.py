@@ -40,6 +40,9 @@ def parts(monkeypatch):
     bootstrap.inventory_from_spec = lambda spec, outputs, role_vars=None: {"nodes": outputs["nodes"], **role_vars}
     bootstrap.bootstrap_nodes = lambda inventory: (calls.append(("bootstrap", inventory)),
                                                    types.SimpleNamespace(ok=True, failures={}))[1]
+    from kit import spec as kit_spec
+
+    monkeypatch.setattr(kit_spec, "check_ssh_key", lambda spec: calls.append(("check_ssh_key", spec.cloud)))
     for name, module in (("render", render), ("terraform", terraform), ("bootstrap", bootstrap)):
         monkeypatch.setitem(sys.modules, f"kit.{name}", module)
         monkeypatch.setattr(kit, name, module, raising=False)
@@ -50,7 +53,8 @@ def test_apply_rerenders_with_the_market_plans_fresh_then_applies(parts, tmp_pat
     calls, _ = parts
     backend = TerraformBackend(FakeSpec(cloud="aws"), tmp_path, watcher_url="http://w:8787", watcher_token="t")
     nodes = backend.apply(FakeSpec(cloud="aws").with_market("on-demand"), "on-demand")
-    assert calls == [("render", "on-demand", "on-demand", tmp_path), ("plan", tmp_path), ("apply", tmp_path)]
+    assert calls == [("check_ssh_key", "aws"), ("render", "on-demand", "on-demand", tmp_path), ("plan", tmp_path),
+                     ("apply", tmp_path)], "the key is checked before anything is written"
     assert [(n.rank, n.instance_id, n.market) for n in nodes] == [(0, "i-a", "on-demand"), (1, "i-b", "on-demand")]
     assert rendezvous_endpoint(nodes) == "10.0.0.5:29500"
     backend.bootstrap(nodes)

@@ -23,8 +23,10 @@ class TerraformBackend(Backend):
 
     def apply(self, spec, market: str) -> list[Node]:
         from kit import render, terraform
+        from kit.spec import check_ssh_key
 
         self.spec = spec
+        check_ssh_key(spec)
         render.render(spec, self.deploy_dir, market=market)  # only market lines change; disks are kept
         try:
             # Plan afresh: a tfplan saved by an earlier `kit plan` may be for the other market.
