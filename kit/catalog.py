@@ -21,7 +21,12 @@ class InstanceType:
     placement: bool = True        # AWS cluster placement group / GCP compact placement policy
     efa: bool = False             # AWS Elastic Fabric Adapter
     guest_accelerator: str | None = None  # GCP: accelerator type to attach (N1 only)
+    on_demand: bool = True        # False: the cloud sells this type only as spot (or flex-start)
     note: str = ""
+
+
+_A3_SPOT_ONLY = ("GCP sells a3-highgpu-1g/2g/4g only as Spot or Flex-start VMs: on-demand needs "
+                 "a3-highgpu-8g")
 
 
 def _t(*args, **kw) -> InstanceType:
@@ -41,9 +46,12 @@ _TYPES = [
     _t("aws", "p4d.24xlarge", 8, "A100-40GB", 32.7726, 13.11, efa=True),
     _t("aws", "p5.48xlarge", 8, "H100-80GB", 55.04, 22.02, efa=True),
     # GCP accelerator-optimized: GPUs come with the machine type. Compact placement: A2/A3 only.
-    _t("gcp", "a3-highgpu-1g", 1, "H100-80GB", 11.06, 2.95),
-    _t("gcp", "a3-highgpu-2g", 2, "H100-80GB", 22.12, 5.90),
-    _t("gcp", "a3-highgpu-4g", 4, "H100-80GB", 44.24, 11.80),
+    # a3-highgpu-1g/2g/4g are sold only as Spot (or Flex-start) VMs (GCP "consumption option
+    # availability by machine type"; dstack's gpuhunt dropped their on-demand offers for this reason,
+    # gpuhunt PR #176): no on-demand fallback. The on-demand price is the 8g's per GPU, the baseline.
+    _t("gcp", "a3-highgpu-1g", 1, "H100-80GB", 11.06, 2.95, on_demand=False, note=_A3_SPOT_ONLY),
+    _t("gcp", "a3-highgpu-2g", 2, "H100-80GB", 22.12, 5.90, on_demand=False, note=_A3_SPOT_ONLY),
+    _t("gcp", "a3-highgpu-4g", 4, "H100-80GB", 44.24, 11.80, on_demand=False, note=_A3_SPOT_ONLY),
     _t("gcp", "a3-highgpu-8g", 8, "H100-80GB", 88.49, 23.60),
     _t("gcp", "a2-highgpu-1g", 1, "A100-40GB", 3.67, 1.47),
     _t("gcp", "a2-highgpu-8g", 8, "A100-40GB", 29.39, 11.76),

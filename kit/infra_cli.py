@@ -95,7 +95,7 @@ def apply(
         from kit import render as r
 
         out_dir = out or r.deployment_dir(s)
-        terraform.apply(out_dir)
+        terraform.apply(out_dir, parallelism=s.nodes)
         outputs = terraform.output(out_dir)
     except KitError as error:
         _fail(error)

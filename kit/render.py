@@ -129,8 +129,11 @@ def _variables(spec, root: str, market: str) -> list[dict[str, Any]]:
                        nullable=True)]
     v += [_var("ssh_user", "string", "Login user.", spec.ssh.user),
           _var("ssh_public_key_path", "string", "Public key file installed for ssh_user.", spec.ssh.public_key),
-          _var("allowed_cidrs", "list(string)", "CIDRs allowed to reach SSH.", list(spec.ssh.allowed_cidrs)),
-          _var(tag_name, "map(string)", "Tags/labels on every resource.", _tags(spec))]
+          _var("allowed_cidrs", "list(string)", "CIDRs allowed to reach SSH.", list(spec.ssh.allowed_cidrs))]
+    if aws:
+        v.append(_var("egress_cidrs", "list(string)", "CIDRs the nodes may reach on every port.",
+                      list(spec.network.egress_cidrs)))
+    v += [_var(tag_name, "map(string)", "Tags/labels on every resource.", _tags(spec))]
     return v
 
 
@@ -147,6 +150,7 @@ def render_texts(spec, market: str | None = None) -> dict[str, str]:
                          fix="kit render is for aws and gcp; local clusters need no rendering")
     if market not in ("spot", "on-demand"):
         raise InputError(f"unknown market {market!r}", where="--market", fix="use spot or on-demand")
+    spec.with_market(market)  # refuses on-demand for types the cloud sells only as spot
     env = _env()
     head = header(spec)
     backend = _backend(spec)

@@ -3,7 +3,10 @@
 Every ``resource`` and ``data`` block is parsed with python-hcl2 and compared with
 ``terraform providers schema -json`` output for its type: unknown attributes or blocks, setting a
 computed-only attribute, a missing required attribute or block, or a block repeated beyond
-``max_items`` are problems. ``terraform_remote_state`` is Terraform's built-in data source (no
+``max_items`` are problems, and so are a block written as an attribute (``metadata_options = {...}``),
+an attribute written as a block (``tags { ... }``) and a literal of the wrong type (``instance_type =
+5``, ``encrypted = "yes"``; Terraform's own conversions such as ``"5"`` for a number are allowed).
+``terraform_remote_state`` is Terraform's built-in data source (no
 provider schema file); it is checked by hand for its two required arguments.
 """
 
@@ -39,6 +42,38 @@ def schema_for(kind: str, rtype: str, root: str | None = None) -> dict | None:
     return json.loads(path.read_text())["block"]
 
 
+def _is_block(value: Any) -> bool:
+    """python-hcl2 marks ``name { ... }`` blocks with ``__is_block__``; ``name = {...}`` is a plain map."""
+    return isinstance(value, list) and bool(value) and all(isinstance(v, dict) and v.get("__is_block__")
+                                                         for v in value)
+
+
+def _literal_type_problem(value: Any, type_: Any) -> str | None:
+    """A literal that Terraform cannot convert to the attribute's type (expressions are not judged)."""
+    if isinstance(value, str) and "${" in value:
+        return None  # an expression: its type is known only to Terraform
+    text = value[1:-1] if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] == '"' else None
+    kind = type_ if isinstance(type_, str) else (type_[0] if isinstance(type_, list) and type_ else None)
+    if kind == "string" and isinstance(value, (list, dict)):
+        return "a string"
+    if kind == "number":
+        if isinstance(value, bool) or isinstance(value, (list, dict)):
+            return "a number"
+        if text is not None:
+            try:
+                float(text)
+            except ValueError:
+                return "a number"
+    if kind == "bool":
+        if isinstance(value, (int, float, list, dict)) and not isinstance(value, bool):
+            return "true or false"
+        if text is not None and text not in ("true", "false"):
+            return "true or false"
+    if kind in ("list", "set", "map", "object") and (isinstance(value, (bool, int, float)) or text is not None):
+        return f"a {kind}"
+    return None
+
+
 def _check_block(body: dict[str, Any], block: dict, where: str, problems: list[str]) -> None:
     attrs = block.get("attributes", {})
     blocks = block.get("block_types", {})
@@ -59,14 +94,22 @@ def _check_block(body: dict[str, Any], block: dict, where: str, problems: list[s
             continue
         if key in attrs:
             a = attrs[key]
+            if _is_block(value):
+                problems.append(f"{where}: {key!r} is an attribute, written as a block (use `{key} = ...`)")
+                continue
+            wanted = _literal_type_problem(value, a.get("type"))
+            if wanted:
+                problems.append(f"{where}: {key!r} must be {wanted} (got {value!r})")
             if a.get("computed") and not a.get("optional") and not a.get("required"):
                 problems.append(f"{where}: {key!r} is computed-only and cannot be set")
             if a.get("deprecated"):
                 problems.append(f"{where}: {key!r} is deprecated in the provider")
             continue
         if key in blocks:
-            items = value if isinstance(value, list) else [value]
-            items = [i for i in items if isinstance(i, dict)]
+            if not _is_block(value):
+                problems.append(f"{where}: {key!r} is a block, written as an attribute (use `{key} {{ ... }}`)")
+                continue
+            items = [i for i in value if isinstance(i, dict)]
             present_blocks[key] = present_blocks.get(key, 0) + len(items)
             spec = blocks[key]
             max_items = spec.get("max_items") or (1 if spec.get("nesting_mode") == "single" else 0)

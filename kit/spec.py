@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt, ValidationError
 
 from kit import catalog
 from kit.errors import InputError
@@ -20,6 +20,11 @@ from kit.errors import InputError
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 LABEL_KEY_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 LABEL_VALUE_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+AMI_RE = re.compile(r"^ami-[0-9a-f]{8,17}$")
+BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")  # S3 and GCS naming rules, together
+PREFIX_RE = re.compile(r"^[A-Za-z0-9._/-]{1,200}$")
+REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-?[0-9]+$")
+WORLD_PREFIX = 8  # a CIDR wider than /8 (e.g. 0.0.0.0/1 + 128.0.0.0/1) counts as world-open
 
 
 class _Model(BaseModel):
@@ -27,7 +32,7 @@ class _Model(BaseModel):
 
 
 class DiskSection(_Model):
-    size_gb: int = 200
+    size_gb: StrictInt = 200
     type: str | None = None  # default: gp3 (aws) / pd-balanced (gcp)
 
 
@@ -35,16 +40,17 @@ class SshSection(_Model):
     user: str = "ubuntu"
     public_key: str = "~/.ssh/id_ed25519.pub"
     allowed_cidrs: list[str] = Field(default_factory=list)
-    allow_world: bool = False
+    allow_world: StrictBool = False
 
 
 class NetworkSection(_Model):
-    create: bool = False            # gcp: create a network + subnetwork for the cluster
+    create: StrictBool = False            # gcp: create a network + subnetwork for the cluster
     vpc_id: str | None = None       # aws: existing VPC (default: the region's default VPC)
     subnet_id: str | None = None    # aws: existing subnet in the zone (default: default subnet of the zone)
     name: str | None = None         # gcp: existing network name (default "default")
     subnetwork: str | None = None   # gcp: existing subnetwork
     cidr: str = "10.42.0.0/20"      # gcp create: subnetwork range
+    egress_cidrs: list[str] = Field(default_factory=lambda: ["0.0.0.0/0"])  # aws: outbound, every port
 
 
 class BackendSection(_Model):
@@ -61,26 +67,26 @@ class PricesSection(_Model):
 
 class TrainingSection(_Model):
     model: str = "vit_base_patch16_224"
-    image_size: int = 224
-    num_classes: int = 1000
-    batch_size: int = 32
-    steps: int = 1000
+    image_size: StrictInt = 224
+    num_classes: StrictInt = 1000
+    batch_size: StrictInt = 32
+    steps: StrictInt = 1000
     lr: float = 1e-3
-    warmup_steps: int = 100
-    ckpt_every: int = 100
+    warmup_steps: StrictInt = 100
+    ckpt_every: StrictInt = 100
     ckpt_every_seconds: float | None = None
-    keep: int = 3
-    seed: int = 0
+    keep: StrictInt = 3
+    seed: StrictInt = 0
     data: str = "synthetic"
-    log_every: int = 10
+    log_every: StrictInt = 10
     device: Literal["cpu", "cuda"] | None = None
-    deterministic: bool = False
-    compile: bool = False
+    deterministic: StrictBool = False
+    compile: StrictBool = False
     ckpt_dir: str = "/mnt/kit-disk/ckpt"
 
 
 class ThresholdSection(_Model):
-    k: int = 3
+    k: StrictInt = 3
     window_hours: float = 6.0
     cooldown_hours: float = 6.0
 
@@ -97,7 +103,7 @@ class LocalSection(_Model):
     time_scale: float = 3600.0
     preempt_every_seconds: float | None = None
     grace_seconds: float = 5.0
-    preemptions: bool = True
+    preemptions: StrictBool = True
 
 
 class ClusterSpec(_Model):
@@ -106,9 +112,9 @@ class ClusterSpec(_Model):
     region: str | None = None
     zone: str | None = None
     project: str | None = None
-    nodes: int = 1
+    nodes: StrictInt = 1
     instance_type: str | None = None
-    gpus_per_node: int | None = None
+    gpus_per_node: StrictInt | None = None
     market: Literal["spot", "on-demand"] = "spot"
     max_price: float | None = None
     placement: Literal["cluster", "none"] = "none"
@@ -116,7 +122,7 @@ class ClusterSpec(_Model):
     image: str | None = None
     ssh: SshSection = Field(default_factory=SshSection)
     network: NetworkSection = Field(default_factory=NetworkSection)
-    efa: bool = False
+    efa: StrictBool = False
     labels: dict[str, str] = Field(default_factory=dict)
     backend: BackendSection = Field(default_factory=BackendSection)
     prices: PricesSection = Field(default_factory=PricesSection)
@@ -133,6 +139,10 @@ class ClusterSpec(_Model):
     def with_market(self, market: str) -> ClusterSpec:
         if market not in ("spot", "on-demand"):
             raise InputError(f"unknown market {market!r}", where="market", fix="use spot or on-demand")
+        itype = self.instance
+        if market == "on-demand" and itype is not None and not itype.on_demand:
+            raise InputError(f"{self.instance_type} cannot run on-demand ({itype.note})", where="market",
+                             fix="use spot, or an instance type sold on-demand")
         return self.model_copy(update={"market": market}, deep=True)
 
     @property
@@ -153,6 +163,9 @@ _FIXES = {
     "literal_error": "use one of the allowed values",
     "int_parsing": "use a whole number",
     "int_type": "use a whole number",
+    "int_from_float": "use a whole number",
+    "float_type": "use a number",
+    "bool_type": "use true or false",
     "float_parsing": "use a number",
     "bool_parsing": "use true or false",
     "string_type": "use a string",
@@ -213,6 +226,7 @@ def _check(spec: ClusterSpec, path: str) -> None:
     if spec.backend.type in ("s3", "gcs") and not spec.backend.bucket:
         raise _bad(path, "backend.bucket", f"backend {spec.backend.type} needs a bucket",
                    "set backend.bucket to an existing bucket, or use backend.type: local")
+    _check_backend_names(spec, path)
     if spec.cloud == "local":
         return
     # -- cloud clusters ---------------------------------------------------------------------
@@ -237,6 +251,16 @@ def _check(spec: ClusterSpec, path: str) -> None:
     if itype is not None and spec.gpus_per_node is not None and spec.gpus_per_node != itype.gpus:
         raise _bad(path, "gpus_per_node", f"{spec.instance_type} has {itype.gpus} GPU(s), not {spec.gpus_per_node}",
                    f"remove gpus_per_node or set it to {itype.gpus}")
+    if itype is not None and not itype.on_demand:
+        if spec.market == "on-demand":
+            raise _bad(path, "market", f"{spec.instance_type} cannot run on-demand ({itype.note})",
+                       "set market: spot, or use an instance type sold on-demand")
+        if policy_may_use_on_demand(spec):
+            raise _bad(path, "policy", f"policy {spec.policy.name!r}"
+                       f"{' with a deadline' if spec.policy.deadline_hours is not None else ''} may move the job "
+                       f"to on-demand, but {spec.instance_type} has no on-demand ({itype.note})",
+                       "use policy.name: spot (or default/greedy/up) without deadline_hours, "
+                       "or an instance type sold on-demand")
     if spec.placement == "cluster" and itype is not None and not itype.placement:
         raise _bad(path, "placement", f"{spec.instance_type} does not support cluster/compact placement",
                    "set placement: none, or use a type that supports it (AWS g5/p4d/p5, GCP a2/a3)")
@@ -254,8 +278,12 @@ def _check(spec: ClusterSpec, path: str) -> None:
             "pd-balanced", "pd-ssd", "pd-standard", "hyperdisk-balanced"):
         raise _bad(path, "disk.type", f"unknown persistent disk type {spec.disk.type!r}",
                    "use pd-balanced, pd-ssd, pd-standard or hyperdisk-balanced")
-    if spec.cloud == "aws" and spec.backend.type == "gcs" or spec.cloud == "gcp" and spec.backend.type == "s3":
-        pass  # allowed: teams may keep state in the other cloud's bucket
+    if spec.cloud == "gcp" and spec.max_price is not None:
+        raise _bad(path, "max_price", "GCP Spot VMs have no price cap",
+                   "remove max_price for cloud gcp (it is an AWS spot option)")
+    if spec.cloud == "aws" and spec.image is not None and not AMI_RE.match(spec.image):
+        raise _bad(path, "image", f"{spec.image!r} is not an AMI id",
+                   "use an AMI id of the region (ami-0123456789abcdef0), or leave image out for Ubuntu 22.04")
     # -- ssh -------------------------------------------------------------------------------
     if not spec.ssh.allowed_cidrs:
         raise _bad(path, "ssh.allowed_cidrs", "no CIDR allowed to reach SSH",
@@ -269,9 +297,10 @@ def _check(spec: ClusterSpec, path: str) -> None:
         if net.version != 4:
             raise _bad(path, f"ssh.allowed_cidrs[{i}]", f"IPv6 CIDR {cidr!r} is not supported yet",
                        "use an IPv4 CIDR")
-        if net.prefixlen == 0 and not spec.ssh.allow_world:
-            raise _bad(path, f"ssh.allowed_cidrs[{i}]", "SSH open to the whole internet (0.0.0.0/0) is refused",
-                       "list your own networks, or set ssh.allow_world: true if you really mean it")
+        if net.prefixlen < WORLD_PREFIX and not spec.ssh.allow_world:
+            raise _bad(path, f"ssh.allowed_cidrs[{i}]",
+                       f"SSH open to {net.num_addresses:,} addresses ({cidr}) is refused as world-open",
+                       "list your own networks (/8 or narrower), or set ssh.allow_world: true if you really mean it")
     if not spec.ssh.user or not re.match(r"^[a-z_][a-z0-9_-]*$", spec.ssh.user):
         raise _bad(path, "ssh.user", f"invalid user name {spec.ssh.user!r}", "use e.g. ubuntu")
     key = spec.ssh.public_key
@@ -297,6 +326,41 @@ def _check(spec: ClusterSpec, path: str) -> None:
         ipaddress.ip_network(net.cidr, strict=True)
     except ValueError:
         raise _bad(path, "network.cidr", f"not a CIDR: {net.cidr!r}", "use e.g. 10.42.0.0/20") from None
+    if spec.cloud == "gcp" and net.egress_cidrs != ["0.0.0.0/0"]:
+        raise _bad(path, "network.egress_cidrs", "egress_cidrs is an AWS field (GCP networks allow all egress)",
+                   "remove it for cloud gcp, or restrict egress with your own firewall rules")
+    for i, cidr in enumerate(net.egress_cidrs):
+        try:
+            ipaddress.IPv4Network(cidr, strict=True)
+        except ValueError as error:
+            raise _bad(path, f"network.egress_cidrs[{i}]", f"not an IPv4 CIDR: {cidr!r} ({error})",
+                       "write it as a network, e.g. 0.0.0.0/0 or 10.0.0.0/8") from None
+
+
+def policy_may_use_on_demand(spec: ClusterSpec) -> bool:
+    """Whether the spec's policy can ever answer on-demand: with a deadline every policy keeps the
+    safety net; without one, only ``on-demand`` and ``threshold`` (its cooldown) leave spot."""
+    return spec.policy.deadline_hours is not None or spec.policy.name in ("on-demand", "threshold")
+
+
+def _check_backend_names(spec: ClusterSpec, path: str) -> None:
+    """Values that go into the rendered backend blocks: refuse what no bucket/prefix/region can be."""
+    b = spec.backend
+    if b.type == "local":
+        for field in ("bucket", "prefix", "region"):
+            if getattr(b, field) is not None:
+                raise _bad(path, f"backend.{field}", f"backend.{field} is only for s3/gcs backends",
+                           "remove it, or set backend.type: s3 or gcs")
+        return
+    if not BUCKET_RE.match(b.bucket):
+        raise _bad(path, "backend.bucket", f"{b.bucket!r} is not a valid bucket name",
+                   "use lowercase letters, digits, '-', '.', '_' (3-222 chars, starting and ending with a letter/digit)")
+    if b.prefix is not None and (not PREFIX_RE.match(b.prefix) or b.prefix.startswith("/") or ".." in b.prefix):
+        raise _bad(path, "backend.prefix", f"{b.prefix!r} is not a usable state prefix",
+                   "use letters, digits, '.', '_', '-' and '/' (no leading '/', no '..'), e.g. kit/my-cluster")
+    if b.region is not None and (b.type != "s3" or not REGION_RE.match(b.region)):
+        raise _bad(path, "backend.region", f"backend.region {b.region!r} is not an AWS region for an s3 backend",
+                   "use e.g. us-east-1 (s3 only; leave it out to use the cluster's region)")
 
 
 def _fill_defaults(spec: ClusterSpec) -> ClusterSpec:
@@ -317,8 +381,8 @@ def _fill_defaults(spec: ClusterSpec) -> ClusterSpec:
         if prices.on_demand_per_hour is None:
             prices.on_demand_per_hour = meta.get("on_demand_per_hour", 4.0)
     update["prices"] = prices
-    if spec.max_price is None and prices.on_demand_per_hour is not None and spec.cloud != "local":
-        update["max_price"] = prices.on_demand_per_hour
+    # max_price stays None unless set: AWS then caps spot at the *region's* on-demand price, which
+    # the catalog's us-east-1 list price is not (a lower cap would fail launches elsewhere).
     return spec.model_copy(update=update)
 
 

@@ -106,7 +106,7 @@ class PlanSummary:
         lines = [f"{root:8} {rtype:45} +{a} ~{c} -{d}" for root, rtype, a, c, d in self.rows()]
         t = self.totals
         lines.append(f"Plan: {t['add']} to add, {t['change']} to change, {t['destroy']} to destroy.")
-        lines += [f"{root}: planned at apply time, after the disks exist (first deployment)" for root in self.deferred]
+        lines += [f"{root}: planned at apply time, after the disk changes above are applied" for root in self.deferred]
         return "\n".join(lines)
 
     def markdown(self) -> str:
@@ -114,7 +114,7 @@ class PlanSummary:
         lines += [f"| {root} | `{rtype}` | {a} | {c} | {d} |" for root, rtype, a, c, d in self.rows()]
         t = self.totals
         lines += ["", f"**Plan:** {t['add']} to add, {t['change']} to change, {t['destroy']} to destroy."]
-        lines += [f"\n_{root}: planned at apply time, after the disks exist._" for root in self.deferred]
+        lines += [f"\n_{root}: planned at apply time, after the disk changes are applied._" for root in self.deferred]
         return "\n".join(lines)
 
 
@@ -191,11 +191,16 @@ def _plan_root(path: Path, out: str, *, destroy: bool = False, allow_disk_loss: 
 
 
 def plan(deploy_dir: str | Path, out: str = "tfplan") -> PlanSummary:
+    """Plan both roots. The cluster root reads the disk ids from the disks root's *state*, so when
+    the disks plan adds disks (first deployment, more nodes) the cluster is planned at apply time,
+    right after those disks exist: planning it now would index disk ids that are not there yet."""
     summary = PlanSummary()
     for root in ROOTS:
         path = _root(deploy_dir, root)
         init(deploy_dir, root)
-        if root == "cluster" and not _has_state(Path(deploy_dir) / "disks"):
+        disks_pending = summary.roots.get("disks") and any(
+            c.get("add", 0) for c in summary.roots["disks"].values())
+        if root == "cluster" and (disks_pending or not _has_state(Path(deploy_dir) / "disks")):
             (path / out).unlink(missing_ok=True)
             summary.deferred.append(root)
             continue
@@ -203,15 +208,19 @@ def plan(deploy_dir: str | Path, out: str = "tfplan") -> PlanSummary:
     return summary
 
 
-def apply(deploy_dir: str | Path, plan_file: str = "tfplan") -> None:
+def apply(deploy_dir: str | Path, plan_file: str = "tfplan", parallelism: int = 10) -> None:
+    """Apply the saved plans. ``parallelism`` >= the node count for GCP compact placement: all VMs
+    of a COLLOCATED policy must be created together, and Terraform's default of 10 concurrent
+    operations deadlocks above 10 nodes (the Cluster Toolkit's vm-instance README says the same)."""
     for root in ROOTS:
         path = _root(deploy_dir, root)
         if not (path / plan_file).is_file():
             if root == "disks":
                 raise KitError("no saved plan to apply", where=str(path / plan_file), fix="run `kit plan SPEC` first")
             init(deploy_dir, root)
-            _plan_root(path, plan_file)  # first deployment: the disks exist now
-        rc, out, err = run_terraform(["apply", "-input=false", "-no-color", "-auto-approve", plan_file], path)
+            _plan_root(path, plan_file)  # deferred at plan time: the disks exist now
+        rc, out, err = run_terraform(["apply", "-input=false", "-no-color", "-auto-approve",
+                                      f"-parallelism={max(10, int(parallelism))}", plan_file], path)
         (path / plan_file).unlink(missing_ok=True)  # a saved plan applies once
         _check(rc, out, err, "apply", path)
 

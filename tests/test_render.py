@@ -23,14 +23,30 @@ GOLDEN = REPO_ROOT / "tests" / "golden"
 EXAMPLES = ("aws-g5-spot", "gcp-a3-spot")
 
 
+def switchable_spec(name: str):
+    """The example as a spec that can run either market. a3-highgpu-1g is sold only as spot, so the
+    GCP market-switch renders use a3-highgpu-8g (sold on-demand too) with the rest of the example."""
+    import yaml
+
+    from kit.spec import parse_spec
+
+    data = yaml.safe_load((EXAMPLES_DIR / f"{name}.yaml").read_text())
+    if data["instance_type"] == "a3-highgpu-1g":
+        data["instance_type"] = "a3-highgpu-8g"
+    return parse_spec(data, f"examples/{name}.yaml")
+
+
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
     out = {}
     for name in EXAMPLES:
+        d = tmp_path_factory.mktemp(f"{name}-spot")
+        render(load_spec(EXAMPLES_DIR / f"{name}.yaml"), d)
+        out[name, "spot"] = d
         for market in ("spot", "on-demand"):
-            d = tmp_path_factory.mktemp(f"{name}-{market}")
-            render(load_spec(EXAMPLES_DIR / f"{name}.yaml"), d, market=market)
-            out[name, market] = d
+            d = tmp_path_factory.mktemp(f"{name}-switch-{market}")
+            render(switchable_spec(name), d, market=market)
+            out[name, "switch", market] = d
     return out
 
 
@@ -82,7 +98,7 @@ def test_fmt_check_clean_and_can_fail(rendered, tmp_path):
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_market_switch_touches_no_disk_line(rendered, name):
-    spot, od = _files(rendered[name, "spot"]), _files(rendered[name, "on-demand"])
+    spot, od = _files(rendered[name, "switch", "spot"]), _files(rendered[name, "switch", "on-demand"])
     assert sorted(spot) == sorted(od)
     changed = [rel for rel in spot if spot[rel] != od[rel]]
     assert changed == ["cluster/terraform.tfvars"], changed
@@ -91,7 +107,15 @@ def test_market_switch_touches_no_disk_line(rendered, name):
             if line[:1] in "+-" and not line.startswith(("+++", "---"))]
     assert diff == ['-market              = "spot"', '+market              = "on-demand"'], diff
     assert not any(word in line.lower() for line in diff for word in ("disk", "volume", "ebs"))
-    assert filecmp.dircmp(rendered[name, "spot"] / "disks", rendered[name, "on-demand"] / "disks").diff_files == []
+    assert filecmp.dircmp(rendered[name, "switch", "spot"] / "disks",
+                          rendered[name, "switch", "on-demand"] / "disks").diff_files == []
+
+
+def test_spot_only_type_cannot_render_on_demand():
+    from kit.errors import InputError
+
+    with pytest.raises(InputError, match="a3-highgpu-1g cannot run on-demand"):
+        render_texts(load_spec(EXAMPLES_DIR / "gcp-a3-spot.yaml"), market="on-demand")
 
 
 def test_modules_copied_and_sources_relative(rendered):
@@ -124,12 +148,14 @@ def test_render_texts_refuses_local_and_bad_market():
 def test_cli_render_from_another_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
-    result = CliRunner().invoke(app, ["render", str(EXAMPLES_DIR / "gcp-a3-spot.yaml"), "--market", "on-demand"])
+    result = CliRunner().invoke(app, ["render", str(EXAMPLES_DIR / "aws-g5-spot.yaml"), "--market", "on-demand"])
     assert result.exit_code == 0, result.output
-    tfvars = (tmp_path / "deploy" / "a3-spot" / "cluster" / "terraform.tfvars").read_text()
+    tfvars = (tmp_path / "deploy" / "g5-spot" / "cluster" / "terraform.tfvars").read_text()
     assert 'market              = "on-demand"' in tfvars
     result = CliRunner().invoke(app, ["render", str(EXAMPLES_DIR / "gcp-a3-spot.yaml"), "--market", "cheap"])
     assert result.exit_code == 2
+    result = CliRunner().invoke(app, ["render", str(EXAMPLES_DIR / "gcp-a3-spot.yaml"), "--market", "on-demand"])
+    assert result.exit_code == 2 and "spot" in result.output
 
 
 def test_make_golden_script_runs_in_a_copy(tmp_path):
@@ -161,13 +187,18 @@ def test_modules_carry_the_required_settings():
     market = aws["dynamic"][0]['"instance_market_options"']
     assert market["for_each"] == "${local.spot ? [1] : []}"
     assert "spot_options" in market["content"][0]
+    assert aws["lifecycle"][0]["ignore_changes"] == ["ami"]  # a new Ubuntu AMI replaces no running node
+    attach = resources(M / "aws" / "instances" / "main.tf")["aws_volume_attachment.data"]
+    assert attach["skip_destroy"] is True  # never DetachVolume a mounted disk from a running node
     vol = resources(M / "aws" / "disks" / "main.tf")["aws_ebs_volume.this"]
     assert vol["encrypted"] is True and vol["lifecycle"][0]["prevent_destroy"] is True
     gcp = resources(M / "gcp" / "instances" / "main.tf")["google_compute_instance.node"]
     sched = gcp["scheduling"][0]
     assert sched["instance_termination_action"] == '${local.spot ? "STOP" : null}'
     assert sched["provisioning_model"] == '${local.spot ? "SPOT" : "STANDARD"}'
-    assert sched["on_host_maintenance"] == '"TERMINATE"' and sched["automatic_restart"] == "${!local.spot}"
+    assert sched["on_host_maintenance"] == '"TERMINATE"'
+    assert sched["automatic_restart"] == "${!local.spot && var.resource_policy == null}"  # compact: false
+    assert gcp["desired_status"] == '"RUNNING"'  # the next apply restarts a preempted (stopped) Spot VM
     assert "instance/preempted" not in gcp["metadata"]  # it is in shutdown.sh:
     assert "$md/preempted" in (M / "gcp" / "instances" / "shutdown.sh").read_text()
     disk = resources(M / "gcp" / "disks" / "main.tf")["google_compute_disk.this"]

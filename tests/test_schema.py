@@ -15,7 +15,10 @@ pytestmark = pytest.mark.skipif(not provider_schemas_dir().is_dir(), reason="sha
 @pytest.mark.parametrize("name", ["aws-g5-spot", "gcp-a3-spot"])
 @pytest.mark.parametrize("market", ["spot", "on-demand"])
 def test_rendered_examples_match_provider_schemas(tmp_path, name, market):
-    render(load_spec(EXAMPLES_DIR / f"{name}.yaml"), tmp_path, market=market)
+    from tests.test_render import switchable_spec
+
+    render(switchable_spec(name) if market == "on-demand" else load_spec(EXAMPLES_DIR / f"{name}.yaml"),
+           tmp_path, market=market)
     count, problems = check_tree(tmp_path)
     assert count >= 15 and problems == []
 
@@ -48,7 +51,24 @@ BAD = {
                         '    content {\n    }\n  }\n}\n'), "unknown dynamic block 'nope'"),
     "no schema": ('resource "aws_lambda_function" "f" {\n}\n', "no provider schema"),
     "remote state": ('data "terraform_remote_state" "d" {\n  backend = "local"\n}\n', "'config'"),
+    "block as attribute": ('resource "aws_instance" "i" {\n  metadata_options = { http_tokens = "required" }\n}\n',
+                           "'metadata_options' is a block, written as an attribute"),
+    "attribute as block": ('resource "aws_instance" "i" {\n  tags {\n    a = "b"\n  }\n}\n',
+                           "'tags' is an attribute, written as a block"),
+    "number for string-typed bool": ('resource "aws_ebs_volume" "v" {\n  availability_zone = "a"\n'
+                                     '  encrypted = "yes"\n}\n', "'encrypted' must be true or false"),
+    "word for number": ('resource "aws_ebs_volume" "v" {\n  availability_zone = "a"\n  size = "big"\n}\n',
+                        "'size' must be a number"),
+    "scalar for list": ('resource "aws_instance" "i" {\n  vpc_security_group_ids = "sg-1"\n}\n',
+                        "'vpc_security_group_ids' must be a set"),
 }
+
+
+def test_checker_accepts_terraform_conversions_and_expressions(tmp_path):
+    path = tmp_path / "ok.tf"
+    path.write_text('resource "aws_ebs_volume" "v" {\n  availability_zone = var.zone\n  size = "200"\n'
+                    '  encrypted = "true"\n  tags = { a = "b" }\n  iops = var.iops\n}\n')
+    assert check_file(path) == []
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

@@ -24,10 +24,13 @@ GCP = yaml.safe_load((EXAMPLES_DIR / "gcp-a3-spot.yaml").read_text())
 def test_examples_load_with_catalog_defaults():
     aws = load_spec(EXAMPLES_DIR / "aws-g5-spot.yaml")
     assert (aws.nodes, aws.gpus_per_node, aws.market, aws.placement) == (4, 1, "spot", "cluster")
-    assert aws.max_price == aws.prices.on_demand_per_hour > aws.prices.spot_per_hour > 0
+    # no max_price unless set: AWS caps spot at the region's own on-demand price
+    assert aws.max_price is None and aws.prices.on_demand_per_hour > aws.prices.spot_per_hour > 0
+    assert aws.with_market("on-demand").market == "on-demand" and aws.market == "spot"
     gcp = load_spec(EXAMPLES_DIR / "gcp-a3-spot.yaml")
     assert (gcp.nodes, gcp.instance_type, gcp.gpus_per_node) == (4, "a3-highgpu-1g", 1)
-    assert gcp.with_market("on-demand").market == "on-demand" and gcp.market == "spot"
+    with pytest.raises(InputError, match="cannot run on-demand"):  # GCP sells the 1g only as spot
+        gcp.with_market("on-demand")
 
 
 def test_training_args_and_local_defaults():
@@ -82,6 +85,20 @@ BAD = [
     ("bad-label", AWS, "labels", {"Team": "ML"}, "labels.Team", "lowercase"),
     ("relative-ssh-key", AWS, "ssh.public_key", "keys/id.pub", "ssh.public_key", "~/.ssh"),
     ("private-ssh-key", GCP, "ssh.public_key", "~/.ssh/id_ed25519", "ssh.public_key", ".pub"),
+    # world-open in two halves is still world-open
+    ("world-open-in-halves", AWS, "ssh.allowed_cidrs", ["10.0.0.0/8", "128.0.0.0/1"], "ssh.allowed_cidrs[1]",
+     "allow_world"),
+    ("nodes-bool", AWS, "nodes", True, "nodes", "whole number"),
+    ("nodes-fraction", AWS, "nodes", 2.5, "nodes", "whole number"),
+    ("aws-image-not-ami", AWS, "image", "ubuntu-22.04", "image", "ami-"),
+    ("gcp-max-price", GCP, "max_price", 3.0, "max_price", "remove max_price"),
+    ("spot-only-type-on-demand", GCP, "market", "on-demand", "market", "market: spot"),
+    ("spot-only-type-deadline", GCP, "policy.deadline_hours", 48, "policy", "without deadline_hours"),
+    ("spot-only-type-threshold", GCP, "policy.name", "threshold", "policy", "policy.name: spot"),
+    ("bad-bucket", AWS, "backend", {"type": "s3", "bucket": 'b"; x = "'}, "backend.bucket", "lowercase"),
+    ("bad-state-prefix", GCP, "backend.prefix", "${var.x}", "backend.prefix", "kit/my-cluster"),
+    ("bad-egress", AWS, "network", {"egress_cidrs": ["10.0.0.0/33"]}, "network.egress_cidrs[0]", "0.0.0.0/0"),
+    ("egress-on-gcp", GCP, "network", {"egress_cidrs": ["10.0.0.0/8"]}, "network.egress_cidrs", "remove it"),
 ]
 
 

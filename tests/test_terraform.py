@@ -138,6 +138,27 @@ def test_first_deployment_defers_cluster_plan_to_apply(deploy, fake_tf, monkeypa
         ["cluster", "plan"], ["cluster", "apply"]]
 
 
+def test_more_nodes_defers_cluster_plan_until_the_new_disks_exist(deploy, fake_tf, monkeypatch):
+    """Scale-up: the disks state exists but the plan adds disks; the cluster root would index disk ids
+    that are not in that state yet, so it is planned at apply time, after the disks."""
+    monkeypatch.setenv("FAKE_STATE_disks", "module.disks.aws_ebs_volume.this[0]")
+    monkeypatch.setenv("FAKE_PLANS", json.dumps({"disks": {"resource_changes": [
+        _change("aws_ebs_volume", ["no-op"], "this[0]"), _change("aws_ebs_volume", ["create"], "this[1]")]}}))
+    summary = terraform.plan(deploy)
+    assert summary.deferred == ["cluster"] and not (deploy / "cluster" / "tfplan").exists()
+    terraform.apply(deploy, parallelism=16)
+    cluster = [c for c in fake_tf() if c[0] == "cluster" and c[1] in ("plan", "apply")]
+    assert [c[1] for c in cluster] == ["plan", "apply"]
+    assert "-parallelism=16" in cluster[1]  # every VM of a compact placement policy at once
+
+
+def test_apply_parallelism_is_at_least_terraforms_default(deploy, fake_tf, monkeypatch):
+    monkeypatch.setenv("FAKE_STATE_disks", "module.disks.aws_ebs_volume.this[0]")
+    terraform.plan(deploy)
+    terraform.apply(deploy, parallelism=4)
+    assert all("-parallelism=10" in c for c in fake_tf() if c[1] == "apply")
+
+
 @pytest.mark.parametrize("actions", [["delete"], ["delete", "create"], ["create", "delete"]])
 def test_plan_that_loses_a_disk_is_refused(deploy, fake_tf, monkeypatch, actions):
     monkeypatch.setenv("FAKE_PLANS", json.dumps({"disks": {"resource_changes": [_change("aws_ebs_volume", actions)]}}))

@@ -32,7 +32,7 @@ class TerraformBackend(Backend):
             # Plan afresh: a tfplan saved by an earlier `kit plan` may be for the other market.
             # kit.terraform refuses any disks plan that would lose a disk.
             terraform.plan(self.deploy_dir)
-            terraform.apply(self.deploy_dir)
+            terraform.apply(self.deploy_dir, parallelism=spec.nodes)
         except KitError as error:
             if is_capacity_error(self.cloud, str(error)):
                 raise CapacityError(f"no {market} capacity for {spec.nodes} x "

@@ -1,13 +1,21 @@
 locals {
   spot      = var.market == "spot"
   subnet_id = var.subnet_id != null ? var.subnet_id : data.aws_subnet.default[0].id
-  vpc_id    = var.vpc_id != null ? var.vpc_id : data.aws_vpc.default[0].id
-  ami       = var.ami != null ? var.ami : data.aws_ami.ubuntu[0].id
+  # The security group must live in the subnet's VPC: take it from the subnet when one is given.
+  vpc_id = (var.vpc_id != null ? var.vpc_id
+    : var.subnet_id != null ? data.aws_subnet.given[0].vpc_id
+  : data.aws_vpc.default[0].id)
+  ami = var.ami != null ? var.ami : data.aws_ami.ubuntu[0].id
 }
 
 data "aws_vpc" "default" {
-  count   = var.vpc_id == null ? 1 : 0
+  count   = var.vpc_id == null && var.subnet_id == null ? 1 : 0
   default = true
+}
+
+data "aws_subnet" "given" {
+  count = var.vpc_id == null && var.subnet_id != null ? 1 : 0
+  id    = var.subnet_id
 }
 
 data "aws_subnet" "default" {
@@ -29,6 +37,8 @@ data "aws_ami" "ubuntu" {
 }
 
 # Members talk to each other on every port (NCCL, torchrun rendezvous, EFA); SSH only from allowed_cidrs.
+# Egress: the cluster itself, plus var.egress_cidrs on every port (packages, images, the watcher's
+# agent endpoint, which listens on a port of the user's choosing).
 resource "aws_security_group" "this" {
   name        = "${var.cluster_name}-sg"
   description = "kit cluster ${var.cluster_name}: intra-cluster traffic and SSH from allowed CIDRs"
@@ -63,23 +73,12 @@ resource "aws_vpc_security_group_egress_rule" "self" {
   tags                         = var.tags
 }
 
-resource "aws_vpc_security_group_egress_rule" "https" {
+resource "aws_vpc_security_group_egress_rule" "out" {
+  for_each          = toset(var.egress_cidrs)
   security_group_id = aws_security_group.this.id
-  description       = "HTTPS out: packages, images, the watcher"
-  ip_protocol       = "tcp"
-  from_port         = 443
-  to_port           = 443
-  cidr_ipv4         = "0.0.0.0/0"
-  tags              = var.tags
-}
-
-resource "aws_vpc_security_group_egress_rule" "http" {
-  security_group_id = aws_security_group.this.id
-  description       = "HTTP out: apt mirrors"
-  ip_protocol       = "tcp"
-  from_port         = 80
-  to_port           = 80
-  cidr_ipv4         = "0.0.0.0/0"
+  description       = "outbound: package mirrors, images, the kit watcher"
+  ip_protocol       = "-1"
+  cidr_ipv4         = each.value
   tags              = var.tags
 }
 
@@ -146,6 +145,13 @@ resource "aws_instance" "node" {
     tags                  = var.tags
   }
 
+  # A newer Ubuntu AMI must not replace running nodes on the next plan (terraform-aws-modules'
+  # ignore_ami): a node picks up the current image when it is replaced anyway (market switch,
+  # preemption). Roll the image on purpose with `terraform apply -replace=...`.
+  lifecycle {
+    ignore_changes = [ami]
+  }
+
   tags = merge(var.tags, {
     Name         = "${var.cluster_name}-node-${count.index}"
     "kit:node"   = tostring(count.index)
@@ -154,9 +160,13 @@ resource "aws_instance" "node" {
 }
 
 # The attachment belongs to the instance side: replacing an instance replaces only the attachment.
+# skip_destroy: never call DetachVolume on a running node. The volume is mounted at /mnt/kit-disk,
+# so a detach would hang ("Error waiting for Volume ... to detach", terraform-provider-aws #4770);
+# terminating the instance detaches it anyway, and the volume itself lives in the disks state.
 resource "aws_volume_attachment" "data" {
-  count       = var.nodes
-  device_name = "/dev/sdf"
-  volume_id   = var.disk_ids[count.index]
-  instance_id = aws_instance.node[count.index].id
+  count        = var.nodes
+  device_name  = "/dev/sdf"
+  volume_id    = var.disk_ids[count.index]
+  instance_id  = aws_instance.node[count.index].id
+  skip_destroy = true
 }

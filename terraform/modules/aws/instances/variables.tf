@@ -101,6 +101,16 @@ variable "allowed_cidrs" {
   }
 }
 
+variable "egress_cidrs" {
+  description = "IPv4 CIDRs the nodes may reach on every port (package mirrors, images, the kit watcher); [] = the cluster only."
+  type        = list(string)
+  default     = ["0.0.0.0/0"]
+  validation {
+    condition     = alltrue([for c in var.egress_cidrs : can(cidrhost(c, 0))])
+    error_message = "egress_cidrs must be a list of CIDRs."
+  }
+}
+
 variable "disk_ids" {
   description = "Data volume ids in node-rank order (from the disks root module)."
   type        = list(string)

@@ -42,6 +42,10 @@ resource "google_compute_instance" "node" {
   tags                      = ["kit-${var.cluster_name}"]
   resource_policies         = var.resource_policy == null ? null : [var.resource_policy]
   allow_stopping_for_update = true
+  # A preempted Spot VM is STOPPED (TERMINATED status), keeping its id and disks. The provider
+  # reads the real status back into desired_status, so the next apply (kit watch's re-apply)
+  # starts it again instead of reporting "no changes".
+  desired_status = "RUNNING"
   labels                    = merge(var.labels, { "kit-node" = tostring(count.index), "kit-market" = var.market })
 
   boot_disk {
@@ -76,10 +80,12 @@ resource "google_compute_instance" "node" {
 
   # GPUs cannot live-migrate: TERMINATE on host maintenance. Spot VMs stop (disk kept) when
   # preempted; instance_termination_action is set only for SPOT (GCP rejects it for STANDARD).
+  # automatic_restart must be false for Spot and with a compact placement policy (as in the
+  # Cluster Toolkit's vm-instance module); kit's watcher restarts stopped nodes instead.
   scheduling {
     provisioning_model          = local.spot ? "SPOT" : "STANDARD"
     preemptible                 = local.spot
-    automatic_restart           = !local.spot
+    automatic_restart           = !local.spot && var.resource_policy == null
     on_host_maintenance         = "TERMINATE"
     instance_termination_action = local.spot ? "STOP" : null
   }

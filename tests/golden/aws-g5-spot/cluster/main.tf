@@ -32,6 +32,7 @@ module "instances" {
   ssh_user          = var.ssh_user
   ssh_public_key    = file(pathexpand(var.ssh_public_key_path))
   allowed_cidrs     = var.allowed_cidrs
+  egress_cidrs      = var.egress_cidrs
   disk_ids          = data.terraform_remote_state.disks.outputs.disk_ids
   tags              = var.tags
 }

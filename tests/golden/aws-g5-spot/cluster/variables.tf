@@ -79,6 +79,11 @@ variable "allowed_cidrs" {
   type        = list(string)
 }
 
+variable "egress_cidrs" {
+  description = "CIDRs the nodes may reach on every port."
+  type        = list(string)
+}
+
 variable "tags" {
   description = "Tags/labels on every resource."
   type        = map(string)
