@@ -57,7 +57,7 @@ def _literal_type_problem(value: Any, type_: Any) -> str | None:
     if kind == "string" and isinstance(value, (list, dict)):
         return "a string"
     if kind == "number":
-        if isinstance(value, bool) or isinstance(value, (list, dict)):
+        if isinstance(value, (bool, list, dict)):
             return "a number"
         if text is not None:
             try:

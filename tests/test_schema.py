@@ -55,8 +55,8 @@ BAD = {
                            "'metadata_options' is a block, written as an attribute"),
     "attribute as block": ('resource "aws_instance" "i" {\n  tags {\n    a = "b"\n  }\n}\n',
                            "'tags' is an attribute, written as a block"),
-    "number for string-typed bool": ('resource "aws_ebs_volume" "v" {\n  availability_zone = "a"\n'
-                                     '  encrypted = "yes"\n}\n', "'encrypted' must be true or false"),
+    "word for bool": (('resource "aws_ebs_volume" "v" {\n  availability_zone = "a"\n'
+                       '  encrypted = "yes"\n}\n'), "'encrypted' must be true or false"),
     "word for number": ('resource "aws_ebs_volume" "v" {\n  availability_zone = "a"\n  size = "big"\n}\n',
                         "'size' must be a number"),
     "scalar for list": ('resource "aws_instance" "i" {\n  vpc_security_group_ids = "sg-1"\n}\n',
