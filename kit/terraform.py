@@ -186,7 +186,8 @@ def _plan_root(path: Path, out: str, *, destroy: bool = False, allow_disk_loss: 
         raise KitError(f"refusing a plan that would delete or replace data disk(s): {', '.join(lost)}",
                        where=str(path),
                        fix="data disks hold the checkpoints; only `kit destroy --with-disks` may delete them. "
-                           "If the spec changed the disk size/type/zone, destroy with --with-disks first.")
+                           "If the spec lowered nodes or changed the disk size/type/zone, put it back, or "
+                           "destroy with --with-disks first if those checkpoints may go.")
     return plan_json
 
 
