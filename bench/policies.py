@@ -10,7 +10,12 @@ plus checks on traces the default policy was not tuned on.
 3. perturbed GCP traces: every zone time-reversed, and shuffled in 6-hour blocks (seeded);
 4. synthetic markets: single-node on/off Markov traces with the spreads published for AWS V100
    (availability 20-80 %, mean spot runs 20 min to 4 h), on-demand/spot price ratios of 2.5 and
-   4.3, deadlines 60 h and 72 h and a tight 53.3 h (C0/R0 = 0.9).
+   4.3, deadlines 60 h and 72 h and a tight 53.3 h (C0/R0 = 0.9);
+5. the issue-5 review grid: 4-node on/off Markov markets (the generator of
+   tests/test_simulate.py::markov_trace), availability 0.2/0.5/0.8 x mean spot run 15 min / 30 min /
+   2 h / 6.7 h, on-demand/spot price 3, 4 traces x 6 starts per setting, R0 = 60 h and 72 h: every
+   setting is a row, with the best policy that *knows* the market's transition probabilities
+   (``known``: a dynamic program over the Markov chain, an online lower bound) next to ``opt``.
 
 Prints Markdown tables (pasted into docs/benchmarks.md, section "Policies").
 """
@@ -24,10 +29,22 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kit.paths import spot_traces_dir
-from kit.simulate import ALL_POLICIES, Params, simulate
+from kit.policy import ON_DEMAND, SPOT, WAIT, Policy
+from kit.simulate import (
+    ALL_POLICIES,
+    Params,
+    _grid,
+    simulate,
+    simulate_opt,
+    simulate_policy,
+    span_ticks,
+    start_ticks,
+)
 from kit.traces import Trace, load_traces
 
 GCP = "gcp-a3-h100-2025-10"
@@ -75,6 +92,124 @@ def markov(seed: int, share: float, mean_run_h: float, ratio: float, n_ticks: in
     return Trace(path=Path(meta["zone"] + ".json"), gap_seconds=gap, data=tuple(data), metadata=meta)
 
 
+def review_markov(seed: int, n: int, p_up: float, mean_up: float, nodes: int = 4, gap: int = 600) -> Trace:
+    """The issue-5 review's market (same generator as tests/test_simulate.py::markov_trace): on/off
+    capacity, spot runs geometric with mean ``mean_up`` ticks, availability ``p_up``, price 1 vs 3."""
+    rng = random.Random(seed)
+    leave_up = 1 / mean_up
+    leave_down = leave_up * p_up / (1 - p_up)
+    up, data = rng.random() < p_up, []
+    for _ in range(n):
+        data.append(nodes if up else rng.randrange(nodes))
+        up = (rng.random() >= leave_up) if up else (rng.random() < leave_down)
+    meta = {"gap_seconds": gap, "spot_price_per_hour": 1.0, "on_demand_price_per_hour": 3.0,
+            "zone": f"review-{p_up}-{mean_up}-{seed}"}
+    return Trace(path=Path(meta["zone"] + ".json"), gap_seconds=gap, data=tuple(data), metadata=meta)
+
+
+def known_market_policy(leave_up: float, leave_down: float, tick_h: float, params: Params, k: float):
+    """A factory of the cheapest policy *in expectation* for a known on/off Markov market (spot 1, on-demand k):
+    backward dynamic programming over (tick, market and ticks since its launch, spot up, compute),
+    with the simulator's model. No online policy can do better on average; opt (which knows the
+    trace) can."""
+    C0, R0, d, N = params.job_h, params.deadline_h, params.changeover_h, params.nodes
+    unit, per_phase, target = _grid(tick_h, d, C0)
+    P = len(per_phase)
+    M = 1 + 2 * P  # idle, spot phase 0..P-1, on-demand phase 0..P-1
+    span = span_ticks(params, tick_h)
+    inf = 1e18
+    idx = np.arange(target)
+    value = np.full((M, 2, target), inf)  # after the window: missed
+    act = np.zeros((span, M, 2, target), dtype=np.int8)  # 0 wait, 1 on-demand, 2 spot
+    for i in range(span - 1, -1, -1):
+        now = i * tick_h
+        expect = np.empty_like(value)  # E[value next tick | spot up now]
+        expect[:, 1] = (1 - leave_up) * value[:, 1] + leave_up * value[:, 0]
+        expect[:, 0] = leave_down * value[:, 1] + (1 - leave_down) * value[:, 0]
+        new = np.full_like(value, inf)
+        for up in (0, 1):
+            def hold(phase: int, price: float, base: int, now=now, expect=expect, up=up) -> np.ndarray:
+                """Cost to go of holding a market in ``phase`` (ticks since its launch) this tick."""
+                setup = min(tick_h, max(0.0, d - phase * tick_h))
+                step = per_phase[phase]
+                out = np.full(target, inf)
+                finish = idx + step >= target
+                rest = C0 - idx * unit
+                ok = finish & (now + setup + rest <= R0 + 1e-7)
+                out[ok] = N * price * (setup + rest[ok])
+                go = ~finish
+                out[go] = N * price * tick_h + expect[base + min(phase + 1, P - 1), up, idx[go] + step]
+                return out
+
+            wait = expect[0, up].copy() if now + tick_h <= R0 + 1e-7 else np.full(target, inf)
+            fresh_od, fresh_spot = hold(0, k, 1 + P), (hold(0, 1.0, 1) if up else np.full(target, inf))
+            for m in range(M):
+                od = hold(m - 1 - P, k, 1 + P) if m >= 1 + P else fresh_od
+                spot = (hold(m - 1, 1.0, 1) if 1 <= m <= P else fresh_spot) if up else np.full(target, inf)
+                options = np.stack([wait, od, spot])
+                best = options.argmin(axis=0)
+                new[m, up] = options[best, idx]
+                act[i, m, up] = best
+        for m in range(1, 1 + P):  # a spot cluster without capacity is lost: idle
+            new[m, 0], act[i, m, 0] = new[0, 0], act[i, 0, 0]
+        value = new
+
+    class Known(Policy):
+        name, sticky_net = "known", False
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.phase = 0
+
+        def decide(self, obs) -> str:
+            if obs.remaining_h <= 1e-9:
+                return WAIT
+            m = 0 if obs.market is None else (1 if obs.market == SPOT else 1 + P) + min(self.phase, P - 1)
+            c = min(round(obs.progress_h / unit), target - 1)
+            choice = (WAIT, ON_DEMAND, SPOT)[act[round(obs.now_h / tick_h), m, int(obs.spot_available), c]]
+            self.phase = 0 if choice == WAIT else (self.phase + 1 if choice == obs.market else 1)
+            return choice
+
+    return Known
+
+
+def review_grid(md: list[str], out: dict) -> None:
+    rows = ["| availability | mean spot run | R0 | greedy | up | default | known | opt | default ≤ min(greedy, up) |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    wins = total = misses = 0
+    names = ("greedy", "up", "default")
+    for p_up in (0.2, 0.5, 0.8):
+        for mean_up in (1.5, 3, 12, 40):
+            traces = [review_markov(seed, 1200, p_up, mean_up) for seed in range(4)]
+            for deadline in (60.0, 72.0):
+                params = Params(nodes=4, job_h=48.0, deadline_h=deadline, changeover_h=0.2, starts=6)
+                cost = {n: [] for n in names + ("known", "opt")}
+                missed = 0
+                leave_up = 1 / mean_up
+                known = known_market_policy(leave_up, min(1.0, leave_up * p_up / (1 - p_up)), traces[0].tick_h,
+                                            params, 3.0)
+                for t in traces:
+                    for s in start_ticks(t, params):
+                        for n in names:
+                            run = simulate_policy(t, s, n, params)
+                            cost[n].append(run.cost_vs_on_demand)
+                            missed += run.missed and n == "default"
+                        cost["known"].append(simulate_policy(t, s, "known", params, policy=known()).cost_vs_on_demand)
+                        cost["opt"].append(simulate_opt(t, s, params).cost_vs_on_demand)
+                mean = {n: float(np.mean(v)) for n, v in cost.items()}
+                ok = mean["default"] <= min(mean["greedy"], mean["up"]) + 1e-12
+                wins, total, misses = wins + ok, total + 1, misses + missed
+                out[f"review-{p_up}-{mean_up}-{deadline:g}"] = {"cost_vs_on_demand": mean, "default_misses": missed}
+                rows.append(f"| {p_up:.1f} | {mean_up * 10:g} min | {deadline:g} h | " + " | ".join(
+                    f"{mean[n]:.4f}" for n in names + ("known", "opt")) + f" | {'yes' if ok else '**no**'} |")
+    title = (f"**Issue-5 review grid: 4-node on/off Markov markets, on-demand/spot price 3, C0=48 h, d=0.2 h, "
+             f"4 traces x 6 starts per row** — `default` ≤ min(greedy, up) in {wins} of {total} settings, "
+             f"{misses} deadline misses")
+    note = ("known: the best policy in expectation when the market's transition probabilities are known "
+            "(dynamic program); opt: the omniscient bound (knows the trace).")
+    md += [title, "", *rows, "", note, ""]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--traces", type=Path, default=spot_traces_dir() / GCP)
@@ -118,6 +253,7 @@ def main() -> int:
                 synth[f"k={ratio}, R0={r:g}"] = run(f"synthetic-k{ratio}-{r:g}", ts, 1, r)
         md.append(table("Synthetic on/off markets (single node; availability 0.2/0.5/0.8 x mean run 20 min/1 h/4 h "
                         "x 2 seeds = 18 traces per column; k = on-demand/spot price)", synth))
+        review_grid(md, out)
     md.append(f"_{time.time() - t0:.0f} s on this machine._")
     print("\n".join(md))
     if args.out:

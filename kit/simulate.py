@@ -117,7 +117,8 @@ def simulate_policy(trace: Trace, start: int, policy_name: str, params: Params, 
         if market == SPOT and not avail[i]:
             market, preempted = None, True
         obs = Observation(now_h=now, progress_h=progress, job_h=C0, deadline_h=R0, changeover_h=d, market=market,
-                          spot_available=bool(avail[i]), preempted=preempted, tick_h=G)
+                          spot_available=bool(avail[i]), preempted=preempted, tick_h=G,
+                          spot_price=float(spot_prices[i]), on_demand_price=float(q))
         decision = policy.decide(obs)
         if decision not in (SPOT, ON_DEMAND, WAIT):
             raise ValueError(f"policy {policy_name} answered {decision!r}")

@@ -100,27 +100,84 @@ def test_threshold_cooldown_returns_to_spot_and_backs_off():
     assert t.decide(obs(8.5, spot=False, **big)) == WAIT  # spot mode, none available: wait
 
 
-def test_default_schedule_and_lifetime_gate():
-    # no spot ever, behind the (stretched) schedule: on-demand at once
-    policy = make_policy("default")
-    assert policy.decide(obs(0.5, job=48.0, deadline=60.0, spot=False)) == ON_DEMAND
-    # ahead of the schedule on an always-spot market: waits out an outage instead of paying on-demand
+def _cycles(policy, up_h, down_h, cycles, *, job, deadline, tick=1 / 6, t=0.0, progress=0.0):
+    """Feed ``policy`` a market of outages of ``down_h`` then spot runs of ``up_h`` (held on spot)."""
+    for _ in range(cycles):
+        for _ in range(round(down_h / tick)):
+            policy.decide(obs(t, progress, job=job, deadline=deadline, spot=False, tick=tick))
+            t += tick
+        for _ in range(round(up_h / tick)):
+            policy.decide(obs(t, progress, job=job, deadline=deadline, spot=True, market=SPOT, tick=tick))
+            t, progress = t + tick, progress + tick
+    return t, progress
+
+
+def test_default_takes_the_price_ratio_from_the_observation():
+    def priced(t, spot_price, on_demand_price):
+        return Observation(now_h=t, progress_h=0.0, job_h=5.0, deadline_h=100.0, changeover_h=0.2, market=None,
+                           spot_available=True, preempted=False, tick_h=0.1, spot_price=spot_price,
+                           on_demand_price=on_demand_price)
+
+    def learned(**params):
+        # spot runs of 0.4 h: worth a 0.2 h changeover when k (0.4 - 0.2) > 0.4, i.e. k > 2
+        policy = make_policy("default", prior_weight=0.01, **params)
+        t = 0.0
+        for _ in range(20):
+            for i in range(8):
+                policy.decide(obs(t, 0.0, job=5.0, deadline=100.0, spot=i < 4, tick=0.1))
+                t += 0.1
+        return policy, t
+
+    policy, t = learned()
+    assert policy.price_ratio(priced(t, 2.0, 12.0)) == pytest.approx(6.0)
+    assert policy.price_ratio(obs(t)) == 4.0  # no prices: the price_ratio parameter
+    assert learned()[0].decide(priced(t, 1.0, 6.0)) == SPOT
+    assert learned()[0].decide(priced(t, 1.0, 1.5)) == WAIT  # spot barely cheaper: not worth a changeover
+    assert learned(price_ratio=1.5)[0].decide(obs(t, 0.0, job=5.0, deadline=100.0, spot=True, tick=0.1)) == WAIT
+    assert Observation(now_h=0, progress_h=0, job_h=1, deadline_h=None, changeover_h=0, market=None,
+                       spot_available=True, preempted=False, tick_h=1).spot_price is None  # old callers still work
+    with pytest.raises(InputError):
+        make_policy("default", price_ratio=1.0)
+
+
+def test_default_learns_which_spot_runs_pay():
+    tick = 1 / 6
+    # always-spot market, slack to spare: it waits out an outage instead of paying on-demand (Greedy)
     policy = make_policy("default")
     for i in range(40):
         policy.decide(obs(i * 0.5, i * 0.5, job=48.0, deadline=72.0, spot=True, market=SPOT))
     assert policy.decide(obs(20.0, 20.0, job=48.0, deadline=72.0, spot=False, preempted=True)) == WAIT
-    # schedule: ep(t) = 48 t / (48.2 + 1.15 * 11.8) = 48 t / 61.77; on on-demand at t = 10 it leaves
-    # only when cp >= ep(10.4) = 8.08, and only for a spot run expected to beat 2kd/(k-1) = 0.533 h
-    flicker = make_policy("default")
-    for i in range(24):  # spot up for one 10-minute tick of every three: runs of 1/6 h
-        flicker.decide(obs(i / 6, 0.0, job=48.0, deadline=60.0, spot=i % 3 == 0, tick=1 / 6))
-    steady = make_policy("default")
-    steady.decide(obs(0.0, 0.0, job=48.0, deadline=60.0, spot=True, tick=1 / 6))
-    for p in (flicker, steady):
-        assert p.decide(obs(10.0, 8.0, job=48.0, deadline=60.0, spot=True, market=ON_DEMAND, tick=1 / 6)) == ON_DEMAND
-    assert flicker.decide(obs(10.0, 8.2, job=48.0, deadline=60.0, spot=True, market=ON_DEMAND, tick=1 / 6)) == ON_DEMAND
-    assert steady.decide(obs(10.0, 8.2, job=48.0, deadline=60.0, spot=True, market=ON_DEMAND, tick=1 / 6)) == SPOT
-    assert flicker.expected_rest_of_run_h(10.0) < 0.533 < steady.expected_rest_of_run_h(10.0)
+    # on on-demand with spot back: a flickering market (one 10-minute tick of spot in three) keeps it
+    # on on-demand (a run must first outlast a tick), a steady one moves it to spot
+    flicker, steady = make_policy("default"), make_policy("default")
+    for i in range(60):
+        flicker.decide(obs(i * tick, 0.0, job=48.0, deadline=60.0, spot=i % 3 == 0, tick=tick))
+    steady.decide(obs(0.0, 0.0, job=48.0, deadline=60.0, spot=True, tick=tick))
+    on_demand = obs(10.0, 8.0, job=48.0, deadline=60.0, spot=True, market=ON_DEMAND, tick=tick)
+    assert flicker.decide(on_demand) == ON_DEMAND
+    assert steady.decide(on_demand) == SPOT
+    # idle: spot runs of one tick never make progress (d > tick); after a few it stops launching them
+    short = make_policy("default")
+    answers = [short.decide(obs(i * tick, 0.0, job=48.0, deadline=60.0, spot=i % 2 == 0, tick=tick))
+               for i in range(60)]
+    assert answers[0] == SPOT and SPOT not in answers[30:]
+
+
+def test_default_goes_on_demand_only_through_long_outages_when_slack_is_scarce():
+    tick = 1 / 6
+
+    def next_outage(up_h, down_h, cycles, job, deadline):
+        policy = make_policy("default")
+        t, progress = _cycles(policy, up_h, down_h, cycles, job=job, deadline=deadline)
+        return "".join(policy.decide(obs(t + i * tick, progress, job=job, deadline=deadline, spot=False, tick=tick))[0]
+                       for i in range(18))
+
+    # 2 h runs, 4 h outages, 11.8 h of slack for 54 h: it waits the first hour of an outage, then on-demand
+    assert next_outage(2.0, 4.0, 3, 48.0, 72.0) == "w" * 6 + "o" * 12
+    # the same market with a small job: the slack covers every outage, so Greedy
+    assert next_outage(2.0, 4.0, 3, 10.0, 72.0) == "w" * 18
+    # 10-minute outages: an on-demand launch cannot pay for itself, so it waits
+    assert next_outage(2.0, 1 / 6, 3, 48.0, 60.0) == "w" * 18
 
 
 def test_watcher_wiring_builds_our_policies_and_observations():

@@ -175,6 +175,55 @@ def test_cli_errors_exit_2_without_traceback(tmp_path):
         assert "Traceback" not in result.output
 
 
+def test_simulator_passes_the_trace_prices_to_the_policy():
+    seen = []
+
+    class Recorder(Scripted):
+        def decide(self, obs):
+            seen.append((obs.spot_price, obs.on_demand_price))
+            return super().decide(obs)
+
+    t = Trace(path=Path("p.json"), gap_seconds=3600, data=(1,) * 6, metadata={"gap_seconds": 3600,
+              "on_demand_price_per_hour": 9.0}, prices=(1.0, 2.0, 3.0, 1.0, 2.0, 3.0))
+    simulate_policy(t, 0, "rec", Params(nodes=1, job_h=3.0, deadline_h=4.0, changeover_h=0.0, starts=1),
+                    policy=Recorder([SPOT] * 6))
+    assert seen[:3] == [(1.0, 9.0), (2.0, 9.0), (3.0, 9.0)]
+    seen.clear()  # no prices in the trace: the flags
+    simulate_policy(make_trace([1] * 6, 3600), 0, "rec", Params(nodes=1, job_h=2.0, deadline_h=4.0, changeover_h=0.0,
+                    starts=1, spot_price=2.0, on_demand_price=7.0), policy=Recorder([SPOT] * 6))
+    assert seen[0] == (2.0, 7.0)
+
+
+def test_default_on_many_short_spot_runs():
+    """Spot runs of one 10-minute tick never make progress (d = 12 min): after trying a few, default
+    leaves them alone, so it costs at most a few of those ticks more than on-demand and less than
+    greedy (which takes every one); with two-tick runs, which do pay, it is Greedy."""
+    p60, p72 = (Params(nodes=4, job_h=48.0, deadline_h=r, changeover_h=0.2, starts=1) for r in (60.0, 72.0))
+    for pattern in ([4, 0], [4, 0, 0], [4, 0, 4, 0, 0]):
+        t = make_trace((pattern * 400)[:700], 600, spot_price_per_hour=1.0, on_demand_price_per_hour=4.0)
+        for p in (p60, p72):
+            default, greedy = (simulate_policy(t, 0, n, p) for n in ("default", "greedy"))
+            assert not default.missed and default.cost_vs_on_demand <= 1.007, (pattern, p.deadline_h)
+            assert default.cost_vs_on_demand < greedy.cost_vs_on_demand
+    t = make_trace(([4, 4, 0] * 300)[:700], 600, spot_price_per_hour=1.0, on_demand_price_per_hour=4.0)
+    for p in (p60, p72):
+        default = simulate_policy(t, 0, "default", p)
+        assert default.cost_vs_on_demand < 1.0
+        assert default.cost_vs_on_demand <= simulate_policy(t, 0, "greedy", p).cost_vs_on_demand + 1e-9
+
+
+def test_default_holds_up_on_markov_markets():
+    """Synthetic on/off markets (issue 5 review): default is never worse than on-demand by more than
+    its learning cost, and beats greedy and up where spot runs are long."""
+    for p_up, mean_up in ((0.5, 12), (0.8, 12), (0.2, 40)):
+        traces = [markov_trace(s, n=1200, p_up=p_up, mean_up=mean_up, nodes=4, gap_seconds=600) for s in range(2)]
+        s = simulate(traces, ["greedy", "up", "default"], Params(nodes=4, job_h=48.0, deadline_h=60.0,
+                                                                 changeover_h=0.2, starts=3))
+        cost = s["cost_vs_on_demand"]
+        assert s["deadline_misses"]["default"] == 0
+        assert cost["default"] < min(cost["greedy"], cost["up"]), (p_up, mean_up, cost)
+
+
 def test_benchmark_target_default_beats_greedy_and_up(shared_dir):
     """Issue 5's target on the shared GCP traces: default <= min(greedy, up), no misses, >= opt."""
     traces = load_traces([shared_dir / "data" / "spot-traces" / "gcp-a3-h100-2025-10"])
