@@ -15,10 +15,13 @@ Phases, each in its own process so GPU memory and caches do not leak between the
    pinned memory), ``torch.optim.Adam``, eager, bf16 autocast on CUDA (the mixed-precision tutorial
    loop) -> samples/s.
 2. kit trainer (``python -m training.train``, synthetic on-device data, fused AdamW, bf16, optional
-   ``--compile``) with periodic asynchronous checkpoints -> samples/s, MFU, stall per periodic save,
-   background write time; then the stop file -> emergency (synchronous) save time; exit 75.
+   ``--compile``) with periodic asynchronous checkpoints -> samples/s, MFU, stall per periodic save
+   (split into waiting for the previous write and staging), background write time; then, once no
+   write is in flight, the stop file -> emergency (synchronous) save time, best case; exit 75.
 3. relaunch with the same flags -> resume time = process start -> first finished step (includes
-   imports, CUDA init, reading + verifying the checkpoint); stopped again right after.
+   imports, CUDA init, reading + verifying the checkpoint); then the stop file right after the next
+   periodic save started (``ckpt step=`` line) -> emergency save time with a background write in
+   flight (the stop save first waits for it: the realistic worst case of a preemption).
 """
 from __future__ import annotations
 
@@ -48,10 +51,12 @@ def parse_args(argv=None):
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--steps", type=int, default=120, help="measured trainer steps before the stop")
+    p.add_argument("--steps", type=int, default=300, help="measured trainer steps before the stop")
     p.add_argument("--baseline-steps", type=int, default=60)
     p.add_argument("--skip-steps", type=int, default=20, help="warm-up steps excluded from throughput")
-    p.add_argument("--ckpt-every", type=int, default=40)
+    # 100 steps at the target speed (~37 ms/step) is ~3.7 s between saves, longer than one ~1 GB write,
+    # so a periodic stall is staging only; the wait for the previous write is reported separately.
+    p.add_argument("--ckpt-every", type=int, default=100)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--baseline-workers", type=int, default=8)
     p.add_argument("--compile", action="store_true", help="also measure the trainer with --compile")
@@ -183,26 +188,35 @@ def run_trainer(a, ckpt_dir: Path, compile_: bool, env) -> dict:
     mfus = [float(d["mfu"]) for d in measured if d.get("mfu") not in (None, "n/a")]
     res["samples_per_s"] = statistics.median(sps) if sps else None
     res["mfu"] = statistics.median(mfus) if mfus else None
-    stalls = [float(kv(x)["stall_s"]) for x in p.lines if x.startswith("ckpt step=")]
+    saves = [kv(x) for x in p.lines if x.startswith("ckpt step=")]
+    stalls = [float(d["stall_s"]) for d in saves]
+    waits = [float(d.get("wait_s", 0.0)) for d in saves]
+    staging = [st - w for st, w in zip(stalls, waits)]
     writes = [(float(kv(x)["write_s"]), int(kv(x)["bytes"])) for x in p.lines if x.startswith("ckpt_written ")]
     res["stall_s_max"] = max(stalls) if stalls else None
     res["stall_s_mean"] = statistics.mean(stalls) if stalls else None
+    res["stall_wait_s_max"] = max(waits) if waits else None  # waiting for the previous background write
+    res["stall_staging_s_max"] = max(staging) if staging else None  # snapshot into host buffers
     res["periodic_saves"] = len(stalls)
     res["write_s_mean"] = statistics.mean(w for w, _ in writes) if writes else None
     res["checkpoint_bytes"] = writes[-1][1] if writes else None
     stop_lines = [kv(x) for x in p.lines if x.startswith("stop step=")]
+    # best case: no background write in flight when the stop arrives
     res["emergency_save_s"] = float(stop_lines[-1]["emergency_save_s"]) if stop_lines else None
     res["stopped_at_step"] = int(stop_lines[-1]["step"]) if stop_lines else None
 
-    # run 2: resume time (process start -> first finished step), then stop again
+    # run 2: resume time (process start -> first finished step); then a stop right after the next
+    # periodic save started, so the stop save must first wait for that background write
     p = Proc(cmd, env)
-    _, m = p.wait_line(r"^first_step_done .*since_process_start_s=([0-9.]+)", timeout=1800)
+    i, m = p.wait_line(r"^first_step_done .*since_process_start_s=([0-9.]+)", timeout=1800)
     res["resume_s"] = float(m.group(1))
     res["resumed_line"] = next((x for x in p.lines if x.startswith("resumed step=")), None)
+    p.wait_line(r"^ckpt step=", timeout=1800, after=i)
     stop.write_text("bench\n")
     res["rc_resume_stop"] = p.finish()
     stop_lines = [kv(x) for x in p.lines if x.startswith("stop step=")]
-    res["emergency_save_s_2"] = float(stop_lines[-1]["emergency_save_s"]) if stop_lines else None
+    res["emergency_save_in_flight_s"] = float(stop_lines[-1]["emergency_save_s"]) if stop_lines else None
+    res["emergency_save_in_flight_wait_s"] = float(stop_lines[-1].get("wait_s", "nan")) if stop_lines else None
     return res
 
 
@@ -267,24 +281,34 @@ def verdicts(result: dict) -> dict:
             "stall_s": (r["stall_s_max"], r["stall_s_max"] is not None and r["stall_s_max"] <= TARGETS["stall_s"]),
             "emergency_save_s": (r["emergency_save_s"], r["emergency_save_s"] is not None
                                  and r["emergency_save_s"] <= TARGETS["emergency_save_s"]),
+            # the same target with a periodic write in flight at the stop (worst case)
+            "emergency_save_in_flight_s": (r["emergency_save_in_flight_s"],
+                                           r["emergency_save_in_flight_s"] is not None
+                                           and r["emergency_save_in_flight_s"] <= TARGETS["emergency_save_s"]),
             "resume_s": (r["resume_s"], r["resume_s"] is not None and r["resume_s"] <= TARGETS["resume_s"]),
         }
     return out
 
 
 def markdown(result: dict) -> str:
-    header = ("| variant | samples/s | vs baseline | MFU | stall/save max (mean) | bg write | emergency save "
-              "| resume |")
-    lines = [header, "|---|---|---|---|---|---|---|---|"]
+    header = ("| variant | samples/s | vs baseline | MFU | stall/save max (mean) | of which staging max "
+              "| bg write | emergency save: idle / write in flight (wait) | resume |")
+    lines = [header, "|---|---|---|---|---|---|---|---|---|"]
     b = result["baseline"]
-    lines.append(f"| baseline (CPU DataLoader, Adam, eager) | {b['samples_per_s']:.1f} | 1.00x | | | | | |")
+    lines.append(f"| baseline (CPU DataLoader, Adam, eager) | {b['samples_per_s']:.1f} | 1.00x | | | | | | |")
+
+    def sec(v, fmt=".2f"):
+        return "n/a" if v is None else f"{v:{fmt}} s"
+
     for name, r in result["trainer"].items():
         mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
         lines.append(
             f"| kit trainer {name} | {r['samples_per_s']:.1f} | {r['speedup_vs_baseline']:.2f}x | {mfu} "
-            f"| {r['stall_s_max']:.3f} s ({r['stall_s_mean']:.3f} s) | {r['write_s_mean']:.2f} s "
-            f"({(r['checkpoint_bytes'] or 0) / 1e9:.3f} GB) | {r['emergency_save_s']:.2f} s "
-            f"| {r['resume_s']:.1f} s |")
+            f"| {sec(r['stall_s_max'], '.3f')} ({sec(r['stall_s_mean'], '.3f')}) "
+            f"| {sec(r['stall_staging_s_max'], '.3f')} | {sec(r['write_s_mean'])} "
+            f"({(r['checkpoint_bytes'] or 0) / 1e9:.3f} GB) | {sec(r['emergency_save_s'])} / "
+            f"{sec(r['emergency_save_in_flight_s'])} ({sec(r['emergency_save_in_flight_wait_s'])}) "
+            f"| {sec(r['resume_s'], '.1f')} |")
     return "\n".join(lines)
 
 

@@ -55,3 +55,27 @@ def test_export_refuses_wrong_step_digest_and_skips_corrupt(finished_run, tmp_pa
     assert main([str(copy), str(tmp_path / "d")]) == 0, "without an expected step the newest good one is exported"
     assert (tmp_path / "d" / "step-00000003" / "model.pt").is_file()
     assert main([str(tmp_path / "empty"), str(tmp_path / "e")]) == 1
+
+
+@pytest.mark.parametrize("damage", ["model", "checkpoint_copy"])
+def test_damaged_existing_export_is_not_accepted(finished_run, tmp_path, damage):
+    """An existing export is only reused when its files still match: a damaged one is moved aside
+    (kept) and exported again, because kit train deletes the disks once the export succeeded."""
+    ckpt_dir, sha = finished_run
+    first = export(ckpt_dir, tmp_path / "out", step=6, params_sha256=sha)
+    final = tmp_path / "out" / "step-00000006"
+    victim = final / "model.pt" if damage == "model" else final / "checkpoint" / "state.pt"
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    warnings = []
+    again = export(ckpt_dir, tmp_path / "out", step=6, params_sha256=sha, log=warnings.append)
+    assert again["path"] == str(final) and again["exported_at"] != first["exported_at"], "exported again"
+    assert warnings and "damaged" in warnings[0]
+    aside = [p for p in (tmp_path / "out").iterdir() if p.name.startswith("step-00000006.damaged-")]
+    assert len(aside) == 1 and (aside[0] / "export.json").is_file(), "the damaged copy is kept, not deleted"
+    from training import checkpoint
+    from training.export import damage as damage_of
+
+    assert damage_of(final, ckpt_dir / "step-00000006") is None
+    checkpoint.verify(final / "checkpoint")

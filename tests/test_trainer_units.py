@@ -246,3 +246,228 @@ def test_outcome_classification(tmp_path):
     assert outcome(1, str(prog)) == "preempted"  # torchrun: agent exits 1, workers exited 75
     assert outcome(1, str(prog), started_at=read_progress(prog)["time"] + 10) == "crashed"  # stale file
     assert outcome(-9, str(tmp_path / "missing.json")) == "crashed"
+
+
+# ---- review findings (issue 3) --------------------------------------------------------------------
+def test_verified_but_unloadable_checkpoint_raises_and_moves_nothing(tmp_path, monkeypatch):
+    """A load failure with a matching sha256 (MemoryError, a weights_only rejection after a torch
+    upgrade) is not corruption: no fallback, nothing moved aside or deleted."""
+    from training.checkpoint import UnloadableCheckpoint
+
+    ck = Checkpointer(tmp_path, keep=3)
+    for s in (10, 20, 30):
+        ck.save(s, _state(s), sync=True)
+    before = sorted(os.listdir(tmp_path))
+
+    def broken_load(*args, **kwargs):
+        raise MemoryError("simulated")
+
+    monkeypatch.setattr(torch, "load", broken_load)
+    with pytest.raises(UnloadableCheckpoint, match="sha256 verified"):
+        newest_loadable(tmp_path, log=lambda m: None)
+    assert sorted(os.listdir(tmp_path)) == before == ["step-00000010", "step-00000020", "step-00000030"]
+
+
+def test_quarantine_never_deletes_earlier_corrupt_checkpoints(tmp_path):
+    from training.checkpoint import quarantined
+
+    ck = Checkpointer(tmp_path, keep=4)
+    for s in (1, 2, 3):
+        ck.save(s, _state(s), sync=True)
+    for s in (3, 2):  # the newest is damaged, later the next one too: both stay on disk for a human
+        (tmp_path / f"step-{s:08d}" / "COMPLETE").write_text("{broken")
+        assert newest_loadable(tmp_path, log=lambda m: None)[0] == s - 1
+    assert [p.name.split("-")[2] for p in quarantined(tmp_path)] == ["00000002", "00000003"]
+
+
+@pytest.fixture
+def restore_signals():
+    sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+    saved = {s: signal.getsignal(s) for s in sigs}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+TINY_ARGS = ["--model", "vit_tiny_patch16_224", "--image-size", "32", "--num-classes", "10", "--batch-size", "2",
+             "--device", "cpu", "--steps", "1", "--ckpt-every", "0", "--log-every", "1"]
+
+
+@pytest.mark.parametrize("how", ["unloadable", "all_corrupt"])
+def test_trainer_refuses_to_start_fresh_over_existing_checkpoints(tmp_path, monkeypatch, capsys, how,
+                                                                  restore_signals):
+    from training import checkpoint
+    from training.train import main
+
+    ckpt_dir = tmp_path / "ckpt"
+    ck = Checkpointer(ckpt_dir, keep=3)
+    for s in (3, 6):
+        ck.save(s, _state(s), sync=True)
+    if how == "unloadable":
+        def broken_load(*args, **kwargs):
+            raise RuntimeError("Weights only load failed (simulated torch upgrade)")
+
+        monkeypatch.setattr(checkpoint.torch, "load", broken_load)
+    else:
+        for s in (3, 6):
+            with open(ckpt_dir / f"step-{s:08d}" / "state.pt", "r+b") as f:
+                f.truncate(10)
+    before = sorted(os.listdir(ckpt_dir))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    compile_flag = ["--compile"] if how == "unloadable" else []  # never reaches torch.compile here
+    assert main([*TINY_ARGS, *compile_flag, "--ckpt-dir", str(ckpt_dir)]) == exitcodes.CHECKPOINT_ERROR
+    if compile_flag:  # the compile cache goes next to the checkpoints, on the persistent disk
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "torchinductor-cache")
+    err = capsys.readouterr().err
+    assert "refusing to start from step 0" in err
+    after = sorted(os.listdir(ckpt_dir))
+    if how == "unloadable":
+        assert after == before  # nothing moved, nothing deleted
+    else:  # both moved aside (kept), nothing trained or written
+        assert len(after) == 2 and all(n.startswith("corrupt-step-") for n in after)
+        assert main([*TINY_ARGS, "--ckpt-dir", str(ckpt_dir)]) == exitcodes.CHECKPOINT_ERROR  # still refuses
+
+
+def test_rng_state_roundtrips_through_a_weights_only_checkpoint(tmp_path):
+    import random
+
+    import numpy as np
+
+    from training.train import rng_state, set_rng_state
+
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    np.random.randn()  # a cached gaussian is part of numpy's state
+    saved = rng_state(cuda=False)
+    torch.save({"rng": saved}, tmp_path / "rng.pt")
+    expected = (random.random(), np.random.randn(3).tolist(), torch.rand(3).tolist())
+    random.seed(9)
+    np.random.seed(9)
+    torch.manual_seed(9)
+    set_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True)["rng"], cuda=False)
+    assert (random.random(), np.random.randn(3).tolist(), torch.rand(3).tolist()) == expected
+
+
+def test_prepare_waits_for_an_in_flight_write(tmp_path):
+    """prepare() stages into the buffers the background write is serialising."""
+    ck = Checkpointer(tmp_path, keep=2, write_delay_s=0.3)
+    live = {"step": 1, "model": {"w": torch.zeros(10)}}
+    ck.save(1, live)  # async; the thread sleeps before torch.save reads the staged buffers
+    finished = ck.prepare({"step": 1, "model": {"w": torch.full((10,), 7.0)}})
+    ck.close()
+    assert finished is not None and finished.step == 1 and finished.error is None
+    assert torch.equal(read_verified(tmp_path / "step-00000001")["model"]["w"], torch.zeros(10))
+
+
+def test_save_if_missing_skips_a_step_this_node_holds_and_writes_it_otherwise(tmp_path):
+    a, b = Checkpointer(tmp_path / "a", keep=2), Checkpointer(tmp_path / "b", keep=2)
+    a.save(4, _state(4), sync=True)
+    marker = (tmp_path / "a" / "step-00000004" / "COMPLETE").read_text()
+    assert a.save(4, _state(4), sync=True, if_missing=True).skipped
+    assert (tmp_path / "a" / "step-00000004" / "COMPLETE").read_text() == marker  # untouched
+    stats = b.save(4, _state(4), sync=True, if_missing=True)  # the replaced node: written
+    assert not stats.skipped and newest_loadable(tmp_path / "b")[0] == 4
+
+
+def test_periodic_save_reports_the_wait_for_the_previous_write(tmp_path):
+    ck = Checkpointer(tmp_path, keep=3, write_delay_s=0.2)
+    ck.save(1, _state(1))
+    second = ck.save(2, _state(2))
+    ck.close()
+    assert second.previous is not None and second.previous.step == 1 and second.previous.path
+    assert second.wait_s >= 0.2 and second.stall_s >= second.wait_s
+
+
+def test_stop_monitor_catches_every_signal_torchrun_forwards(restore_signals):
+    mon = StopMonitor(None)
+    for sig in (signal.SIGHUP, signal.SIGQUIT):
+        assert signal.getsignal(sig) == mon._handler  # checked first: never deliver a fatal signal
+    os.kill(os.getpid(), signal.SIGHUP)
+    assert mon.local_request() and mon.reason() == "SIGHUP"
+
+
+def test_dist_timeout_flag_reaches_both_process_groups(monkeypatch):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from training import distributed
+    from training.train import build_parser
+
+    assert build_parser().parse_args([]).dist_timeout_s == 180.0
+    calls = {}
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: calls.setdefault("init", kw))
+    monkeypatch.setattr(dist, "new_group", lambda **kw: calls.setdefault("group", kw))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda *a: None)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    distributed.init_distributed("cuda", timeout_s=42.0)
+    assert calls["init"]["timeout"] == timedelta(seconds=42)
+    assert calls["group"]["backend"] == "gloo" and calls["group"]["timeout"] == timedelta(seconds=42)
+
+
+def test_flops_counted_on_cpu_include_attention():
+    import timm
+
+    from training.metrics import train_flops_per_sample
+
+    model = timm.create_model("vit_tiny_patch16_224", num_classes=10, img_size=32)
+    fused = train_flops_per_sample(model, "vit_tiny_patch16_224", 32, "cpu")
+    for m in model.modules():  # explicit q @ k^T and attn @ v matmuls: always counted
+        if hasattr(m, "fused_attn"):
+            m.fused_attn = False
+    assert fused == pytest.approx(train_flops_per_sample(model, "vit_tiny_patch16_224", 32, "cpu"), rel=1e-3)
+
+
+def test_imagefolder_resume_with_another_batch_size_continues_at_the_saved_position(tmp_path):
+    from training.data import ImageFolderData
+
+    _image_folder(tmp_path / "imgs")
+
+    def make(bs):
+        return ImageFolderData(str(tmp_path / "imgs"), batch_size=bs, image_size=8, seed=1, rank=0, world_size=1,
+                               device=torch.device("cpu"), workers=0)
+
+    ref = make(1)
+    samples = torch.cat([ref.batch(s)[0] for s in range(15)])  # one epoch, one sample per step
+    old = make(2)
+    state = old.state_dict(3)  # 3 steps of 2 = 6 samples consumed
+    assert (state["epoch"], state["index"]) == (0, 6)
+    new = make(3)
+    new.load_state_dict(state)
+    assert torch.equal(new.batch(3)[0], samples[6:9]) and torch.equal(new.batch(4)[0], samples[9:12])
+    assert new.state_dict(5)["index"] == 12
+    other_world = make(3)
+    other_world.load_state_dict({"kind": "step", "step": 2})  # no usable position: derived from the step
+    assert torch.equal(other_world.batch(2)[0], samples[6:9])
+
+
+def test_imagefolder_loader_leaves_the_global_rng_alone_and_forks_workers(tmp_path):
+    import multiprocessing
+
+    from training.data import ImageFolderData
+
+    _image_folder(tmp_path / "imgs")
+    data = ImageFolderData(str(tmp_path / "imgs"), batch_size=2, image_size=8, seed=1, rank=0, world_size=1,
+                           device=torch.device("cpu"), workers=1)
+    before = torch.get_rng_state()
+    start_method = multiprocessing.get_start_method()
+    multiprocessing.set_start_method("spawn", force=True)  # as on Python >= 3.14 / macOS
+    try:
+        data.batch(0)
+    finally:
+        multiprocessing.set_start_method(start_method, force=True)
+    try:
+        assert torch.equal(torch.get_rng_state(), before)  # a resume must not shift the training RNG
+        worker = data._iter._workers[0]
+        assert type(worker).__name__ == "ForkProcess"
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            os.kill(worker.pid, sig)
+        import time
+
+        time.sleep(0.3)
+        assert worker.is_alive()
+        data.batch(1)
+    finally:
+        data.close()

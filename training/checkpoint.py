@@ -5,14 +5,17 @@ Layout of ``--ckpt-dir`` (one full copy per node; local rank 0 of each node writ
     step-00000100/state.pt     torch.save of the whole training state (CPU tensors)
     step-00000100/COMPLETE     JSON marker, written last: step, sizes and sha256 of every file
     .tmp-step-00000120-<pid>/  a save in progress (or killed mid-write: ignored, removed on start)
-    corrupt-step-00000140-<t>/ a checkpoint that failed verification, moved aside (newest one kept)
+    corrupt-step-00000140-<t>/ a checkpoint that failed verification, moved aside (never deleted here)
 
 Write protocol: stage tensors into reusable host buffers (the only part the training loop waits
 for on a periodic save), then in a background thread write ``state.pt`` into a fresh temporary
 directory while hashing it, fsync it, write and fsync ``COMPLETE``, fsync the directory, rename it to
 ``step-N`` and fsync the parent. A directory named ``step-N`` therefore only ever appears complete;
 the marker and checksums additionally catch later truncation or bit rot. Loading walks the complete
-checkpoints newest first and falls back (with a warning) past any that fail verification.
+checkpoints newest first and falls back (with a warning) past any that fail verification
+(marker, size or sha256: :class:`CorruptCheckpoint`, moved aside). A checkpoint whose bytes verify but
+that cannot be loaded (e.g. a newer torch rejects it, MemoryError) is *not* corrupt: it raises
+:class:`UnloadableCheckpoint` and is left in place, so one bad load never discards good checkpoints.
 """
 from __future__ import annotations
 
@@ -35,7 +38,12 @@ _STEP_RE = re.compile(r"^step-(\d{8,})$")
 
 
 class CorruptCheckpoint(Exception):
-    pass
+    """The files do not match their marker (missing/unreadable marker, wrong size, sha256 mismatch)."""
+
+
+class UnloadableCheckpoint(Exception):
+    """The files match their marker (so the bytes are what was written) but loading them failed or
+    gave an inconsistent state. Not a reason to fall back or move anything: callers must stop."""
 
 
 def step_dir_name(step: int) -> str:
@@ -116,18 +124,37 @@ def verify(path: Path) -> dict:
 
 
 def read_verified(path: Path) -> dict:
+    """Verify, then load. CorruptCheckpoint: the bytes are damaged. UnloadableCheckpoint: the bytes
+    are intact but cannot be loaded (software/environment problem: never a reason to discard it)."""
     marker = verify(path)
     try:
         state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CorruptCheckpoint(f"{path}: cannot load ({e})") from e
-    if int(state.get("step", -1)) != int(marker["step"]):
-        raise CorruptCheckpoint(f"{path}: step {state.get('step')} != marker {marker['step']}")
+    except Exception as e:  # MemoryError, an unpickler rejection after a torch upgrade, ...
+        raise UnloadableCheckpoint(
+            f"{path}: sha256 verified but torch.load failed: {type(e).__name__}: {e}") from e
+    try:
+        saved_step = int(state.get("step", -1))
+    except (AttributeError, TypeError, ValueError) as e:
+        raise UnloadableCheckpoint(f"{path}: sha256 verified but the state has no step ({e})") from e
+    if saved_step != int(marker["step"]):
+        raise UnloadableCheckpoint(
+            f"{path}: sha256 verified but state step {saved_step} != marker {marker['step']}")
     return state
 
 
+def quarantined(directory: Path) -> list[Path]:
+    """Checkpoints moved aside as corrupt (kept for a human; never deleted automatically)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.name.startswith("corrupt-"))
+
+
 def newest_loadable(directory: Path, log=print, quarantine: bool = True) -> tuple[int, Path, dict] | None:
-    """Newest checkpoint that verifies; corrupt newer ones are reported and (optionally) moved aside."""
+    """Newest checkpoint that verifies; corrupt newer ones are reported and (optionally) moved aside.
+
+    Raises UnloadableCheckpoint (and moves nothing) when a checkpoint verifies but does not load.
+    """
     for step, path in list_complete(Path(directory)):
         try:
             return step, path, read_verified(path)
@@ -139,25 +166,26 @@ def newest_loadable(directory: Path, log=print, quarantine: bool = True) -> tupl
 
 
 def _quarantine(path: Path, log=print) -> None:
+    """Move a corrupt checkpoint aside (atomic rename); nothing is deleted."""
     target = path.with_name(f"corrupt-{path.name}-{int(time.time() * 1000)}")
     try:
         os.rename(path, target)
+        _fsync_dir(path.parent)
     except OSError as e:
         log(f"WARNING could not move {path} aside: {e}")
-        return
-    olds = sorted(p for p in path.parent.iterdir() if p.name.startswith("corrupt-") and p != target)
-    for p in olds:
-        shutil.rmtree(p, ignore_errors=True)
 
 
 @dataclass
 class SaveStats:
     step: int
     stall_s: float = 0.0      # time the training loop waited (previous write + staging)
+    wait_s: float = 0.0       # of which: waiting for the previous background write
     write_s: float | None = None  # background write duration (filled in when it finishes)
     bytes: int = 0
     path: str | None = None
     error: str | None = None
+    skipped: bool = False     # this node already had a complete checkpoint of this step (if_missing)
+    previous: SaveStats | None = None  # the earlier background write this save waited for, if any
 
 
 class HostStager:
@@ -189,7 +217,8 @@ class Checkpointer:
     keep the same call sequence so collectives around saves stay aligned.
     """
 
-    def __init__(self, directory: str | os.PathLike, keep: int = 3, writer: bool = True, log=print):
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, writer: bool = True, log=print,
+                 write_delay_s: float = 0.0):
         if keep < 2:
             raise ValueError("keep must be >= 2 (the newest may be mid-write when a node dies)")
         self.directory = Path(directory)
@@ -200,6 +229,7 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self._pending: SaveStats | None = None
         self.history: list[SaveStats] = []
+        self.write_delay_s = write_delay_s  # tests only: two sleeps inside every write
         if writer:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._clean_tmp()
@@ -210,12 +240,17 @@ class Checkpointer:
                 shutil.rmtree(p, ignore_errors=True)
 
     # -- saving -------------------------------------------------------------------------------
-    def prepare(self, state: dict) -> None:
-        """Allocate the (pinned) staging buffers ahead of the first save, so its stall is only a copy."""
+    def prepare(self, state: dict) -> SaveStats | None:
+        """Allocate the (pinned) staging buffers ahead of the first save, so its stall is only a copy.
+
+        Waits for an in-flight background write first (it reads the same buffers); returns that
+        write's stats like :meth:`wait`."""
+        done = self.wait()
         if self.writer:
             self.stager.stage(state)
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 torch.cuda.current_stream().synchronize()
+        return done
 
     def wait(self) -> SaveStats | None:
         """Block until the in-flight background write (if any) has finished."""
@@ -226,12 +261,21 @@ class Checkpointer:
         done, self._pending = self._pending, None
         return done
 
-    def save(self, step: int, state: dict, sync: bool = False) -> SaveStats:
-        """Save ``state`` (live tensors are fine: they are staged before this returns)."""
+    def has(self, step: int) -> bool:
+        return (self.directory / step_dir_name(step) / MARKER).is_file()
+
+    def save(self, step: int, state: dict, sync: bool = False, if_missing: bool = False) -> SaveStats:
+        """Save ``state`` (live tensors are fine: they are staged before this returns).
+
+        ``if_missing``: do nothing on a node that already holds a complete checkpoint of ``step``
+        (e.g. the resume step, which only a replaced node lacks)."""
         t0 = time.perf_counter()
-        self.wait()
+        finished = self.wait()
         stats = SaveStats(step=step)
-        if not self.writer:
+        stats.wait_s = time.perf_counter() - t0
+        stats.previous = finished
+        if not self.writer or (if_missing and self.has(step)):
+            stats.skipped = self.writer
             stats.stall_s = time.perf_counter() - t0
             return stats
         staged = self.stager.stage(state)
@@ -258,11 +302,15 @@ class Checkpointer:
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
+            if self.write_delay_s:  # tests: before the staged buffers are read ...
+                time.sleep(self.write_delay_s)
             with open(tmp / STATE_FILE, "wb") as f:
                 w = _HashingWriter(f)
                 torch.save(staged, w)
                 f.flush()
                 os.fsync(f.fileno())
+            if self.write_delay_s:  # ... and with state.pt written but no marker yet
+                time.sleep(self.write_delay_s)
             marker = {"format": FORMAT, "step": step, "time": time.time(),
                       "files": {STATE_FILE: {"bytes": w.n, "sha256": w.h.hexdigest()}}}
             with open(tmp / MARKER, "w") as f:
@@ -270,12 +318,14 @@ class Checkpointer:
                 f.flush()
                 os.fsync(f.fileno())
             _fsync_dir(tmp)
-            if final.exists():  # same step saved again (e.g. after falling back past a corrupt one)
+            trash = None
+            if final.exists():  # same step written again (rare: save(if_missing=False) of a held step)
                 trash = self.directory / f".tmp-replaced-{final.name}-{os.getpid()}"
                 os.rename(final, trash)
-                shutil.rmtree(trash, ignore_errors=True)
             os.rename(tmp, final)
             _fsync_dir(self.directory)
+            if trash is not None:
+                shutil.rmtree(trash, ignore_errors=True)
             stats.bytes = w.n
             stats.path = str(final)
             self._prune()

@@ -4,8 +4,10 @@
   derived from (seed, step, rank). No loader, no host work, no state: batch ``step`` of rank ``r`` is
   the same tensor in an uninterrupted run and after any resume.
 * ImageFolder (``--data PATH``): a :class:`ResumableSampler` shards a per-epoch permutation over the
-  ranks and records its position, so a resumed run continues with exactly the next sample.
-  DataLoader workers ignore SIGTERM/SIGINT (see :mod:`training.stop`).
+  ranks and records its position, so a resumed run continues with exactly the next sample (also
+  after a relaunch with another ``--batch-size``). The loader never draws from the global RNG (its
+  generator is seeded from (seed, rank, start step)), so resuming does not shift the training RNG.
+  DataLoader workers are forked and ignore the stop signals (see :mod:`training.stop`).
 """
 from __future__ import annotations
 
@@ -93,9 +95,15 @@ class ResumableSampler(torch.utils.data.Sampler):
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
 
+def loader_seed(seed: int, rank: int, step: int) -> int:
+    digest = hashlib.blake2b(f"kit-loader:{seed}:{rank}:{step}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
 class ImageFolderData:
-    """ImageFolder with a resumable position. Position is derived from the step (batches consumed),
-    never from the (prefetching) loader, so it is exact whatever the number of workers."""
+    """ImageFolder with a resumable position. The position is derived from the step (batches
+    consumed since the last loaded position), never from the (prefetching) loader, so it is exact
+    whatever the number of workers."""
 
     def __init__(self, root: str, batch_size: int, image_size: int, seed: int, rank: int, world_size: int,
                  device: torch.device, workers: int = 4):
@@ -114,14 +122,26 @@ class ImageFolderData:
         self.sampler = ResumableSampler(len(self.dataset), rank, world_size, seed)
         self._iter = None
         self._next_step = None
+        # samples of this rank consumed before step ``_base_step`` (from a checkpoint: its saved
+        # position, which may come from a run with another batch size)
+        self._base_step, self._base_consumed = 0, 0
+
+    def _consumed(self, step: int) -> int:
+        return self._base_consumed + (step - self._base_step) * self.batch_size
 
     def _start(self, step: int) -> None:
-        consumed = step * self.batch_size
-        self.sampler.epoch, self.sampler.index = divmod(consumed, self.sampler.per_rank)
+        self.sampler.epoch, self.sampler.index = divmod(self._consumed(step), self.sampler.per_rank)
+        extra = {}
+        if self.workers > 0:
+            # fork: workers inherit the trainer's flag-only handlers until worker_init_fn ignores the
+            # stop signals (spawn/forkserver workers would die on a SIGTERM in that window)
+            extra["multiprocessing_context"] = "fork"
         loader = torch.utils.data.DataLoader(
             self.dataset, batch_size=self.batch_size, sampler=self.sampler, num_workers=self.workers,
             pin_memory=self.device.type == "cuda", worker_init_fn=ignore_stop_signals_in_worker,
             persistent_workers=False, drop_last=True,
+            # its base seed would otherwise be drawn from the global RNG (restored on resume)
+            generator=torch.Generator().manual_seed(loader_seed(self.seed, self.rank, step)), **extra,
         )
         self._iter = iter(loader)
         self._next_step = step
@@ -135,11 +155,20 @@ class ImageFolderData:
         return x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
 
     def state_dict(self, step: int) -> dict:
-        epoch, index = divmod(step * self.batch_size, self.sampler.per_rank)
+        epoch, index = divmod(self._consumed(step), self.sampler.per_rank)
         return {"kind": "imagefolder", "step": step, "epoch": epoch, "index": index}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from a saved position (``{"kind": "imagefolder", "step", "epoch", "index"}``);
+        any other state (``{"step": N}``: e.g. a checkpoint from another world size) derives it from
+        the step and the current batch size."""
         self._iter = None
+        step = int(state.get("step", 0))
+        if state.get("kind") == "imagefolder" and "epoch" in state and "index" in state:
+            consumed = int(state["epoch"]) * self.sampler.per_rank + int(state["index"])
+        else:
+            consumed = step * self.batch_size
+        self._base_step, self._base_consumed = step, consumed
 
     def close(self) -> None:
         self._iter = None

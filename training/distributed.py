@@ -39,7 +39,11 @@ class DistInfo:
         return self.local_rank == 0
 
 
-def init_distributed(device_kind: str, timeout_s: float = 600.0) -> DistInfo:
+def init_distributed(device_kind: str, timeout_s: float = 180.0) -> DistInfo:
+    """``timeout_s`` bounds every collective (data and control group): how long the survivors wait
+    for a peer that vanished (spot reclaim without a FIN) before they fail and exit. It must exceed
+    the longest legitimate wait between ranks (a peer verifying/loading the checkpoint, the first
+    step's torch.compile, a synchronous save): ``--dist-timeout-s``, default 180 s."""
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -57,7 +61,9 @@ def init_distributed(device_kind: str, timeout_s: float = 600.0) -> DistInfo:
         if backend == "nccl":
             kwargs["device_id"] = device
         dist.init_process_group(**kwargs)
-        info.control_group = dist.new_group(backend="gloo") if backend == "nccl" else dist.group.WORLD
+        # new_group's own default is 30 min for gloo, not the timeout above: pass it explicitly.
+        info.control_group = (dist.new_group(backend="gloo", timeout=kwargs["timeout"]) if backend == "nccl"
+                              else dist.group.WORLD)
     return info
 
 

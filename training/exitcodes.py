@@ -4,12 +4,16 @@
 * ``PREEMPTED`` (75, ``EX_TEMPFAIL``): stopped on SIGTERM/SIGINT or the stop file after a synchronous
   save; relaunch with the same flags to resume.
 * ``USAGE`` (2): bad flags or unusable input (nothing was written).
+* ``CHECKPOINT_ERROR`` (3): checkpoints exist but none can be resumed from (one verifies but does not
+  load, e.g. after a torch upgrade or out of memory; or every one is corrupt). Nothing was trained,
+  moved or deleted; the trainer refuses to start over from step 0. A crash class for :func:`outcome`.
 * anything else: a crash; relaunching resumes from the newest complete periodic checkpoint.
 """
 
 DONE = 0
 PREEMPTED = 75
 USAGE = 2
+CHECKPOINT_ERROR = 3
 
 
 def outcome(returncode: int, progress_file: str | None = None, started_at: float | None = None) -> str:
@@ -17,8 +21,9 @@ def outcome(returncode: int, progress_file: str | None = None, started_at: float
 
     Run directly (``python -m training.train``) the exit code is enough. Under torchrun the agent
     itself exits 1 whenever a worker exits non-zero (75 included; the worker codes are only in its
-    error summary), so the progress file written by rank 0 decides: ``state == "preempted"`` written
-    after ``started_at`` means the stop save completed.
+    error summary, and not even there when torchrun itself was signalled), so the node-local progress
+    file decides: local rank 0 of every node writes it, and ``state == "preempted"`` written after
+    ``started_at`` means the stop save completed (on every node: it is written after a barrier).
     """
     if returncode == DONE:
         return "done"

@@ -65,6 +65,8 @@ def newest_verified(ckpt_dir: Path, log=print) -> tuple[int, Path, dict]:
             return step, path, ckpt.read_verified(path)
         except ckpt.CorruptCheckpoint as error:
             log(f"warning: skipping {path.name}: {error}")
+        except ckpt.UnloadableCheckpoint as error:  # intact bytes that do not load: not a reason to skip
+            raise ExportError(str(error)) from error
     raise ExportError(f"no checkpoint in {ckpt_dir} passes verification ({len(found)} tried)")
 
 
@@ -81,10 +83,18 @@ def export(ckpt_dir: str | Path, out: str | Path, *, step: int | None = None,
     out = Path(out)
     final = out / ckpt.step_dir_name(found_step)
     if final.exists():
-        manifest = json.loads((final / "export.json").read_text())
-        if manifest.get("params_sha256") != digest:
+        try:
+            manifest = json.loads((final / "export.json").read_text())
+        except (OSError, ValueError):
+            manifest = None
+        if manifest is not None and manifest.get("params_sha256") != digest:
             raise ExportError(f"{final} exists with a different model")
-        return {**manifest, "path": str(final)}
+        problem = damage(final, source) if manifest is not None else "export.json missing or unreadable"
+        if problem is None:
+            return {**manifest, "path": str(final)}
+        aside = final.with_name(f"{final.name}.damaged-{int(time.time() * 1000)}")
+        log(f"warning: existing export {final} is damaged ({problem}); moved to {aside.name}, exporting again")
+        final.rename(aside)  # kept, never deleted
     tmp = out / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -98,7 +108,29 @@ def export(ckpt_dir: str | Path, out: str | Path, *, step: int | None = None,
     ckpt.verify(tmp / "checkpoint")  # the copy, not just the source
     os.sync()
     tmp.rename(final)
+    ckpt._fsync_dir(out)  # the rename itself is durable before anyone deletes the source disks
     return {**manifest, "path": str(final)}
+
+
+def damage(final: Path, source: Path) -> str | None:
+    """Why an existing export ``final`` of ``source`` cannot be trusted, or None when it checks out:
+    model.pt against the manifest's size and sha256, the checkpoint copy against its marker, and that
+    marker against the source's (same files, same checksums)."""
+    try:
+        manifest = json.loads((final / "export.json").read_text())
+        for name, meta in manifest["files"].items():
+            sha, size = ckpt.sha256_file(final / name)
+            if size != meta["bytes"] or sha != meta["sha256"]:
+                return f"{name} does not match export.json"
+        copied = ckpt.verify(final / "checkpoint")
+        original = json.loads((Path(source) / ckpt.MARKER).read_text())
+    except ckpt.CorruptCheckpoint as error:
+        return f"checkpoint copy: {error}"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        return f"{type(error).__name__}: {error}"
+    if copied.get("files") != original.get("files") or copied.get("step") != original.get("step"):
+        return "checkpoint copy is not the source checkpoint"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

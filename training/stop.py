@@ -1,9 +1,10 @@
 """Stop requests: signals and the stop file only set a flag; ranks agree at step boundaries.
 
-SIGTERM/SIGINT handlers never do work themselves (a save started inside a handler could run in the
-middle of a collective). The training loop calls :meth:`StopMonitor.poll` once per step boundary; the
-local flag (signal seen or stop file present) is all-reduced with MAX over the control-plane group so
-that every rank stops at the same step, even if only one of them got the signal.
+The SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers never do work themselves (a save started inside a
+handler could run in the middle of a collective). The training loop calls :meth:`StopMonitor.poll`
+once per step boundary; the local flag (signal seen or stop file present) is all-reduced with MAX
+over the control-plane group so that every rank stops at the same step, even if only one of them got
+the signal.
 """
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ from pathlib import Path
 
 
 class StopMonitor:
-    def __init__(self, stop_file: str | None = None, signals=(signal.SIGTERM, signal.SIGINT)):
+    # torchrun forwards whichever of these it received (TORCHELASTIC_SIGNALS_TO_HANDLE's default)
+    STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+    def __init__(self, stop_file: str | None = None, signals=STOP_SIGNALS):
         self.stop_file = Path(stop_file) if stop_file else None
         self.signal_seen: int | None = None
         self.signal_time: float | None = None
@@ -67,6 +71,6 @@ def agree(flags: list[bool], group=None, world_size: int = 1) -> list[bool]:
 def ignore_stop_signals_in_worker(worker_id: int | None = None) -> None:
     """DataLoader ``worker_init_fn``: workers share the trainer's process group, so torchrun's
     killpg(SIGTERM) reaches them too; they must survive until the main process has saved."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in StopMonitor.STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     os.environ["KIT_DATALOADER_WORKER"] = "1"

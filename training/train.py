@@ -51,9 +51,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=4, help="DataLoader workers for ImageFolder data")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--stop-file", default=None, help="appearance of this file = stop request")
-    p.add_argument("--progress-file", default=None, help="JSON progress file (rank 0 rewrites it)")
+    p.add_argument("--progress-file", default=None,
+                   help="node-local JSON progress file (local rank 0 of every node rewrites it)")
     p.add_argument("--peak-tflops", type=float, default=None, help="per-device peak for MFU (default: table)")
+    p.add_argument("--dist-timeout-s", type=float, default=180.0,
+                   help="collective timeout: how long surviving ranks wait for a vanished peer before exiting")
     p.add_argument("--throttle-s", type=float, default=0.0, help=argparse.SUPPRESS)  # tests: slow steps down
+    # tests: stochastic depth, so a train step consumes RNG (an unrestored RNG changes the digest)
+    p.add_argument("--drop-path", type=float, default=0.0, help=argparse.SUPPRESS)
+    # tests: sleep twice inside every checkpoint write (a write is reliably in flight)
+    p.add_argument("--ckpt-write-delay-s", type=float, default=0.0, help=argparse.SUPPRESS)
     return p
 
 
@@ -67,6 +74,10 @@ def validate(args) -> str | None:
         return "--ckpt-every and --warmup-steps must be >= 0"
     if args.ckpt_every_seconds is not None and args.ckpt_every_seconds <= 0:
         return "--ckpt-every-seconds must be > 0"
+    if args.dist_timeout_s <= 0:
+        return "--dist-timeout-s must be > 0"
+    if not 0.0 <= args.drop_path < 1.0:
+        return "--drop-path must be in [0, 1)"
     if args.data != "synthetic" and not Path(args.data).is_dir():
         return f"--data {args.data}: not 'synthetic' and not a directory (ImageFolder layout: root/class/img)"
     return None
@@ -111,13 +122,20 @@ def params_sha256(model) -> str:
     return h.hexdigest()
 
 
-def create_model(name: str, num_classes: int, image_size: int):
+def create_model(name: str, num_classes: int, image_size: int, drop_path_rate: float = 0.0):
     import timm
 
+    extra = {"drop_path_rate": drop_path_rate} if drop_path_rate else {}
     try:
-        return timm.create_model(name, pretrained=False, num_classes=num_classes, img_size=image_size)
+        return timm.create_model(name, pretrained=False, num_classes=num_classes, img_size=image_size, **extra)
     except TypeError:  # models without an img_size argument (CNNs)
-        return timm.create_model(name, pretrained=False, num_classes=num_classes)
+        return timm.create_model(name, pretrained=False, num_classes=num_classes, **extra)
+
+
+def inductor_cache_dir(ckpt_dir: str) -> str:
+    """torch.compile cache on the persistent disk (next to the checkpoint directory), so the first
+    step after a resume reuses the compiled kernels instead of recompiling from scratch."""
+    return str(Path(ckpt_dir).resolve().parent / "torchinductor-cache")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         return exitcodes.USAGE
     if args.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if args.compile and not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir(args.ckpt_dir)
 
     from .stop import StopMonitor
 
@@ -137,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from . import distributed as D
-    from .checkpoint import Checkpointer, newest_loadable
+    from .checkpoint import Checkpointer, UnloadableCheckpoint, list_complete, newest_loadable, quarantined
     from .data import ImageFolderData, SyntheticData
     from .metrics import mfu, peak_flops, train_flops_per_sample
     from .optim import make_optimizer, make_scheduler
@@ -149,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --device cuda but no CUDA device is visible", file=sys.stderr)
         return exitcodes.USAGE
     cuda = device_kind == "cuda"
-    info = D.init_distributed(device_kind)
+    info = D.init_distributed(device_kind, timeout_s=args.dist_timeout_s)
 
     def log(msg: str) -> None:
         if info.is_main:
@@ -173,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     np.random.seed((args.seed + info.rank) % (2**32))
     torch.manual_seed(args.seed)  # same initial weights on every rank
     try:
-        raw_model = create_model(args.model, args.num_classes, args.image_size)
+        raw_model = create_model(args.model, args.num_classes, args.image_size, args.drop_path)
     except RuntimeError as e:
         print(f"error: --model {args.model}: {e}", file=sys.stderr)
         return exitcodes.USAGE
@@ -193,17 +213,44 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.num_classes}", file=sys.stderr)
             return exitcodes.USAGE
 
-    ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, writer=info.is_node_writer, log=warn)
+    ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, writer=info.is_node_writer, log=warn,
+                        write_delay_s=args.ckpt_write_delay_s)
 
     # ---- resume: agree on the newest complete step anywhere; a holder broadcasts it ------------
-    found = newest_loadable(Path(args.ckpt_dir), log=warn) if info.is_node_writer else None
-    local_step = found[0] if found else -1
-    steps_everywhere = D.all_gather_object((local_step, str(found[1]) if found else None), info)
-    newest = max(s for s, _ in steps_everywhere)
+    # Every rank contributes {step, path, writer, history, error}; all ranks decide from the same list.
+    found, error, history = None, None, False
+    if info.is_node_writer:
+        ckpt_dir = Path(args.ckpt_dir)
+        history = bool(list_complete(ckpt_dir) or quarantined(ckpt_dir))
+        try:
+            found = newest_loadable(ckpt_dir, log=warn)
+        except UnloadableCheckpoint as e:
+            error = str(e)
+    mine = {"step": found[0] if found else -1, "path": str(found[1]) if found else None,
+            "writer": info.is_node_writer, "history": history, "error": error}
+    everywhere = D.all_gather_object(mine, info)
+    newest = max(d["step"] for d in everywhere)
+    errors = [f"rank {r}: {d['error']}" for r, d in enumerate(everywhere) if d["error"]]
+    if not errors and newest < 0 and any(d["history"] for d in everywhere):
+        errors = [f"rank {r}: {args.ckpt_dir} holds checkpoints (or corrupt-* ones moved aside) but none "
+                  "verifies and loads" for r, d in enumerate(everywhere) if d["history"]]
+    if errors:
+        # Never start from step 0 over existing checkpoints, never discard intact ones: stop loudly.
+        if info.is_main:
+            for e in errors:
+                print(f"error: cannot resume: {e}", file=sys.stderr, flush=True)
+            print("error: refusing to start from step 0 while checkpoints exist. Fix the environment (e.g. "
+                  "the torch version) or move the checkpoint directory aside to start fresh.",
+                  file=sys.stderr, flush=True)
+        D.destroy()
+        return exitcodes.CHECKPOINT_ERROR
+    # This step is saved everywhere only if every node's writer holds it; otherwise (a replaced node
+    # that received the state by broadcast) the stop/final/periodic save of this step is not skipped.
+    resume_saved_everywhere = newest >= 0 and all(d["step"] == newest for d in everywhere if d["writer"])
     step = 0
     if newest >= 0:
-        src = min(r for r, (s, _) in enumerate(steps_everywhere) if s == newest)
-        src_path = steps_everywhere[src][1]
+        src = min(r for r, d in enumerate(everywhere) if d["step"] == newest)
+        src_path = everywhere[src]["path"]
         state = D.broadcast_state(found[2] if info.rank == src else None, src, info)
         raw_model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -213,10 +260,13 @@ def main(argv: list[str] | None = None) -> int:
         if int(state.get("world_size", info.world_size)) != info.world_size:
             warn(f"WARNING checkpoint world size {state.get('world_size')} != {info.world_size}: "
                  "per-rank RNG/data positions do not carry over; the run continues but is not bit-exact")
+        same_world = int(state.get("world_size", info.world_size)) == info.world_size
         if key in state.get("rng", {}):
             set_rng_state(state["rng"][key], cuda)
-        if key in state.get("data", {}):
+        if same_world and key in state.get("data", {}):
             data.load_state_dict(state["data"][key])
+        else:
+            data.load_state_dict({"kind": "step", "step": step})
         for k in ("model", "batch_size", "seed", "image_size", "num_classes"):
             saved = state.get("args", {}).get(k)
             if saved is not None and saved != getattr(args, k):
@@ -232,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.compile:
         model = torch.compile(model)
 
-    progress = ProgressWriter(args.progress_file, args.steps, enabled=info.is_main)
+    # Every node's writer keeps its node-local progress file (launch.exit_status reads it to map
+    # torchrun's 1 back to 75 on that node); all nodes write the same content.
+    progress = ProgressWriter(args.progress_file, args.steps, enabled=info.is_node_writer)
     saved_args = {"model": args.model, "batch_size": args.batch_size, "seed": args.seed,
                   "image_size": args.image_size, "num_classes": args.num_classes, "steps": args.steps}
 
@@ -255,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"ckpt_written step={stats.step} write_s={stats.write_s:.3f} bytes={stats.bytes}")
 
     loss_fn = torch.nn.CrossEntropyLoss()
-    last_saved = step if newest >= 0 else -1
+    last_saved = step if resume_saved_everywhere else -1
     last_save_time = time.monotonic()
     window_t, window_steps = time.perf_counter(), 0
     step_time = None
@@ -272,23 +324,26 @@ def main(argv: list[str] | None = None) -> int:
         if stop_now:
             t0 = time.perf_counter()
             reason = stop.reason()
-            note_finished(ckpt.wait())
+            note_finished(ckpt.wait())  # an in-flight periodic write finishes first
+            wait_s = time.perf_counter() - t0
             if last_saved != step:
-                ckpt.save(step, full_state(step), sync=True)
+                ckpt.save(step, full_state(step), sync=True, if_missing=True)
                 last_saved = step
             D.barrier(info)
             save_s = time.perf_counter() - t0
             if info.is_node_writer:
                 stop.consume_stop_file()
-            log(f"stop step={step} reason={reason.replace(' ', '_')} emergency_save_s={save_s:.3f}")
+            log(f"stop step={step} reason={reason.replace(' ', '_')} emergency_save_s={save_s:.3f} "
+                f"wait_s={wait_s:.3f}")
             progress.write(step, state="preempted", step_time_s=step_time, force=True)
             code = exitcodes.PREEMPTED
             break
         periodic = args.ckpt_every > 0 and step > 0 and step % args.ckpt_every == 0
         if step != last_saved and (periodic or (time_due and step > 0)):
-            stats = ckpt.save(step, full_state(step), sync=False)
+            stats = ckpt.save(step, full_state(step), sync=False, if_missing=True)
+            note_finished(stats.previous)
             last_saved, last_save_time = step, time.monotonic()
-            log(f"ckpt step={step} stall_s={stats.stall_s:.4f}")
+            log(f"ckpt step={step} stall_s={stats.stall_s:.4f} wait_s={stats.wait_s:.4f}")
 
         x, y = data.batch(step)
         with torch.autocast(device_kind, dtype=torch.bfloat16, enabled=cuda):
@@ -307,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
             first_step_logged = True
             log(f"first_step_done step={step} since_process_start_s={time.time() - t_start:.3f}")
             if cuda:  # pinned staging buffers now, not inside the first periodic save's stall
-                ckpt.prepare({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict()})
+                note_finished(ckpt.prepare({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict()}))
             window_t, window_steps = time.perf_counter(), 0
         if step % args.log_every == 0 or step == args.steps:
             loss_v = loss.item()  # synchronises
@@ -325,8 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     if code == exitcodes.DONE:
         note_finished(ckpt.wait())
         if last_saved != step:
-            ckpt.save(step, full_state(step), sync=True)
-        digest = params_sha256(raw_model)
+            ckpt.save(step, full_state(step), sync=True, if_missing=True)
+        D.barrier(info)  # every node's final copy is on disk before any node reports "done"
+        digest = params_sha256(raw_model) if (info.is_main or info.is_node_writer) else None
         progress.write(step, state="done", step_time_s=step_time, params_sha256=digest, force=True)
         log(f"params_sha256={digest}")
     ckpt.close()
