@@ -75,7 +75,7 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
     from kit.watch.ledger import Ledger, WatcherLock
     from kit.watch.progress import ProgressPuller
     from kit.watch.server import WatcherServer, cluster_token, ledger_sink
-    from kit.watch.status import status_report
+    from kit.watch.status import cost_of, status_report
     from kit.watch.watcher import Watcher
 
     console = console or Console()
@@ -130,15 +130,11 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
                 # progress over SSH and the cloud APIs tell it about preemptions.
                 url = advertise_url or (server.url if host not in ("0.0.0.0", "::") else None)
                 backend = cloud_backends.backend_for(spec, deploy_dir, watcher_url=url, watcher_token=token)
-            observation = observation_type()
-
-            def make_observation(**fields):
-                fields["tick_h"] = interval * scale / 3600.0  # the tick in (trace) hours
-                return observation(**fields)
-
+            # The watcher's tick, in (trace) hours, is interval x scale, or longer when an apply +
+            # bootstrap takes longer (kit.watch.watcher.Watcher.tick_hours).
             watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, clock=clock), policy,
                               source=sources.source_for(spec, deploy_dir), interval_s=interval, clock=clock,
-                              observation=make_observation)
+                              observation=observation_type(), time_scale=scale)
             watcher.wake = wake
 
             puller = ProgressPuller(backend, ledger, source=spec.cloud, clock=clock, time_scale=scale,
@@ -209,37 +205,50 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
             pump(result, force=True)
             if injector:
                 injector.close()
+            progress = ledger.latest_progress() or {}
+            params_sha256 = ledger.get_meta("params_sha256")
+            # Export the final checkpoint while the nodes are still up (and billed: the report's
+            # cost includes it); the data disks are deleted only once that export has been
+            # verified against the trainer's final digest (and not with --keep-disks).
+            export_dir = deploy_dir / "export"
+            export, why_kept = None, None
+            try:
+                manifest = export_final(backend, backend.nodes(), export_dir, step=progress.get("total_steps"),
+                                        params_sha256=params_sha256, console=console)
+                export = manifest["path"]
+                if not params_sha256:  # training.export checks the digest only when it is given one
+                    why_kept = ("the trainer reported no final params_sha256, so nothing vouches for the "
+                                "exported parameters")
+            except KitError as error:
+                why_kept = error.what + (f" ({error.fix})" if error.fix else "")
+            if why_kept:
+                console.print(f"[yellow]warning:[/yellow] {why_kept}; the data disks are kept")
+            delete_disks = export is not None and why_kept is None and not keep_disks
+            backend.destroy(keep_disks=not delete_disks)
             now = clock()
             ledger.release_nodes(now)
             wall = float(ledger.get_meta("wall_seconds_done") or 0) + (time.time() - wall_start)
             ledger.set_meta("wall_seconds_done", repr(wall))
             status = status_report(ledger, spec, now=now)
-            progress = ledger.latest_progress() or {}
+            final = cost_of(ledger, spec, now, steps=progress.get("total_steps"), finished=True)
             report = {
                 "cluster": spec.name, "cloud": spec.cloud, "policy": policy.name,
                 "time_scale": scale,
                 "preemptions": status["preemptions"], "market_switches": status["market_switches"],
                 "spot_hours": status["spot_hours"], "on_demand_hours": status["on_demand_hours"],
-                "cost": status["cost"], "cost_on_demand": status["cost_all_on_demand"],
+                "cost": status["cost"],
+                # The same job all on-demand: nodes x on-demand price x (the first launch's
+                # start-up + total steps x median step time + the final export), the simulator's
+                # baseline N x Q x (d + C0) measured on this run (kit/watch/status.py).
+                "cost_on_demand": final["cost_all_on_demand"], "compute_hours": final["compute_hours"],
+                "startup_hours": final["startup_hours"], "startup_measured": final["startup_measured"],
+                "finish_hours": final["finish_hours"],
                 "steps": progress.get("step"), "total_steps": progress.get("total_steps"),
                 "steps_lost": steps_lost(ledger), "wall_seconds": round(wall, 2),
-                "params_sha256": ledger.get_meta("params_sha256"),
+                "params_sha256": params_sha256,
                 "nodes_lost": status["nodes_lost"], "capacity_errors": status["capacity_errors"],
+                "export": export, "disks": "deleted" if delete_disks else "kept",
             }
-            # Export the final checkpoint while the nodes are still up; the data disks are deleted
-            # only once that export has been verified here (and not with --keep-disks).
-            export_dir = deploy_dir / "export"
-            try:
-                manifest = export_final(backend, backend.nodes(), export_dir, step=progress.get("total_steps"),
-                                        params_sha256=report["params_sha256"], console=console)
-                report["export"] = manifest["path"]
-            except KitError as error:
-                report["export"] = None
-                console.print(f"[yellow]warning:[/yellow] {error.what}; the data disks are kept"
-                              + (f" ({error.fix})" if error.fix else ""))
-            delete_disks = report["export"] is not None and not keep_disks
-            backend.destroy(keep_disks=not delete_disks)
-            report["disks"] = "deleted" if delete_disks else "kept"
             render_report(report, console)
             if json_report:
                 Path(json_report).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
@@ -298,7 +307,7 @@ def render_report(report: dict, console) -> None:
     rows = [("steps", f"{report['steps']}/{report['total_steps']}"), ("steps lost", str(report["steps_lost"])),
             ("preemptions", str(report["preemptions"])), ("market switches", str(report["market_switches"])),
             ("spot node-hours", f"{report['spot_hours']:.2f}"), ("on-demand node-hours", f"{report['on_demand_hours']:.2f}"),
-            ("cost", money(report["cost"])), ("all on-demand", money(report["cost_on_demand"])),
+            ("cost", money(report["cost"])), ("same job all on-demand", money(report["cost_on_demand"])),
             ("wall time", f"{report['wall_seconds']:.1f} s"), ("params_sha256", str(report["params_sha256"])[:16] + "…")]
     if "disks" in report:
         rows.append(("final checkpoint", str(report.get("export") or "not exported")))

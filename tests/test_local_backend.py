@@ -201,3 +201,38 @@ def test_injector_falls_back_when_the_agent_does_not_relay(backend):
     wall.t += 1.6
     injector.step()
     assert backend.stop_file(0).exists()
+
+
+@pytest.mark.parametrize("replacement", ["on-demand", "spot"])
+def test_injector_kills_only_the_instance_it_noticed(backend, replacement):
+    """Finding 5: the injector remembered only the rank, so a node replaced within the grace
+    period (the watcher switched to on-demand, or recovered it) was killed in its place."""
+    wall = Wall()
+    injector = Injector(backend, nodes=2, clock=VirtualClock(1000.0, 60, wall), origin=1000.0, preempt_every=1000,
+                        grace_seconds=4, wall=wall)
+    backend.bootstrap(backend.apply(backend.spec, "spot"))
+    noticed = backend.read_state(0)["instance_id"]
+    injector.notice(0)  # spot notice to node 0, kill in 4 s
+    wall.t += 1
+    if replacement == "spot":
+        backend.mark(0, "preempted", "reclaimed early")  # e.g. gone already; the watcher recovers it
+    backend.bootstrap(backend.apply(backend.spec, replacement))
+    new = backend.read_state(0)
+    assert new["instance_id"] != noticed and new["market"] == replacement
+    pid = started(backend, 0)["pid"]
+    wall.t += 4
+    injector.step()
+    assert backend.read_state(0) == new, "the replacement is not preempted"
+    assert alive(pid) and backend.trainer_exit(0) is None
+    assert not backend.notice_file(0).exists() and not backend.stop_file(0).exists()
+    assert not injector.pending
+
+
+def test_mark_with_an_instance_id_leaves_other_instances_alone(backend):
+    backend.bootstrap(backend.apply(backend.spec, "spot"))
+    state = backend.read_state(1)
+    assert backend.mark(1, "preempted", instance_id="node-1-999") is False
+    assert backend.read_state(1)["state"] == "running" and backend.trainer_exit(1) is None
+    assert backend.mark(1, "preempted", instance_id=state["instance_id"], market="on-demand") is False
+    assert backend.mark(1, "preempted", instance_id=state["instance_id"], market="spot") is True
+    assert backend.read_state(1)["state"] == "preempted"

@@ -54,6 +54,14 @@ def report_of(tmp_path: Path, name: str) -> dict:
     return json.loads((tmp_path / name).read_text())
 
 
+def on_demand_baseline(report: dict) -> float:
+    from kit.spec import load_spec
+
+    spec = load_spec(EXAMPLES_DIR / "local.yaml")
+    return spec.nodes * spec.prices.on_demand_per_hour * (
+        report["startup_hours"] + report["compute_hours"] + report["finish_hours"])
+
+
 def test_default_run_matches_undisturbed_run(tmp_path):
     started = time.time()
     run = kit_train(tmp_path / "a", "--json-report", str(tmp_path / "a.json"), "--plot", str(tmp_path / "a.png"))
@@ -65,6 +73,11 @@ def test_default_run_matches_undisturbed_run(tmp_path):
         assert key in report
     assert report["preemptions"] >= 2, report
     assert report["market_switches"] >= 1, report
+    # cost_on_demand is the same *job* all on-demand (not the node-hours held at the on-demand
+    # price, which spot's preemptions inflate): nodes x Q x (first start-up + compute + export)
+    assert report["cost_on_demand"] == pytest.approx(on_demand_baseline(report), rel=1e-3), report
+    held = (report["spot_hours"] + report["on_demand_hours"]) / 2
+    assert held > report["compute_hours"] + report["startup_hours"], "the nodes were held for more than the job"
     assert report["cost"] < report["cost_on_demand"], report
     assert report["steps"] == report["total_steps"] == 400
     assert len(report["params_sha256"]) == 64
@@ -82,7 +95,11 @@ def test_default_run_matches_undisturbed_run(tmp_path):
     undisturbed = report_of(tmp_path, "b.json")
     assert undisturbed["preemptions"] == 0 and undisturbed["market_switches"] == 0
     assert undisturbed["params_sha256"] == report["params_sha256"], "exact resume across the whole loop"
-    assert undisturbed["cost"] < report["cost_on_demand"]
+    assert undisturbed["cost"] < undisturbed["cost_on_demand"] == pytest.approx(on_demand_baseline(undisturbed),
+                                                                                rel=1e-3)
+    # the same job: the same useful compute, whatever happened to the nodes (step times measured
+    # on 2 shared cores vary)
+    assert 0.6 < undisturbed["compute_hours"] / report["compute_hours"] < 1.6, (undisturbed, report)
     assert (tmp_path / "b" / "deploy" / "local-example" / "local" / "disks" / "node-0" / "ckpt").is_dir()
     assert undisturbed["disks"] == "kept" and undisturbed["export"], "--keep-disks still exports"
 

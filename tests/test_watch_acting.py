@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import random
 
 import pytest
-from watch_fakes import BackendSource, FakeSpec, Obs, RecordingBackend, ScriptedPolicy, heartbeat
+from watch_fakes import (
+    BackendSource,
+    FakePolicySection,
+    FakeSpec,
+    Obs,
+    RecordingBackend,
+    ScriptedPolicy,
+    heartbeat,
+)
 
 from kit.watch.acting import Actor, Backoff
 from kit.watch.events import CAPACITY_ERROR, PREEMPTION
 from kit.watch.ledger import Ledger
+from kit.watch.status import status_report
 from kit.watch.watcher import Watcher
 
 
@@ -77,7 +88,9 @@ def test_preemption_without_switch_reapplies_and_moves_the_rendezvous(tmp_path):
     assert survivor in booted and lost.instance_id not in booted and len(booted) == 2
     assert rendezvous == f"{backend.deployed[0].private_ip}:29500" != f"{lost.private_ip}:29500"
     obs = policy.seen[-1]
-    assert obs.preempted is True and obs.market is None and obs.spot_available is True  # found out by re-applying
+    # As in the simulator, spot counts as unavailable in the tick a spot node was lost (a policy
+    # answering spot there still gets a recovery, which is how the watcher finds out).
+    assert obs.preempted is True and obs.market is None and obs.spot_available is False
     assert [n.instance_id for n in ledger.nodes(("replaced",))] == [lost.instance_id]
     # The same terminated instance polled again is not a second preemption.
     clock.t += 15
@@ -198,3 +211,271 @@ def test_bootstrap_failure_retries_bootstrap_only_then_gives_up(tmp_path):
     assert len(backend.of("apply")) == 1  # applied once; only bootstrap was retried
     assert failures == [2] * 5 and outcomes == ["retry"] * 4 + ["failed"]
     assert ledger.decisions()[0].status == "failed" and "bootstrap failed 5 times" in ledger.decisions()[0].error
+
+
+# ---------------------------------------------------------------------------------------------
+# Review findings (issue 5/6 review): each test failed before its fix.
+
+
+class SameIdBackend(RecordingBackend):
+    """A GCP spot cluster with termination action STOP: a preempted VM keeps its id and the next
+    apply restarts it (desired_status = RUNNING)."""
+
+    def __init__(self, nodes=2):
+        super().__init__(nodes)
+        self.stopped: set[str] = set()
+
+    def apply(self, spec, market):
+        self.calls.append(("apply", market, spec.market))
+        if not self.deployed:
+            self.deployed = [self._new(r, market) for r in range(self.size)]
+        self.stopped.clear()  # restarted, same instance ids
+        return list(self.deployed)
+
+
+class StoppedSource(BackendSource):
+    name = "gcp"
+
+    def poll(self):
+        from kit.watch.sources.base import RUNNING, STOPPED, InstanceStatus, Poll
+
+        return Poll([InstanceStatus(n.instance_id, STOPPED if n.instance_id in self.backend.stopped else RUNNING,
+                                    n.market, preempted=n.instance_id in self.backend.stopped)
+                     for n in self.backend.deployed])
+
+
+def test_an_instance_id_that_comes_back_is_up_again_and_can_be_lost_again(tmp_path):
+    """Finding 1: a lost node whose id came back stayed `lost` forever (recover on every tick) and
+    its second preemption was deduplicated away."""
+    clock = Clock()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    backend = SameIdBackend(2)
+    backend.apply(FakeSpec(), "spot")
+    backend.calls.clear()
+    spec = FakeSpec()
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, clock=clock), ScriptedPolicy(["spot"]),
+                      source=StoppedSource(backend), clock=clock, observation=Obs)
+    watcher.start()
+    ledger.record(heartbeat(10, 1000))
+    watcher.tick()
+    vm = backend.deployed[1].instance_id
+    backend.stopped.add(vm)  # preempted
+    actions = []
+    for _ in range(5):
+        clock.t += 15
+        result = watcher.tick()
+        actions.append((result.action, result.nodes_up, result.nodes_lost))
+    # recovered once (the restart brings the same id back), then quiet
+    assert [a for a, *_ in actions] == ["recover", None, None, None, None], actions
+    assert actions[-1][1:] == (2, 0) and len(backend.of("apply")) == 1
+    assert [(n.instance_id, n.state) for n in ledger.nodes()] == [(backend.deployed[0].instance_id, "up"), (vm, "up")]
+    clock.t += 3600
+    backend.stopped.add(vm)  # the same VM preempted again
+    result = watcher.tick()
+    assert [e.kind for e in result.new_events] == [PREEMPTION], "a second preemption of the same VM is a new one"
+    assert result.action == "recover" and len(backend.of("apply")) == 2
+    report = status_report(ledger, spec, now=clock.t)
+    assert (report["preemptions"], report["nodes_lost"]) == (2, 2)
+    runs = [n for n in ledger.all_nodes() if n.instance_id == vm]
+    assert [n.state for n in runs] == ["replaced", "replaced", "up"]
+    # cost: the stopped time between loss and restart is not billed, the runs before are
+    assert runs[0].until == pytest.approx(runs[1].since) and runs[1].until == pytest.approx(runs[2].since)
+
+
+@pytest.mark.parametrize("name", ["greedy", "spot", "up"])
+def test_capacity_backoff_grows_across_decisions_with_a_real_policy(tmp_path, name):
+    """Finding 3: a real policy answers wait (or on-demand) while spot is blocked, so every spot
+    retry was a new decision with attempt 1: a spot request every ~30 s forever."""
+    from kit.policy import Observation, make_policy
+
+    clock = Clock()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    backend = RecordingBackend(2)
+    backend.apply(FakeSpec(), "spot")
+    backend.calls.clear()
+    spec = FakeSpec()
+    actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1), jitter=0.0), clock=clock)
+    watcher = Watcher(spec, ledger, actor, make_policy(name), source=BackendSource(backend), interval_s=15,
+                      clock=clock, observation=Observation)
+    watcher.start()
+    ledger.record(heartbeat(10, 100_000, 1.0))
+    backend.preempt(1)
+    backend.capacity_failures = 10**6  # spot never available
+    attempts = []
+    for _ in range(400):  # 100 minutes of 15 s ticks
+        before = len(backend.of("apply"))
+        watcher.tick()
+        if len(backend.of("apply")) != before:
+            attempts.append(clock.t)
+        clock.t += 15
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert gaps[0] >= 30 and all(b >= a for a, b in itertools.pairwise(gaps)), gaps
+    assert gaps[4] >= 180 and max(gaps) >= 300, gaps  # 30, 48, 77, 123, 197, then the 5 min cap
+    assert len(attempts) <= 25, f"{len(attempts)} spot applies in 100 minutes"
+    assert all(c[1] == "spot" for c in backend.of("apply"))
+    assert ledger.capacity_failures("spot") == len(attempts)
+    backend.capacity_failures = 0  # capacity is back: the next attempt works, the count starts over
+    for _ in range(30):
+        watcher.tick()
+        clock.t += 15
+    assert ledger.capacity_failures("spot") == 0 and len(ledger.nodes(("up",))) == 2
+
+
+def test_bootstrap_failure_after_apply_leaves_no_stale_ledger(tmp_path):
+    """Finding 4: after an apply whose bootstrap failed, the ledger still described the old
+    nodes: spurious losses, a switch counted as a recovery, and a restart that finished the
+    superseded decision by bootstrapping deleted nodes."""
+    from kit.errors import KitError
+
+    watcher, backend, ledger, _policy, clock = make(tmp_path, ["on-demand", "spot"])
+    ledger.record(heartbeat(10, 1000))
+    real_bootstrap, failing = backend.bootstrap, {"on": True}
+
+    def bootstrap(nodes):
+        if failing["on"]:
+            raise KitError("ssh: connection refused")
+        real_bootstrap(nodes)
+
+    backend.bootstrap = bootstrap
+    result = watcher.tick()  # switch to on-demand: applied, bootstrap fails
+    assert (result.action, result.outcome.status) == ("switch", "retry")
+    assert ledger.market() == "on-demand", "the cloud runs on-demand now"
+    assert {n.instance_id for n in ledger.nodes(("up",))} == {n.instance_id for n in backend.deployed}
+    failing["on"] = False
+    clock.t += 400
+    result = watcher.tick()  # the policy wants spot back
+    assert result.new_events == [] and result.action == "switch", "no spurious losses of the replaced nodes"
+    assert result.outcome.status == "done" and ledger.market() == "spot"
+    report = status_report(ledger, watcher.spec, now=clock.t)
+    assert (report["market_switches"], report["nodes_lost"], report["preemptions"]) == (2, 0, 0)
+    assert [a.status for a in ledger.applies()] == ["ok", "interrupted", "ok"]  # adopted launch, switch, switch
+
+    calls = len(backend.calls)
+    again = Watcher(watcher.spec, ledger, Actor(backend, ledger, watcher.spec, clock=clock), ScriptedPolicy(["spot"]),
+                    source=BackendSource(backend), clock=clock, observation=Obs)
+    again.start()  # a restart must not finish the superseded switch
+    assert backend.calls[calls:] == [] and ledger.market() == "spot"
+    assert [(d.action, d.status) for d in ledger.decisions()] == [("switch", "done"), ("switch", "superseded"),
+                                                                  ("launch", "done")]
+
+
+def test_restart_does_not_finish_an_applied_attempt_of_a_superseded_decision(tmp_path):
+    """Finding 4, restart side: an `applied` attempt whose decision is no longer pending (a ledger
+    written before the fix, or a crash between the two writes) is closed, not bootstrapped."""
+    watcher, backend, ledger, _policy, clock = make(tmp_path, ["spot"])
+    old = ledger.begin_decision(policy="x", decision="on-demand", action="switch", market_before="spot",
+                                market_after="on-demand", reason="test", now=clock.t)
+    attempt = ledger.start_apply(old, "on-demand", clock.t)
+    with ledger.transaction() as db:  # applied, then superseded without closing the attempt (old kit)
+        db.execute("UPDATE applies SET status = 'applied', nodes = '[]' WHERE id = ?", (attempt,))
+        db.execute("UPDATE decisions SET status = 'superseded' WHERE id = ?", (old,))
+    Watcher(watcher.spec, ledger, Actor(backend, ledger, watcher.spec, clock=clock), ScriptedPolicy(["spot"]),
+            source=BackendSource(backend), clock=clock, observation=Obs).start()
+    assert backend.of("bootstrap") == [] and ledger.decision(old).status == "superseded"
+    assert ledger.applies(decision_id=old)[0].status == "interrupted" and ledger.market() != "on-demand"
+
+
+def test_recover_whose_bootstrap_failed_is_bootstrapped_again(tmp_path):
+    """With the node table updated at apply time nothing looks lost any more after a recovery
+    whose bootstrap failed; the pending decision must still get its bootstrap."""
+    from kit.errors import KitError
+
+    watcher, backend, ledger, _policy, clock = make(tmp_path, ["spot"])
+    ledger.record(heartbeat(10, 1000))
+    watcher.tick()
+    backend.preempt(0)
+    real_bootstrap, failing = backend.bootstrap, {"on": True}
+
+    def bootstrap(nodes):
+        if failing["on"]:
+            raise KitError("ssh: connection refused")
+        real_bootstrap(nodes)
+
+    backend.bootstrap = bootstrap
+    clock.t += 15
+    assert watcher.tick().outcome.status == "retry"  # recovered, bootstrap failed
+    failing["on"] = False
+    clock.t += 400
+    result = watcher.tick()
+    assert (result.action, result.outcome.status) == ("recover", "done") and len(backend.of("apply")) == 1
+    assert len(backend.of("bootstrap")) == 1 and ledger.pending_decision() is None
+
+
+def test_default_policy_sees_spot_unavailable_in_the_tick_of_a_spot_loss(tmp_path):
+    """Finding 8: `default` learns spot run lengths from spot_available going false, which in the
+    watcher happened only during a capacity backoff: a preemption now ends a run, as in the
+    simulator. A `wait` in that tick keeps the survivors (the next tick recovers)."""
+    from kit.policy import Observation, make_policy
+
+    class Recording:
+        def __init__(self, policy):
+            self.policy, self.seen, self.name = policy, [], policy.name
+
+        def decide(self, obs):
+            self.seen.append(obs)
+            return self.policy.decide(obs)
+
+    clock = Clock()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    backend = RecordingBackend(2)
+    backend.apply(FakeSpec(), "spot")
+    backend.calls.clear()
+    spec = FakeSpec(policy=FakePolicySection(name="default", deadline_hours=200.0))
+    policy = Recording(make_policy("default"))
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, clock=clock), policy,
+                      source=BackendSource(backend), clock=clock, observation=Observation)
+    watcher.start()
+    ledger.record(heartbeat(10, 100_000, 1.0))
+    actions = []
+    for i in range(6):
+        if i == 2:
+            backend.preempt(1)
+        actions.append(watcher.tick().action)
+        clock.t += 15
+    assert [o.spot_available for o in policy.seen] == [True, True, False, True, True, True]
+    assert [o.preempted for o in policy.seen] == [False, False, True, False, False, False]
+    assert actions[2] is None and actions[3] == "recover", actions
+    assert backend.of("destroy") == [] and len(ledger.nodes(("up",))) == 2
+
+
+def test_safety_net_margin_covers_a_slow_apply(tmp_path):
+    """Finding 7: the safety net kept one 15 s tick of margin while one apply + bootstrap can take
+    many minutes, during which the loop decides nothing."""
+    from kit.policy import Observation, make_policy
+
+    clock = Clock()
+
+    class SlowBackend(RecordingBackend):
+        def apply(self, spec, market):
+            clock.t += 20 * 60  # terraform + boot
+            return super().apply(spec, market)
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    backend = SlowBackend(2)
+    RecordingBackend.apply(backend, FakeSpec(), "spot")
+    backend.calls.clear()
+    start = clock.t
+    spec = FakeSpec(policy=FakePolicySection(name="greedy", deadline_hours=1000.0))
+    policy = make_policy("greedy")
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, clock=clock), policy,
+                      source=BackendSource(backend), interval_s=15, clock=clock, observation=Observation)
+    watcher.start()
+    ledger.record(heartbeat(10, 1000, 1.0))
+    watcher.tick()
+    backend.preempt(1)
+    for _ in range(3):
+        clock.t += 15
+        if watcher.tick().action == "recover":  # takes 20 minutes
+            break
+    assert len(backend.of("apply")) == 1
+    clock.t += 15
+    # the deadline leaves 0.1 h of slack now: more than one 15 s interval, less than one apply
+    deadline = (clock.t - start) / 3600 + (990 * 1.0 / 3600 + 0.2) + 0.1
+    watcher.spec = dataclasses.replace(spec, policy=FakePolicySection(name="greedy", deadline_hours=deadline))
+    result = watcher.tick()
+    assert ledger.ticks()[-1]["observation"]["tick_h"] == pytest.approx(20 * 60 / 3600, rel=0.01)
+    # the spec's prices reach the policy (default weighs spot against on-demand with them)
+    assert (ledger.ticks()[-1]["observation"]["spot_price"],
+            ledger.ticks()[-1]["observation"]["on_demand_price"]) == (1.0, 4.0)
+    assert result.decision == "on-demand" and result.action == "switch", \
+        "0.1 h of slack is less than one 20-minute apply: the net must fire now"

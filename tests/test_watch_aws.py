@@ -8,8 +8,9 @@ transitions for interruptions and no placement groups. So:
 * a *spot reclaim* is simulated by writing, in the moto server's in-process model, what EC2
   shows after an interruption: state terminated with ``StateReason`` code
   ``Server.SpotInstanceTermination``, or a spot request whose status code is
-  ``marked-for-termination`` / ``capacity-not-available``. The source reads them through the
-  ordinary DescribeInstances / DescribeSpotInstanceRequests calls.
+  ``marked-for-termination`` / ``capacity-not-available``. A request still waiting for capacity
+  has no instance on EC2 (moto fulfils every request at once), so the test removes it. The source
+  reads them through the ordinary DescribeInstances / DescribeSpotInstanceRequests calls.
 """
 
 from __future__ import annotations
@@ -22,14 +23,15 @@ import pytest
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 
-from watch_fakes import FakeSpec, Obs, ScriptedPolicy
+from watch_fakes import FakeSpec, Obs, ScriptedPolicy, heartbeat
 
 from kit.backends.base import Backend, Node
 from kit.watch.acting import Actor, Backoff
-from kit.watch.events import CAPACITY_ERROR, INSTANCE_LOST, PREEMPTION
+from kit.watch.events import CAPACITY_ERROR, INSTANCE_LOST, NOTICE, PREEMPTION
 from kit.watch.ledger import Ledger
 from kit.watch.sources.aws import AwsSource, transition_time
 from kit.watch.sources.base import RUNNING, STOPPED, TERMINATED
+from kit.watch.status import status_report
 from kit.watch.watcher import Watcher
 
 REGION = "us-east-1"
@@ -164,20 +166,83 @@ def test_stopped_instance_is_a_loss(ec2, moto_url):
     assert status.state == STOPPED and status.preempted is False and status.time is not None
 
 
-def test_spot_request_status_codes_become_notice_and_capacity_events(ec2, moto_url):
-    reply = ec2.request_spot_instances(InstanceCount=2, LaunchSpecification={
-        "ImageId": "ami-12c6146b", "InstanceType": "p4d.24xlarge"})
+def spot_requests(ec2, cluster: str, count: int, *, tag_request: bool = False) -> tuple[list[str], list[str]]:
+    """Fulfilled spot requests whose instances are tagged for ``cluster``: (request ids, instance ids)."""
+    extra = {"TagSpecifications": [{"ResourceType": "spot-instances-request",
+                                    "Tags": [{"Key": "kit:cluster", "Value": cluster}]}]} if tag_request else {}
+    reply = ec2.request_spot_instances(InstanceCount=count, LaunchSpecification={
+        "ImageId": "ami-12c6146b", "InstanceType": "p4d.24xlarge"}, **extra)
     requests = [r["SpotInstanceRequestId"] for r in reply["SpotInstanceRequests"]]
     model = moto_ec2_model()
     instances = [model.spot_instance_requests[r].instance.id for r in requests]
-    ec2.create_tags(Resources=instances, Tags=[{"Key": "kit:cluster", "Value": "demo-d"}])
-    model.spot_instance_requests[requests[0]]._status_code = "marked-for-termination"
-    model.spot_instance_requests[requests[1]]._status_code = "capacity-not-available"
+    ec2.create_tags(Resources=instances, Tags=[{"Key": "kit:cluster", "Value": cluster}])
+    return requests, instances
+
+
+def waiting_for_capacity(request_id: str, code: str = "capacity-not-available") -> None:
+    """Turn a moto request into what EC2 shows for one still waiting for capacity: open, no
+    instance (moto fulfils every request at once)."""
+    request = moto_ec2_model().spot_instance_requests[request_id]
+    request.instance.terminate()
+    request.__class__ = type("Unfulfilled", (type(request),), {"instance_id": property(lambda self: None)})
+    request.state, request._status_code = "open", code
+
+
+def test_spot_request_status_codes_become_notice_and_capacity_events(ec2, moto_url):
+    (request,), (instance,) = spot_requests(ec2, "demo-d", 1)
+    moto_ec2_model().spot_instance_requests[request]._status_code = "marked-for-termination"
+    (ours,), _ = spot_requests(ec2, "demo-d", 1, tag_request=True)
+    (theirs,), _ = spot_requests(ec2, "someone-else", 1, tag_request=True)
+    (untagged,), _ = spot_requests(ec2, "demo-d", 1)
+    for waiting in (ours, theirs, untagged):
+        waiting_for_capacity(waiting)
     poll = AwsSource("demo-d", REGION, endpoint_url=moto_url).poll()
-    kinds = sorted((e.kind, e.detail["spot_status"]) for e in poll.events)
-    assert kinds == [(CAPACITY_ERROR, "capacity-not-available"), (PREEMPTION, "marked-for-termination")]
-    notice = next(e for e in poll.events if e.kind == PREEMPTION)
-    assert notice.instance == instances[0] and notice.detail["notice"] is True
+    kinds = sorted((e.kind, e.detail["spot_status"], e.instance) for e in poll.events)
+    # A request with no instance is the cluster's only when it is tagged for it.
+    assert kinds == [(CAPACITY_ERROR, "capacity-not-available", ours), (NOTICE, "marked-for-termination", instance)]
+    notice = next(e for e in poll.events if e.kind == NOTICE)
+    assert notice.detail["notice"] is True
+    capacity = next(e for e in poll.events if e.kind == CAPACITY_ERROR)
+    assert capacity.detail["market"] == "spot"
+    status = next(s for s in poll.instances if s.instance == instance)
+    assert status.state == RUNNING and not status.preempted  # the notice is not the loss
+
+
+class SpotRequestBackend(MotoBackend):
+    def apply(self, spec, market):
+        self.calls.append(("apply", market))
+        states = {i["InstanceId"]: i["State"]["Name"] for r in self.ec2.describe_instances(InstanceIds=self.ids)
+                  ["Reservations"] for i in r["Instances"]}
+        self.ids = [i if states[i] == "running" else spot_requests(self.ec2, self.cluster, 1)[1][0] for i in self.ids]
+        return [Node(name=f"node-{r}", instance_id=i, rank=r, market=market) for r, i in enumerate(self.ids)]
+
+
+def test_two_minute_notice_is_recorded_but_only_the_reclaim_is_a_loss(ec2, moto_url, tmp_path):
+    """Finding 2: the spot request's marked-for-termination (the instance still runs) used to be a
+    confirmed loss: an apply and a cluster-wide training restart on every tick until AWS acted."""
+    requests, ids = spot_requests(ec2, "demo-e", 2)
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    backend = SpotRequestBackend(ec2, "demo-e", ids)
+    spec = FakeSpec(name="demo-e", cloud="aws", nodes=2)
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(0))),
+                      ScriptedPolicy(["spot"]), source=AwsSource("demo-e", REGION, endpoint_url=moto_url),
+                      observation=Obs)
+    watcher.start()
+    ledger.record(heartbeat(10, 1000))
+    moto_ec2_model().spot_instance_requests[requests[1]]._status_code = "marked-for-termination"
+    results = [watcher.tick() for _ in range(4)]
+    assert backend.calls == [], "a notice alone must not re-apply or restart training"
+    assert [r.nodes_lost for r in results] == [0, 0, 0, 0] and all(r.action is None for r in results)
+    assert [e["kind"] for e in ledger.events()] == [NOTICE]  # recorded once
+    report = status_report(ledger, spec)
+    assert (report["notices"], report["preemptions"], report["nodes_lost"]) == (1, 0, 0)
+
+    simulate_spot_reclaim(ids[1])  # two minutes later AWS acts
+    result = watcher.tick()
+    assert result.action == "recover" and backend.calls[0] == ("apply", "spot")
+    assert len([c for c in backend.calls if c[0] == "bootstrap"]) == 1
+    report = status_report(ledger, spec)
+    assert (report["notices"], report["preemptions"], report["nodes_lost"]) == (1, 1, 1)
 
 
 def test_transition_time_parses_ec2_reason_text():

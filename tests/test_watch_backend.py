@@ -27,8 +27,8 @@ def parts(monkeypatch):
     terraform = types.ModuleType("kit.terraform")
     terraform.failure = None
 
-    def apply(deploy_dir):
-        calls.append(("apply", deploy_dir))
+    def apply(deploy_dir, parallelism=10):
+        calls.append(("apply", deploy_dir, parallelism))
         if terraform.failure:
             raise KitError(terraform.failure)
 
@@ -54,7 +54,7 @@ def test_apply_rerenders_with_the_market_plans_fresh_then_applies(parts, tmp_pat
     backend = TerraformBackend(FakeSpec(cloud="aws"), tmp_path, watcher_url="http://w:8787", watcher_token="t")
     nodes = backend.apply(FakeSpec(cloud="aws").with_market("on-demand"), "on-demand")
     assert calls == [("check_ssh_key", "aws"), ("render", "on-demand", "on-demand", tmp_path), ("plan", tmp_path),
-                     ("apply", tmp_path)], "the key is checked before anything is written"
+                     ("apply", tmp_path, 2)], "the key is checked first; parallelism >= the node count"
     assert [(n.rank, n.instance_id, n.market) for n in nodes] == [(0, "i-a", "on-demand"), (1, "i-b", "on-demand")]
     assert rendezvous_endpoint(nodes) == "10.0.0.5:29500"
     backend.bootstrap(nodes)

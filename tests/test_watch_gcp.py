@@ -32,6 +32,7 @@ from kit.watch.events import INSTANCE_LOST, PREEMPTION
 from kit.watch.ledger import Ledger
 from kit.watch.sources.base import RUNNING, STOPPED, SourceError
 from kit.watch.sources.gcp import GcpSource
+from kit.watch.status import status_report
 from kit.watch.watcher import Watcher
 
 PROJECT, ZONE = "kit-test", "us-central1-a"
@@ -153,8 +154,12 @@ def test_instances_by_label_with_paging_and_preemption_operations(fake):
     assert seen["104"].market == "on-demand"
     assert seen["103"].state == STOPPED and seen["103"].preempted and seen["103"].reason == "Instance was preempted."
     assert seen["103"].time == pytest.approx(1759579200.0)  # 05:00-07:00 = 12:00Z
-    event, = poll.events  # the other cluster's preemption is not ours
-    assert (event.kind, event.instance, event.detail["name"]) == (PREEMPTION, "103", "demo-2")
+    # Every preempted operation of the zone is reported (the watcher keeps the ones naming an
+    # instance its ledger knows): an instance deleted after its preemption is not listed any more.
+    events = {e.instance: e for e in poll.events}
+    assert set(events) == {"103", "900"} and all(e.kind == PREEMPTION for e in events.values())
+    assert (events["103"].detail["name"], events["103"].detail["listed"]) == ("demo-2", True)
+    assert (events["900"].detail["name"], events["900"].detail["listed"]) == ("x-0", False)
     assert any("pageToken=2" in r for r in fake.requests)
 
 
@@ -202,6 +207,82 @@ def test_watcher_records_preempted_stopped_and_deleted_nodes(fake, tmp_path):
     missing = next(e for e in ledger.events() if e["instance"] == "204")
     assert missing["detail"]["state"] == "missing"
     assert result.action == "recover" and backend.calls[0] == ("apply", "spot")
+    report = status_report(ledger, spec)
+    assert (report["preemptions"], report["nodes_lost"]) == (1, 3)
+
+
+def test_preemption_of_an_instance_no_longer_listed_counts_as_a_preemption(fake, tmp_path):
+    """Finding 10: a spot VM with termination action DELETE is gone from the listing by the time
+    (or soon after) its preempted operation shows up; the operation must still be matched."""
+    fake.instances = [instance(i, f"demo-{n}", "demo") for n, i in enumerate(("301", "302"))]
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+
+    class ListedBackend(GcpBackend):
+        def apply(self, spec, market):  # recreates the deleted VM under a new id, like Terraform
+            self.calls.append(("apply", market))
+            listed = {i["id"] for i in fake.instances}
+            self.ids = [i if i in listed else f"{i}0" for i in self.ids]
+            fake.instances = [instance(i, f"demo-{n}", "demo") for n, i in enumerate(self.ids)]
+            return self.nodes()
+
+    backend = ListedBackend(["301", "302"])
+    spec = FakeSpec(cloud="gcp", nodes=2)
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(0))),
+                      ScriptedPolicy(["spot"]), source=source(fake), observation=Obs)
+    watcher.start()
+    watcher.tick()
+    del fake.instances[1]  # deleted after the preemption; its operation arrives a poll later
+    watcher.tick()
+    assert status_report(ledger, spec)["nodes_lost"] == 1 and backend.ids == ["301", "3020"]
+    fake.operations = [preempted_operation("7300", "302", "demo-1"), preempted_operation("7301", "999", "x-9")]
+    watcher.tick()
+    report = status_report(ledger, spec)
+    assert (report["preemptions"], report["nodes_lost"]) == (1, 1)
+    assert {e["instance"] for e in ledger.events()} == {"302"}, "another cluster's operation is not recorded"
+
+
+def test_a_stopped_spot_vm_restarted_under_the_same_id_is_watched_again(fake, tmp_path):
+    """Finding 1 on GCP: termination action STOP + desired_status RUNNING: the re-apply restarts the
+    preempted VM under the same id. It is up again (no endless recovery) and its next
+    preemption is a new one; the old operation does not count for the new run."""
+    fake.instances = [instance(i, f"demo-{n}", "demo") for n, i in enumerate(("401", "402"))]
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+
+    class RestartingBackend(GcpBackend):
+        def apply(self, spec, market):
+            self.calls.append(("apply", market))
+            for inst in fake.instances:  # terraform starts the stopped VM again: same id
+                inst["status"] = "RUNNING"
+                inst["lastStartTimestamp"] = restarted[0]
+            return self.nodes()
+
+    restarted = ["2025-10-04T06:00:00.000-07:00"]
+    backend = RestartingBackend(["401", "402"])
+    spec = FakeSpec(cloud="gcp", nodes=2)
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(0))),
+                      ScriptedPolicy(["spot"]), source=source(fake), observation=Obs)
+    watcher.start()
+    watcher.tick()
+    fake.instances[1]["status"] = "TERMINATED"
+    fake.operations.append(preempted_operation("7400", "402", "demo-1"))  # 05:00
+    assert watcher.tick().action == "recover"
+    for _ in range(3):  # back up: nothing more to do, and the old operation is not a new loss
+        result = watcher.tick()
+        assert (result.action, result.nodes_up, result.nodes_lost) == (None, 2, 0)
+    assert backend.calls.count(("apply", "spot")) == 1
+    # preempted a second time, same VM
+    fake.instances[1]["status"] = "TERMINATED"
+    second = preempted_operation("7401", "402", "demo-1")
+    second["insertTime"] = "2025-10-04T07:00:00.000-07:00"
+    fake.operations.append(second)
+    restarted[0] = "2025-10-04T07:05:00.000-07:00"
+    result = watcher.tick()
+    assert result.action == "recover" and backend.calls.count(("apply", "spot")) == 2
+    report = status_report(ledger, spec)
+    assert (report["preemptions"], report["nodes_lost"]) == (2, 2)
+    runs = [n for n in ledger.all_nodes() if n.instance_id == "402"]
+    assert [n.state for n in runs] == ["replaced", "replaced", "up"] and [n.lost_kind for n in runs] == \
+        ["preemption", "preemption", None]
 
 
 def test_permission_denied_is_a_user_error_and_server_error_is_transient(fake):

@@ -80,3 +80,100 @@ def test_newer_ledger_schema_is_refused(tmp_path):
     Ledger(tmp_path / "l.sqlite").set_meta("schema_version", "99")
     with pytest.raises(KitError, match="schema version 99"):
         Ledger(tmp_path / "l.sqlite")
+
+
+def test_a_crash_after_the_tick_is_recorded_does_not_count_its_preemption_twice(tmp_path):
+    """Finding 12: the tick and the event cursor were two transactions; a watcher killed between
+    them replayed the tick (preempted) on restart and then saw its events again (preempted twice)."""
+    from watch_fakes import BackendSource, FakeSpec, Obs, RecordingBackend, ScriptedPolicy, heartbeat
+
+    from kit.watch.acting import Actor
+    from kit.watch.watcher import Watcher
+
+    class Killed(BaseException):
+        pass
+
+    class KilledAfterTick(Ledger):
+        armed = False
+
+        def record_tick(self, *args, **kwargs):
+            super().record_tick(*args, **kwargs)
+            if self.armed:
+                raise Killed  # the process dies right after the tick is durable
+
+    backend = RecordingBackend(2)
+    backend.apply(FakeSpec(), "spot")
+    backend.calls.clear()
+    spec = FakeSpec()
+    ledger = KilledAfterTick(tmp_path / "ledger.sqlite")
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec), ScriptedPolicy(["spot"]),
+                      source=BackendSource(backend), observation=Obs)
+    watcher.start()
+    ledger.record(heartbeat(10, 1000))
+    watcher.tick()
+    backend.preempt(1)
+    ledger.armed = True
+    with pytest.raises(Killed):
+        watcher.tick()
+    ledger.close()
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    policy = ScriptedPolicy(["spot"])
+    again = Watcher(spec, ledger, Actor(backend, ledger, spec), policy, source=BackendSource(backend), observation=Obs)
+    again.start()  # replays the recorded ticks
+    again.tick()
+    assert [o.preempted for o in policy.seen] == [False, True, False], "one preemption, seen once"
+
+
+def test_latest_progress_is_the_newest_record_and_done_is_final(tmp_path):
+    """Finding 12: the highest step ever recorded overstated progress after a restart from an
+    older checkpoint."""
+    from watch_fakes import heartbeat
+
+    ledger = Ledger(tmp_path / "l.sqlite")
+    ledger.record(heartbeat(380, 1000))
+    ledger.record(heartbeat(350, 1000))  # resumed from the checkpoint at 350
+    assert ledger.latest_progress()["step"] == 350
+    ledger.record(heartbeat(1000, 1000, state="done"))
+    ledger.record(heartbeat(990, 1000))  # a slower reporter's late heartbeat
+    assert (ledger.latest_progress()["step"], ledger.latest_progress()["state"]) == (1000, "done")
+
+
+V1_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE events (id INTEGER PRIMARY KEY, time REAL NOT NULL, recorded REAL NOT NULL, kind TEXT NOT NULL,
+    instance TEXT NOT NULL, node_rank INTEGER, source TEXT NOT NULL, detail TEXT NOT NULL, dedup_key TEXT UNIQUE);
+CREATE TABLE nodes (instance_id TEXT PRIMARY KEY, name TEXT NOT NULL, rank INTEGER NOT NULL, market TEXT,
+    zone TEXT, private_ip TEXT, public_ip TEXT, disk_id TEXT,
+    state TEXT NOT NULL CHECK (state IN ('up', 'lost', 'replaced', 'released')),
+    since REAL NOT NULL, until REAL, apply_id INTEGER);
+INSERT INTO meta VALUES ('schema_version', '1'), ('market', 'spot');
+INSERT INTO events VALUES (1, 50.0, 50.0, 'preemption', 'i-2', 1, 'aws', '{}', 'loss:i-2'),
+                          (2, 40.0, 40.0, 'preemption', 'i-1', 0, 'agent', '{}', 'agent:i-1');
+INSERT INTO nodes VALUES ('i-1', 'node-0', 0, 'spot', NULL, NULL, NULL, NULL, 'up', 0.0, NULL, 1),
+                         ('i-2', 'node-1', 1, 'spot', NULL, NULL, NULL, NULL, 'replaced', 0.0, 50.0, 1),
+                         ('i-3', 'node-1', 1, 'spot', NULL, NULL, NULL, NULL, 'up', 50.0, NULL, 2);
+"""
+
+
+def test_a_version_1_ledger_is_migrated(tmp_path):
+    """A job started with the previous kit continues: nodes get incarnations and how they ended."""
+    import sqlite3
+
+    from watch_fakes import FakeSpec
+
+    from kit.watch.status import status_report
+
+    db = sqlite3.connect(tmp_path / "l.sqlite")
+    db.executescript(V1_SCHEMA)
+    db.close()
+    ledger = Ledger(tmp_path / "l.sqlite")
+    assert ledger.get_meta("schema_version") == "2"
+    rows = {n.instance_id: n for n in ledger.all_nodes()}
+    assert {i: (n.state, n.lost_kind) for i, n in rows.items()} == {
+        "i-1": ("up", None), "i-2": ("replaced", "preemption"), "i-3": ("up", None)}
+    report = status_report(ledger, FakeSpec(), now=100.0)
+    assert (report["preemptions"], report["nodes_lost"], report["notices"]) == (1, 1, 1)
+    assert report["spot_hours"] == pytest.approx((100 + 50 + 50) / 3600, abs=1e-6)
+    ledger.close()
+    assert Ledger(tmp_path / "l.sqlite").get_meta("schema_version") == "2"  # reopened: nothing to do

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from kit.watch.ledger import Ledger
-from kit.watch.server import WatcherServer, cluster_token, ledger_sink
+from kit.watch.server import MAX_BODY, WatcherServer, cluster_token, ledger_sink
 
 TOKEN = "s3cret-token"
 
@@ -113,3 +113,54 @@ def test_cluster_token_is_created_private_and_stable(tmp_path):
     assert len(token) >= 40 and cluster_token(tmp_path) == token
     mode = (tmp_path / "watcher" / "token").stat().st_mode
     assert stat.S_IMODE(mode) == 0o600
+
+
+def raw_request(server, head: bytes, body: bytes = b"", wait: float = 8.0) -> bytes:
+    """Send bytes as they are (no client-side checks) and return what comes back before the
+    server closes the connection or ``wait`` seconds pass."""
+    import socket
+
+    host, port = server.address
+    with socket.create_connection((host, port), timeout=wait) as sock:
+        sock.sendall(head + body)
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except TimeoutError:
+            pass
+    return received
+
+
+def headers(length: str) -> bytes:
+    return (f"POST /v1/clusters/demo/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
+
+
+def test_negative_content_length_is_400_and_nothing_is_read_past_it(served):
+    """Finding 9: int("-1") passed the size check and rfile.read(-1) read to EOF, uncapped."""
+    _, ledger, _, server = served
+    reply = raw_request(server, headers("-1"), json.dumps(notice()).encode() + b" " * (MAX_BODY * 2))
+    assert reply.startswith(b"HTTP/1.1 400") and b"Content-Length" in reply
+    assert ledger.events() == []
+
+
+def test_a_stalled_body_times_out_instead_of_holding_a_thread(served, monkeypatch):
+    """Finding 9: no socket timeout: a client that announced a body and stalled held its handler
+    thread forever."""
+    import time
+
+    from kit.watch import server as server_module
+
+    monkeypatch.setattr(server_module._Handler, "timeout", 0.5)
+    _, ledger, _, server = served
+    started = time.monotonic()
+    reply = raw_request(server, headers("100"), b'{"kind": ', wait=8.0)
+    assert reply.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 5
+    assert ledger.events() == []
+
+
+def test_the_handler_has_a_socket_timeout():
+    from kit.watch.server import _Handler
+
+    assert _Handler.timeout == 10

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import random
@@ -55,7 +56,11 @@ def test_cost_is_node_hours_per_market_times_price(tmp_path):
     assert report["spot_hours"] == pytest.approx(2.0)  # 2 nodes x 1 h (the replacement lived 0 s)
     assert report["on_demand_hours"] == pytest.approx(1.0)  # 2 nodes x 0.5 h
     assert report["cost"] == pytest.approx(2.0 * 1.0 + 1.0 * 4.0)
-    assert report["cost_all_on_demand"] == pytest.approx(3.0 * 4.0)
+    # The same job on on-demand: 2 nodes x $4 x (100 steps x 1.8 s + one 0.2 h changeover) — not
+    # the node-hours actually held (3.0 h, preemption and switch included) x $4.
+    assert report["compute_hours"] == pytest.approx(100 * 1.8 / HOUR)
+    assert report["startup_measured"] is False  # the heartbeat's time is before the launch: spec's d
+    assert report["cost_all_on_demand"] == pytest.approx(2 * 4.0 * (100 * 1.8 / HOUR + 0.2))
     assert report["market"] == "on-demand" and report["market_switches"] == 1
     assert report["preemptions"] == 1 and report["nodes_lost"] == 1
     assert report["progress"]["step"] == 100 and report["progress"]["fraction"] == pytest.approx(0.1)
@@ -63,13 +68,34 @@ def test_cost_is_node_hours_per_market_times_price(tmp_path):
     out = io.StringIO()
     render_status(report, Console(file=out, width=140))
     text = out.getvalue()
-    assert "market: on-demand" in text and "$6.00" in text and "preemptions: 1" in text
+    assert "market: on-demand" in text and "$6.00" in text and "preemptions: 1" in text and "$2.00" in text
+
+
+def test_all_on_demand_uses_the_measured_first_start_up(tmp_path):
+    """d of N x Q x (d + C0) is the first launch as measured when a heartbeat follows it: launched
+    at t0, the first heartbeat at t0 + 0.5 h says step 100 at 1.8 s/step, so step 0 ran at
+    t0 + 0.45 h."""
+    clock = Clock()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    backend = RecordingBackend(2)
+    spec = FakeSpec()
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, clock=clock), ScriptedPolicy(["spot"]),
+                      source=BackendSource(backend), clock=clock, observation=Obs)
+    watcher.start()
+    t0 = clock.t
+    watcher.tick()  # launch
+    beat = heartbeat(100, 1000, 1.8)
+    ledger.record(dataclasses.replace(beat, time=t0 + 0.5 * HOUR))
+    clock.t += HOUR
+    report = status_report(ledger, spec, now=clock.t)
+    assert report["startup_measured"] is True and report["startup_hours"] == pytest.approx(0.45)
+    assert report["cost_all_on_demand"] == pytest.approx(2 * 4.0 * (0.45 + 100 * 1.8 / HOUR))
 
 
 def test_unknown_price_leaves_cost_unknown(tmp_path):
     ledger, spec, clock = run_scenario(tmp_path, prices=FakePrices(spot_per_hour=None))
     report = status_report(ledger, spec, now=clock.t)
-    assert report["cost"] is None and report["cost_all_on_demand"] == pytest.approx(12.0)
+    assert report["cost"] is None and report["cost_all_on_demand"] == pytest.approx(2.0)
 
 
 def test_kit_status_json_and_missing_ledger(tmp_path, monkeypatch, capsys):

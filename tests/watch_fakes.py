@@ -54,6 +54,8 @@ class Obs:
     spot_available: bool
     preempted: bool
     tick_h: float
+    spot_price: float | None = None
+    on_demand_price: float | None = None
 
 
 class ScriptedPolicy:

@@ -297,13 +297,23 @@ class LocalBackend(Backend):
         for rank in list(self.procs):
             self.kill_node(rank)
 
-    def mark(self, rank: int, state: str, reason: str | None = None) -> None:
-        """Kill node ``rank`` and record it as ``state`` (``preempted`` by the injector, ``stopped`` at exit)."""
+    def mark(self, rank: int, state: str, reason: str | None = None, *, instance_id: str | None = None,
+             market: str | None = None) -> bool:
+        """Kill node ``rank`` and record it as ``state`` (``preempted`` by the injector, ``stopped`` at exit).
+
+        With ``instance_id`` (and ``market``) only that instance: a preemption notice is for the
+        instance it was sent to, and when the watcher has replaced it meanwhile (a switch to
+        on-demand within the grace period) the replacement is left alone. False when nothing
+        was done for that reason."""
         with self.lock:
-            self.kill_node(rank)
             current = self.read_state(rank)
+            if instance_id is not None and (current is None or current["instance_id"] != instance_id
+                                            or (market is not None and current["market"] != market)):
+                return False
+            self.kill_node(rank)
             if current and current["state"] == "running":
                 self.write_state(rank, current["instance_id"], current["market"], state, reason)
+            return True
 
     def stop_all(self, reason: str = "kit exited") -> None:
         """Kill every node and mark the running ones stopped (their cost stops accruing)."""

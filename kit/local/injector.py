@@ -72,8 +72,10 @@ class Injector:
         if preempt_every is not None and preempt_every <= 0:
             raise InputError(f"--preempt-every {preempt_every} must be > 0", where="--preempt-every",
                              fix="e.g. --preempt-every 20")
-        self.pending: dict[int, float] = {}  # rank -> wall time of the kill
-        self.relay_by: dict[int, float] = {}  # rank -> when to write the stop file if the agent has not
+        # rank -> (wall time of the kill, the instance the notice was for)
+        self.pending: dict[int, tuple[float, str]] = {}
+        # rank -> (when to write the stop file if the agent has not, the instance)
+        self.relay_by: dict[int, tuple[float, str]] = {}
         self.relay_timeout = 1.5
         self.next_rank = 0
         self.last_every: float | None = None
@@ -103,36 +105,48 @@ class Injector:
                 out.append(rank)
         return out
 
+    def _current(self, rank: int, instance: str) -> bool:
+        """Is ``instance`` still the spot instance running at ``rank``?"""
+        state = self.backend.read_state(rank) or {}
+        return (state.get("instance_id") == instance and state.get("market") == "spot"
+                and state.get("state") == "running")
+
     def notice(self, rank: int) -> None:
-        """Deliver the notice now; the kill follows after the grace period."""
+        """Deliver the notice to the spot instance now at ``rank``; the kill follows after the
+        grace period, for that instance only (the clouds reclaim an instance, not a slot)."""
+        state = self.backend.read_state(rank) or {}
+        instance = state.get("instance_id")
+        if instance is None or state.get("market") != "spot":
+            return
         path = self.backend.notice_file(rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("TRUE")
         if not getattr(self.backend, "use_agent", False):  # no agent to relay it: ask the trainer directly
             self.backend.stop_file(rank).write_text("preempted\n")
         else:  # the agent relays it; if it has not within the relay timeout, the injector does
-            self.relay_by[rank] = self.wall() + min(self.relay_timeout, self.grace / 2)
-        self.pending[rank] = self.wall() + self.grace
-        state = self.backend.read_state(rank) or {}
-        self.preemptions.append({"rank": rank, "instance": state.get("instance_id"), "time": self.clock()})
-        log.warning("injector: preemption notice to node-%d (%s), kill in %.1f s", rank, state.get("instance_id"),
-                    self.grace)
+            self.relay_by[rank] = (self.wall() + min(self.relay_timeout, self.grace / 2), instance)
+        self.pending[rank] = (self.wall() + self.grace, instance)
+        self.preemptions.append({"rank": rank, "instance": instance, "time": self.clock()})
+        log.warning("injector: preemption notice to node-%d (%s), kill in %.1f s", rank, instance, self.grace)
 
     def step(self) -> None:
         wall = self.wall()
-        for rank, relay_by in list(self.relay_by.items()):
-            if rank not in self.pending:
-                del self.relay_by[rank]
+        for rank, (relay_by, instance) in list(self.relay_by.items()):
+            if rank not in self.pending or self.pending[rank][1] != instance or not self._current(rank, instance):
+                del self.relay_by[rank]  # replaced meanwhile: the new instance got no notice
             elif wall >= relay_by:
                 del self.relay_by[rank]
                 stop = self.backend.stop_file(rank)
                 if not stop.exists():
                     log.warning("injector: node-%d's agent did not relay the notice; writing the stop file", rank)
                     stop.write_text("preempted\n")
-        for rank, kill_at in list(self.pending.items()):
+        for rank, (kill_at, instance) in list(self.pending.items()):
             if wall >= kill_at:
-                self.backend.mark(rank, "preempted", "injected preemption")
                 del self.pending[rank]
+                if not self.backend.mark(rank, "preempted", "injected preemption", instance_id=instance,
+                                         market="spot"):
+                    log.info("injector: node-%d's %s was replaced before its kill; the replacement keeps running",
+                             rank, instance)
         if not self.enabled:
             return
         running = self.running_spot()

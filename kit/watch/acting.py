@@ -8,7 +8,10 @@ A decision's action is one of:
 * ``release``: delete the instances, keep the disks (the policy chose to wait).
 
 Retry timing follows SkyPilot's managed-job launcher (policy-anchors §1): exponential backoff
-×1.6 with ±40 % jitter, capped; here the first wait is 30 s and the cap 5 min by default.
+×1.6 with ±40 % jitter, capped; here the first wait is 30 s and the cap 5 min by default. For
+capacity errors the exponent is the number of capacity failures on that market since its last
+successful apply, across decisions: while spot is blocked the policy may wait or take on-demand,
+and the next spot attempt is a new decision, but it still waits longer than the one before.
 """
 
 from __future__ import annotations
@@ -64,7 +67,13 @@ class Actor:
     def resume(self) -> None:
         """Finish what a killed watcher left half done (see ledger docstring)."""
         for attempt in self.ledger.applies(status="applied"):
-            self._finish(self.ledger.decision(attempt.decision_id), attempt, self._nodes_of(attempt))
+            decision = self.ledger.decision(attempt.decision_id)
+            if decision.status != "pending":
+                # Superseded (or given up) before its bootstrap: another decision took over, and
+                # these nodes may be gone. Nothing to finish.
+                self.ledger.mark_interrupted(attempt.id, self.clock())
+                continue
+            self._finish(decision, attempt, self._nodes_of(attempt))
         for attempt in self.ledger.applies(status="started"):
             decision = self.ledger.decision(attempt.decision_id)
             if decision.status != "pending":
@@ -73,7 +82,8 @@ class Actor:
             deployed = self.backend.nodes()
             if self._converged(decision, deployed):
                 log.info("decision %d: the interrupted apply had converged; adopting it", decision.id)
-                self.ledger.mark_applied(attempt.id, [n.to_dict() for n in deployed], adopted=True)
+                self.ledger.mark_applied(attempt.id, [n.to_dict() for n in deployed], market=decision.market_after,
+                                         now=self.clock(), adopted=True)
                 self._finish(decision, attempt, deployed)
             else:
                 log.info("decision %d: the interrupted apply had not converged; it will be retried", decision.id)
@@ -82,7 +92,12 @@ class Actor:
     def _converged(self, decision: Decision, deployed: list[Node]) -> bool:
         if decision.action == "release":
             return not deployed
-        lost = {n.instance_id for n in self.ledger.all_nodes() if n.state in ("lost", "replaced", "released")}
+        rows = self.ledger.all_nodes()
+        up = {n.instance_id for n in rows if n.state == "up"}
+        # Instances that ended (an id back in a later incarnation is up again, not gone). A lost
+        # GCP VM that an apply restarts keeps its id, so such an apply is retried, not adopted:
+        # harmless, applying is idempotent.
+        lost = {n.instance_id for n in rows if n.state in ("lost", "replaced", "released")} - up
         return (len(deployed) == self.spec.nodes
                 and all(n.market == decision.market_after for n in deployed)
                 and not any(n.instance_id in lost for n in deployed))
@@ -95,8 +110,13 @@ class Actor:
     def execute(self, decision: Decision) -> Outcome:
         """One attempt at a pending decision. The caller respects ``decision.next_attempt``."""
         applied = self.ledger.applies(decision_id=decision.id, status="applied")
-        if applied:  # applied before, only bootstrap failed: do not apply again
-            return self._finish(decision, applied[-1], self._nodes_of(applied[-1]))
+        if applied:  # applied before, only bootstrap failed: do not apply again ...
+            nodes = self._nodes_of(applied[-1])
+            lost = {n.instance_id for n in self.ledger.nodes(("lost",))}
+            if not any(n.instance_id in lost for n in nodes):
+                return self._finish(decision, applied[-1], nodes)
+            # ... unless one of its nodes was lost since: bootstrapping those cannot work
+            self.ledger.mark_interrupted(applied[-1].id, self.clock())
         now = self.clock()
         attempt_id = self.ledger.start_apply(decision.id, decision.market_after, now)
         attempt = self.ledger.applies(decision_id=decision.id)[-1]
@@ -112,7 +132,10 @@ class Actor:
             return self._failed(decision, attempt_id, str(error), capacity=True)
         except KitError as error:
             return self._failed(decision, attempt_id, str(error), capacity=False)
-        self.ledger.mark_applied(attempt_id, [n.to_dict() for n in nodes])
+        # The cloud runs these nodes now, whatever the bootstrap below does: the ledger says so
+        # at once (market, node table), so a failed bootstrap leaves no stale view behind.
+        self.ledger.mark_applied(attempt_id, [n.to_dict() for n in nodes], market=decision.market_after,
+                                 now=self.clock())
         return self._finish(decision, attempt, nodes)
 
     def _finish(self, decision: Decision, attempt: Apply, nodes: list[Node]) -> Outcome:
@@ -139,15 +162,17 @@ class Actor:
     def _failed(self, decision: Decision, attempt_id: int, error: str, *, capacity: bool) -> Outcome:
         now = self.clock()
         attempts = self.ledger.decision(decision.id).attempts
-        next_attempt = now + self.backoff.delay(attempts)
+        # Capacity: the market's failures since its last success, not this decision's attempts.
+        failures = self.ledger.capacity_failures(decision.market_after) + 1 if capacity else attempts
+        next_attempt = now + self.backoff.delay(max(attempts, failures))
         self.ledger.fail_apply(attempt_id, decision.id, error, capacity=capacity, next_attempt=next_attempt, now=now)
         if capacity:
             self.ledger.record(Event(kind=CAPACITY_ERROR, instance="*", time=now, source="watcher",
                                      detail={"market": decision.market_after, "decision": decision.id,
                                              "attempt": attempts, "error": error[:2000]},
                                      dedup_key=f"watcher:capacity:{attempt_id}"))
-            log.warning("decision %d: no capacity on %s (attempt %d), retry in %.0f s",
-                        decision.id, decision.market_after, attempts, next_attempt - now)
+            log.warning("decision %d: no capacity on %s (failure %d in a row), retry in %.0f s",
+                        decision.id, decision.market_after, failures, next_attempt - now)
             return Outcome("retry", capacity_error=True, error=error)
         failures = sum(1 for a in self.ledger.applies(decision_id=decision.id) if a.status == "failed")
         if failures >= MAX_FAILED_ATTEMPTS:

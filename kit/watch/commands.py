@@ -76,7 +76,7 @@ def run_watch(spec_path: Path, *, interval_s: float, listen: str, advertise_url:
     from kit.watch.ledger import Ledger, WatcherLock
     from kit.watch.progress import ProgressPuller
     from kit.watch.server import WatcherServer, cluster_token, ledger_sink
-    from kit.watch.status import cost_summary, prices_of
+    from kit.watch.status import cost_of
     from kit.watch.watcher import Watcher
 
     if interval_s <= 0:
@@ -108,7 +108,7 @@ def run_watch(spec_path: Path, *, interval_s: float, listen: str, advertise_url:
                 def show(result) -> None:
                     if puller.pull() and not result.done:
                         wake.set()  # new progress: let the policy see it at once
-                    live.update(status_line(result, cost_summary(ledger, prices_of(spec), result.now), spec))
+                    live.update(status_line(result, cost_of(ledger, spec, result.now), spec))
 
                 try:
                     result = watcher.run(stop, on_tick=show)

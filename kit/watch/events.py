@@ -17,6 +17,10 @@ from typing import Any
 # Event kinds. PREEMPTION and INSTANCE_LOST both mean "a node of the running cluster is gone";
 # PREEMPTION is used only when the cloud (or the agent's notice) says it was a spot reclaim.
 PREEMPTION = "preemption"
+# A cloud API's advance warning (AWS spot request ``marked-for-termination``/``marked-for-stop``):
+# the instance still runs; the loss is confirmed later by its state. Agent notices are recorded
+# as PREEMPTION with source ``agent`` and, like this, never count as a loss.
+NOTICE = "notice"
 REBALANCE = "rebalance"  # AWS rebalance recommendation: elevated risk, no action forced
 INSTANCE_LOST = "instance-lost"  # gone or stopped for another or unknown reason
 CAPACITY_ERROR = "capacity-error"  # a launch found no capacity (spot or on-demand)
@@ -24,7 +28,7 @@ PROGRESS = "progress"  # trainer heartbeat relayed by the agent
 NODE_UP = "node-up"  # a node of the cluster reached running
 SHUTDOWN = "shutdown"  # the agent saw a normal (non-preemption) shutdown
 
-KINDS = (PREEMPTION, REBALANCE, INSTANCE_LOST, CAPACITY_ERROR, PROGRESS, NODE_UP, SHUTDOWN)
+KINDS = (PREEMPTION, NOTICE, REBALANCE, INSTANCE_LOST, CAPACITY_ERROR, PROGRESS, NODE_UP, SHUTDOWN)
 # Kinds that mean the running cluster lost a node and must be recovered.
 LOSS_KINDS = (PREEMPTION, INSTANCE_LOST)
 

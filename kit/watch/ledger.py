@@ -3,12 +3,15 @@
 Tables: ``events`` (what happened, deduplicated), ``progress`` (trainer heartbeats), ``ticks``
 (every observation handed to the policy, so a restarted watcher can rebuild the policy's
 history), ``decisions`` (what the watcher chose to do), ``applies`` (each attempt at doing it),
-``nodes`` (which instance ran when, on which market: the basis of cost accounting), ``meta``.
+``nodes`` (which instance ran when, on which market, and how it ended: the basis of cost
+accounting; one row per incarnation, since a stopped GCP spot VM comes back under the same id),
+``meta``.
 
 Exactly-once acting. A decision is committed as ``pending`` *before* anything is applied; an
 apply attempt is committed as ``started`` before the backend is called, ``applied`` (with the
-new nodes) as soon as the backend returns, and ``ok`` together with the decision's ``done`` in
-one transaction after bootstrap. A watcher killed anywhere in between finds, on restart, a
+new nodes, and the node table and market updated: the cloud runs them now) as soon as the
+backend returns, and ``ok`` together with the decision's ``done`` in one transaction after
+bootstrap. A watcher killed anywhere in between finds, on restart, a
 ``started`` attempt (it asks the backend whether the apply had converged: adopt it, else retry),
 or an ``applied`` one (bootstrap again, which is idempotent, and finish), or a ``pending``
 decision with no attempt (apply it). No path applies the same decision twice after it converged.
@@ -34,7 +37,7 @@ from typing import Any
 from kit.errors import KitError
 from kit.watch.events import PROGRESS, Event
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS events (
@@ -59,15 +62,22 @@ CREATE TABLE IF NOT EXISTS applies (
     started REAL NOT NULL, finished REAL, market TEXT,
     status TEXT NOT NULL CHECK (status IN ('started', 'applied', 'ok', 'failed', 'capacity', 'interrupted')),
     adopted INTEGER NOT NULL DEFAULT 0, error TEXT, nodes TEXT);
-CREATE TABLE IF NOT EXISTS nodes (
-    instance_id TEXT PRIMARY KEY, name TEXT NOT NULL, rank INTEGER NOT NULL, market TEXT,
-    zone TEXT, private_ip TEXT, public_ip TEXT, disk_id TEXT,
-    state TEXT NOT NULL CHECK (state IN ('up', 'lost', 'replaced', 'released')),
-    since REAL NOT NULL, until REAL, apply_id INTEGER);
 CREATE INDEX IF NOT EXISTS events_kind ON events(kind, id);
 CREATE INDEX IF NOT EXISTS progress_time ON progress(id);
 CREATE INDEX IF NOT EXISTS decisions_status ON decisions(status);
 """
+NODES_SCHEMA = """
+-- One row per incarnation of an instance: a GCP spot VM stopped by a preemption (termination
+-- action STOP) is restarted by the next apply under the same instance id, as a new row.
+CREATE TABLE IF NOT EXISTS nodes (
+    id INTEGER PRIMARY KEY, instance_id TEXT NOT NULL, name TEXT NOT NULL, rank INTEGER NOT NULL,
+    market TEXT, zone TEXT, private_ip TEXT, public_ip TEXT, disk_id TEXT,
+    state TEXT NOT NULL CHECK (state IN ('up', 'lost', 'replaced', 'released')),
+    since REAL NOT NULL, until REAL, apply_id INTEGER,
+    lost_kind TEXT);  -- how this incarnation was lost ('preemption' / 'instance-lost'), NULL if it was not
+CREATE UNIQUE INDEX IF NOT EXISTS nodes_current ON nodes(instance_id) WHERE state IN ('up', 'lost');
+"""
+NODE_COLUMNS = "instance_id, name, rank, market, zone, private_ip, public_ip, disk_id, state, since, until, apply_id"
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,8 @@ class NodeRow:
     since: float
     until: float | None
     apply_id: int | None = None
+    id: int | None = None  # the incarnation (an instance id can come back after a stop)
+    lost_kind: str | None = None  # 'preemption' / 'instance-lost' when this incarnation was lost
 
 
 def _row(cls, row: sqlite3.Row):
@@ -139,13 +151,36 @@ class Ledger:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         with self._lock:
-            self._db.executescript(SCHEMA)
-        version = self.get_meta("schema_version")
+            self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            version = self.get_meta("schema_version")
+            if version is not None and int(version) == 1:
+                self._migrate_from_1()
+            elif version is not None and int(version) != SCHEMA_VERSION:
+                raise KitError(f"ledger schema version {version}, this kit writes {SCHEMA_VERSION}",
+                               where=str(self.path), fix="use the kit version that created this ledger")
+            self._db.executescript(SCHEMA + NODES_SCHEMA)
         if version is None:
             self.set_meta("schema_version", str(SCHEMA_VERSION))
-        elif int(version) != SCHEMA_VERSION:
-            raise KitError(f"ledger schema version {version}, this kit writes {SCHEMA_VERSION}",
-                           where=str(self.path), fix="use the kit version that created this ledger")
+
+    def _migrate_from_1(self) -> None:
+        """Version 1 keyed ``nodes`` by instance id (one row per instance, forever); version 2 has
+        one row per incarnation and remembers how each was lost. Done in one transaction."""
+        with self.transaction() as db:
+            db.execute("ALTER TABLE nodes RENAME TO nodes_v1")
+            for statement in NODES_SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(f"INSERT INTO nodes({NODE_COLUMNS}) SELECT {NODE_COLUMNS} FROM nodes_v1 ORDER BY since, rank")
+            db.execute("DROP TABLE nodes_v1")
+            # How each ended: from the confirmed loss events recorded for the instance.
+            db.execute(
+                "UPDATE nodes SET lost_kind = CASE"
+                " WHEN EXISTS (SELECT 1 FROM events e WHERE e.instance = nodes.instance_id AND e.source != 'agent'"
+                "              AND e.kind = 'preemption') THEN 'preemption'"
+                " WHEN EXISTS (SELECT 1 FROM events e WHERE e.instance = nodes.instance_id AND e.source != 'agent'"
+                "              AND e.kind = 'instance-lost') THEN 'instance-lost' END"
+                " WHERE until IS NOT NULL")
+            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
 
     def close(self) -> None:
         with self._lock:
@@ -221,19 +256,41 @@ class Ledger:
         return self._query("SELECT COALESCE(MAX(id), 0) AS m FROM events")[0]["m"]
 
     def latest_progress(self) -> dict[str, Any] | None:
-        """The most advanced heartbeat (ranks report the same step; take the furthest)."""
-        rows = self._query("SELECT * FROM progress ORDER BY step DESC, id DESC LIMIT 1")
+        """The newest heartbeat: after a restart from an older checkpoint the job is back at that
+        step, whatever it had reached before. The trainer's ``done`` is final, so once one is
+        recorded it is the answer (a late heartbeat of a slower reporter does not undo it)."""
+        rows = self._query("SELECT * FROM progress WHERE state = 'done' ORDER BY id DESC LIMIT 1") or \
+            self._query("SELECT * FROM progress ORDER BY id DESC LIMIT 1")
         return dict(rows[0]) if rows else None
 
-    def recent_step_times(self, limit: int = 20) -> list[float]:
-        rows = self._query("SELECT step_time_s FROM progress WHERE step_time_s > 0 ORDER BY id DESC LIMIT ?", (limit,))
+    def recent_step_times(self, limit: int | None = 20) -> list[float]:
+        """Measured step times (seconds of the ledger's clock), newest first; all of them when
+        ``limit`` is None."""
+        sql = "SELECT step_time_s FROM progress WHERE step_time_s > 0 ORDER BY id DESC"
+        rows = self._query(sql + " LIMIT ?", (limit,)) if limit is not None else self._query(sql)
         return [r["step_time_s"] for r in rows]
 
+    def first_progress_after(self, when: float) -> dict[str, Any] | None:
+        rows = self._query("SELECT * FROM progress WHERE time >= ? ORDER BY id LIMIT 1", (when,))
+        return dict(rows[0]) if rows else None
+
+    def done_at(self) -> float | None:
+        """When the trainer's first ``done`` was recorded."""
+        rows = self._query("SELECT time FROM progress WHERE state = 'done' ORDER BY id LIMIT 1")
+        return rows[0]["time"] if rows else None
+
     # ------------------------------------------------------------------ policy ticks
-    def record_tick(self, now: float, observation: dict, decision: str) -> None:
+    def record_tick(self, now: float, observation: dict | None, decision: str | None, *,
+                    observed_event_id: int | None = None) -> None:
+        """The observation the policy saw and the events it covered, in one transaction: a crash
+        can neither replay a tick whose events are then seen again, nor lose one."""
         with self.transaction() as db:
-            db.execute("INSERT INTO ticks(time, observation, decision) VALUES (?, ?, ?)",
-                       (now, json.dumps(observation, sort_keys=True), decision))
+            if observation is not None:
+                db.execute("INSERT INTO ticks(time, observation, decision) VALUES (?, ?, ?)",
+                           (now, json.dumps(observation, sort_keys=True), decision))
+            if observed_event_id is not None:
+                db.execute("INSERT INTO meta(key, value) VALUES ('observed_event_id', ?)"
+                           " ON CONFLICT(key) DO UPDATE SET value = excluded.value", (str(observed_event_id),))
 
     def ticks(self) -> list[dict[str, Any]]:
         return [{"time": r["time"], "observation": json.loads(r["observation"]), "decision": r["decision"]}
@@ -244,7 +301,7 @@ class Ledger:
                        market_after: str | None, reason: str, now: float) -> int:
         """Commit a new pending decision; any older pending one is superseded in the same step."""
         with self.transaction() as db:
-            db.execute("UPDATE decisions SET status = 'superseded', finished = ? WHERE status = 'pending'", (now,))
+            self.supersede_pending(now)
             cursor = db.execute(
                 "INSERT INTO decisions(created, policy, decision, action, market_before, market_after, reason, status)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, 'pending')",
@@ -261,6 +318,15 @@ class Ledger:
     def decisions(self, limit: int | None = None) -> list[Decision]:
         sql = "SELECT * FROM decisions ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
         return [_row(Decision, r) for r in self._query(sql)]
+
+    def supersede_pending(self, now: float, why: str | None = None) -> None:
+        """The pending decision is no longer wanted. An attempt of it that had applied (only its
+        bootstrap was outstanding) is over too: a restart must not bootstrap those nodes."""
+        with self.transaction() as db:
+            db.execute("UPDATE applies SET status = 'interrupted', finished = ? WHERE status = 'applied'"
+                       " AND decision_id IN (SELECT id FROM decisions WHERE status = 'pending')", (now,))
+            db.execute("UPDATE decisions SET status = 'superseded', finished = ?, error = COALESCE(?, error)"
+                       " WHERE status = 'pending'", (now, why))
 
     def fail_decision(self, decision_id: int, error: str, now: float) -> None:
         with self.transaction() as db:
@@ -282,11 +348,21 @@ class Ledger:
             sql, args = sql + " AND status = ?", args + [status]
         return [_row(Apply, r) for r in self._query(sql + " ORDER BY id", tuple(args))]
 
-    def mark_applied(self, apply_id: int, nodes: list[dict], *, adopted: bool = False) -> None:
-        """The backend converged (or was found converged after a crash): remember the nodes."""
+    def mark_applied(self, apply_id: int, nodes: list[dict], *, market: str | None, now: float,
+                     adopted: bool = False) -> None:
+        """The backend converged (or was found converged after a crash): the cloud runs ``nodes``
+        on ``market`` now (nothing when ``market`` is None: a release), whether or not the
+        bootstrap that follows succeeds. Node table and market say so at once."""
         with self.transaction() as db:
             db.execute("UPDATE applies SET status = 'applied', nodes = ?, adopted = ? WHERE id = ?",
                        (json.dumps(nodes, sort_keys=True), int(adopted), apply_id))
+            self._deployed(db, apply_id, nodes, market, now)
+            if market is not None:  # a launch on this market worked: its capacity backoff starts over
+                db.execute("DELETE FROM meta WHERE key = ?", (f"capacity_failures:{market}",))
+
+    def capacity_failures(self, market: str | None) -> int:
+        """Capacity failures on ``market`` since its last successful apply (across decisions)."""
+        return int(self.get_meta(f"capacity_failures:{market}", "0"))
 
     def fail_apply(self, apply_id: int, decision_id: int, error: str, *, capacity: bool, next_attempt: float,
                    now: float) -> None:
@@ -294,53 +370,105 @@ class Ledger:
             db.execute("UPDATE applies SET status = ?, error = ?, finished = ? WHERE id = ?",
                        ("capacity" if capacity else "failed", error, now, apply_id))
             db.execute("UPDATE decisions SET next_attempt = ?, error = ? WHERE id = ?", (next_attempt, error, decision_id))
+            if capacity:
+                market = db.execute("SELECT market FROM applies WHERE id = ?", (apply_id,)).fetchone()["market"]
+                db.execute("INSERT INTO meta(key, value) VALUES (?, '1') ON CONFLICT(key) DO UPDATE SET"
+                           " value = CAST(value AS INTEGER) + 1", (f"capacity_failures:{market}",))
 
     def mark_interrupted(self, apply_id: int, now: float) -> None:
         with self.transaction() as db:
             db.execute("UPDATE applies SET status = 'interrupted', finished = ? WHERE id = ?", (now, apply_id))
 
     def finish_apply(self, apply_id: int, decision_id: int, nodes: list[dict], market: str | None, now: float) -> None:
-        """One transaction: the attempt is ok, the decision done, and the node table says who runs now."""
+        """One transaction: the attempt is ok, the decision done, and the node table says who runs
+        now (already true since ``mark_applied``; repeated, idempotently, for older ledgers)."""
         with self.transaction() as db:
             db.execute("UPDATE applies SET status = 'ok', finished = ? WHERE id = ?", (now, apply_id))
             db.execute("UPDATE decisions SET status = 'done', finished = ?, error = NULL WHERE id = ?", (now, decision_id))
-            keep = {str(n["instance_id"]) for n in nodes}
-            for row in db.execute("SELECT instance_id, state FROM nodes WHERE state IN ('up', 'lost')").fetchall():
-                if row["instance_id"] not in keep:
-                    # A lost node stopped costing when it was lost (``until`` already set).
-                    db.execute("UPDATE nodes SET state = 'replaced', until = COALESCE(until, ?) WHERE instance_id = ?",
-                               (now, row["instance_id"]))
-            for rank, node in enumerate(nodes):
-                db.execute(
-                    "INSERT INTO nodes(instance_id, name, rank, market, zone, private_ip, public_ip, disk_id, state,"
-                    " since, apply_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'up', ?, ?)"
-                    " ON CONFLICT(instance_id) DO UPDATE SET rank = excluded.rank, private_ip = excluded.private_ip,"
-                    " public_ip = excluded.public_ip",
-                    (str(node["instance_id"]), node.get("name") or f"node-{rank}", node.get("rank", rank),
-                     node.get("market") or market, node.get("zone"), node.get("private_ip"), node.get("public_ip"),
-                     node.get("disk_id"), now, apply_id))
-            db.execute("INSERT INTO meta(key, value) VALUES ('market', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                       (market or "",))
+            self._deployed(db, apply_id, nodes, market, now)
+
+    @staticmethod
+    def _deployed(db: sqlite3.Connection, apply_id: int, nodes: list[dict], market: str | None, now: float) -> None:
+        """Make the node table match a converged deployment. Idempotent: a node that is already up
+        under the same id and market keeps its row (its cost runs on from ``since``)."""
+        if market is None and not nodes:  # released: the instances were deleted on purpose, disks kept
+            db.execute("UPDATE nodes SET state = 'released', until = COALESCE(until, ?) WHERE state IN ('up', 'lost')",
+                       (now,))
+            db.execute("INSERT INTO meta(key, value) VALUES ('market', '') ON CONFLICT(key) DO UPDATE SET value = ''")
+            return
+        keep = {str(n["instance_id"]) for n in nodes}
+        for row in db.execute("SELECT id, instance_id, state FROM nodes WHERE state IN ('up', 'lost')").fetchall():
+            if row["instance_id"] not in keep or row["state"] == "lost":
+                # Replaced by another instance, or lost and now back under the same id (a stopped
+                # GCP spot VM restarted): that incarnation ended. A lost one stopped costing when
+                # it was lost (``until`` already set).
+                db.execute("UPDATE nodes SET state = 'replaced', until = COALESCE(until, ?) WHERE id = ?",
+                           (now, row["id"]))
+        for rank, node in enumerate(nodes):
+            instance_id = str(node["instance_id"])
+            node_market = node.get("market") or market
+            current = db.execute("SELECT id, market FROM nodes WHERE instance_id = ? AND state = 'up'",
+                                 (instance_id,)).fetchone()
+            if current is not None and current["market"] == node_market:
+                db.execute("UPDATE nodes SET rank = ?, private_ip = ?, public_ip = ? WHERE id = ?",
+                           (node.get("rank", rank), node.get("private_ip"), node.get("public_ip"), current["id"]))
+                continue
+            if current is not None:  # same id on another market (not seen on real clouds): a new run
+                db.execute("UPDATE nodes SET state = 'replaced', until = ? WHERE id = ?", (now, current["id"]))
+            db.execute(
+                "INSERT INTO nodes(instance_id, name, rank, market, zone, private_ip, public_ip, disk_id, state,"
+                " since, apply_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'up', ?, ?)",
+                (instance_id, node.get("name") or f"node-{rank}", node.get("rank", rank), node_market,
+                 node.get("zone"), node.get("private_ip"), node.get("public_ip"), node.get("disk_id"), now, apply_id))
+        db.execute("INSERT INTO meta(key, value) VALUES ('market', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                   (market or "",))
+
+    def applied_markets(self) -> list[str]:
+        """The market of every apply that reached the cloud, in order (releases left out): what the
+        cluster actually ran on, including applies whose decision was superseded before bootstrap."""
+        return [r["market"] for r in self._query(
+            "SELECT market FROM applies WHERE nodes IS NOT NULL AND market IS NOT NULL ORDER BY id")]
+
+    def first_launch_started(self) -> float | None:
+        """When the apply of the job's first launch began (None when the first deployment was
+        adopted, i.e. made before the first watcher)."""
+        rows = self._query("SELECT started, adopted FROM applies WHERE nodes IS NOT NULL AND market IS NOT NULL"
+                           " ORDER BY id LIMIT 1")
+        return rows[0]["started"] if rows and not rows[0]["adopted"] else None
+
+    def action_durations(self, limit: int = 20) -> list[float]:
+        """How long the last ``limit`` finished attempts took, apply to end of bootstrap (seconds of
+        the ledger's clock): during one the loop decides nothing."""
+        rows = self._query("SELECT finished - started AS d FROM applies WHERE finished IS NOT NULL"
+                           " AND status IN ('ok', 'failed', 'capacity') ORDER BY id DESC LIMIT ?", (limit,))
+        return [max(0.0, r["d"]) for r in rows]
 
     # ------------------------------------------------------------------ nodes
     def nodes(self, states: tuple[str, ...] = ("up", "lost")) -> list[NodeRow]:
-        sql = f"SELECT * FROM nodes WHERE state IN ({','.join('?' * len(states))}) ORDER BY rank, since"
+        sql = f"SELECT * FROM nodes WHERE state IN ({','.join('?' * len(states))}) ORDER BY rank, since, id"
         return [_row(NodeRow, r) for r in self._query(sql, states)]
 
     def all_nodes(self) -> list[NodeRow]:
-        return [_row(NodeRow, r) for r in self._query("SELECT * FROM nodes ORDER BY since, rank")]
+        return [_row(NodeRow, r) for r in self._query("SELECT * FROM nodes ORDER BY since, rank, id")]
 
-    def mark_lost(self, instance_id: str, when: float) -> bool:
+    def mark_lost(self, instance_id: str, when: float, kind: str = "instance-lost") -> bool:
+        """The cloud confirmed that ``instance_id`` is gone (``kind``: the event kind). True when this
+        ended the running incarnation. A later, more specific report (a GCP preempted operation
+        after the instance was seen missing) upgrades how that incarnation was lost."""
         with self.transaction() as db:
-            return db.execute("UPDATE nodes SET state = 'lost', until = ? WHERE instance_id = ? AND state = 'up'",
-                              (when, instance_id)).rowcount == 1
+            if db.execute("UPDATE nodes SET state = 'lost', until = ?, lost_kind = ? WHERE instance_id = ?"
+                          " AND state = 'up'", (when, kind, instance_id)).rowcount == 1:
+                return True
+            if kind == "preemption":
+                db.execute("UPDATE nodes SET lost_kind = 'preemption' WHERE id = (SELECT id FROM nodes WHERE"
+                           " instance_id = ? AND lost_kind IS NOT NULL ORDER BY since DESC, id DESC LIMIT 1)",
+                           (instance_id,))
+            return False
 
     def release_nodes(self, now: float) -> None:
         """Instances deleted on purpose (disks kept): they stop costing now."""
         with self.transaction() as db:
-            db.execute("UPDATE nodes SET state = 'released', until = COALESCE(until, ?) WHERE state IN ('up', 'lost')",
-                       (now,))
-            db.execute("INSERT INTO meta(key, value) VALUES ('market', '') ON CONFLICT(key) DO UPDATE SET value = ''")
+            self._deployed(db, 0, [], None, now)
 
     def adopt_deployment(self, nodes: list[dict], market: str, policy: str, now: float) -> None:
         """Record a deployment made before the first watcher (``kit apply``) in one transaction:

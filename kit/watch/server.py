@@ -2,8 +2,9 @@
 
 Each cluster has its own bearer token (``cluster_token``), written once to
 ``<deploy_dir>/watcher/token`` (mode 0600) and handed to the agents by bootstrap. Answers:
-202 ``{"ok": true}`` (recorded), 400 (malformed body, with the reason), 401 (missing or wrong
-token), 404 (unknown path or cluster), 405 (not POST), 413 (body over 64 KiB).
+202 ``{"ok": true}`` (recorded), 400 (malformed body or Content-Length, with the reason), 401
+(missing or wrong token), 404 (unknown path or cluster), 405 (not POST), 408 (the body did not
+arrive within the 10 s socket timeout), 413 (body over 64 KiB).
 
 It is stdlib ``ThreadingHTTPServer`` in a daemon thread: the load is a few requests per node per
 minute, and a dependency-free server keeps the watcher installable anywhere.
@@ -46,6 +47,9 @@ def cluster_token(deploy_dir: Path) -> str:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    # Socket timeout (seconds) for every read: a client that stalls mid-request, or keeps an idle
+    # connection open, loses its handler thread after this instead of holding it forever.
+    timeout = 10
 
     def log_message(self, fmt: str, *args) -> None:  # route through logging, not stderr
         log.debug("%s " + fmt, self.address_string(), *args)
@@ -82,10 +86,17 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             length = int(self.headers.get("Content-Length", ""))
         except ValueError:
-            return self._reply(400, {"ok": False, "error": "Content-Length required"})
+            return self._reply(400, {"ok": False, "error": "Content-Length required (a non-negative integer)"})
+        if length < 0:  # rfile.read(-1) would read to EOF, past the size limit
+            return self._reply(400, {"ok": False, "error": f"Content-Length must be >= 0, got {length}"})
         if length > MAX_BODY:
             return self._reply(413, {"ok": False, "error": f"body over {MAX_BODY} bytes"})
-        raw = self.rfile.read(length)
+        try:
+            raw = self.rfile.read(length)
+        except TimeoutError:
+            return self._reply(408, {"ok": False, "error": f"body not received within {self.timeout} s"})
+        if len(raw) < length:
+            return self._reply(400, {"ok": False, "error": f"body ended after {len(raw)} of {length} bytes"})
         try:
             event = event_from_agent(json.loads(raw))
         except (ValueError, UnicodeDecodeError) as error:  # BadReport and JSONDecodeError are ValueErrors

@@ -4,17 +4,35 @@ Cost is node-hours per market (each instance from when an apply brought it up un
 lost, replaced or released) times the spec's prices (``prices{spot_per_hour,
 on_demand_per_hour}``, per node). A price that is unknown leaves the cost unknown rather than
 guessing.
+
+The comparison, ``cost_all_on_demand``, is what the *same job* would cost on on-demand from the
+start: the simulator's baseline ``N x Q x (d + C0)`` (+ the same final export), with
+
+* ``N`` the spec's nodes, ``Q`` its on-demand price;
+* ``d`` one launch: this job's first launch as measured (from the start of its apply to the
+  trainer's first step, estimated from the first heartbeat after it), else
+  ``policy.changeover_hours`` (a deployment adopted from ``kit apply``, or no heartbeat yet);
+* ``C0`` the useful compute: the steps done (all of them for a finished job) x the median
+  measured step time;
+* for a finished job, the time from the trainer's ``done`` until the nodes were released (the
+  final export), which an all-on-demand run spends too.
+
+It does not grow with preemptions, redone steps, further changeovers or idle nodes: those are
+what using spot risks, and what ``cost`` pays for.
 """
 
 from __future__ import annotations
 
+import itertools
+import statistics
 import time
 from typing import Any
 
-from kit.watch.events import CAPACITY_ERROR, LOSS_KINDS, PREEMPTION, REBALANCE
+from kit.watch.events import CAPACITY_ERROR, NOTICE, PREEMPTION, REBALANCE
 from kit.watch.ledger import Ledger
 
 SPOT, ON_DEMAND = "spot", "on-demand"
+DEFAULT_CHANGEOVER_H = 0.2
 
 
 def node_hours(ledger: Ledger, now: float) -> dict[str, float]:
@@ -30,31 +48,87 @@ def prices_of(spec) -> dict[str, float | None]:
     return {SPOT: getattr(prices, "spot_per_hour", None), ON_DEMAND: getattr(prices, "on_demand_per_hour", None)}
 
 
-def cost_summary(ledger: Ledger, prices: dict[str, float | None], now: float) -> dict[str, Any]:
+def changeover_of(spec) -> float:
+    value = getattr(getattr(spec, "policy", None), "changeover_hours", None)
+    return DEFAULT_CHANGEOVER_H if value is None else float(value)
+
+
+def compute_hours(ledger: Ledger, steps: int | None = None) -> float | None:
+    """Useful compute of ``steps`` steps (default: the newest recorded step), in hours of the
+    ledger's clock: steps x the median of every measured step time. None before any measurement."""
+    progress = ledger.latest_progress()
+    step_times = ledger.recent_step_times(limit=None)
+    if steps is None:
+        steps = progress["step"] if progress else None
+    if steps is None or not step_times:
+        return None
+    return steps * statistics.median(step_times) / 3600.0
+
+
+def startup_hours(ledger: Ledger) -> float | None:
+    """The first launch's start-up as measured: from the start of its apply to the trainer's step 0
+    (the first heartbeat after it, less the steps it had already done x the median step time)."""
+    started = ledger.first_launch_started()
+    step_times = ledger.recent_step_times(limit=None)
+    first = ledger.first_progress_after(started) if started is not None else None
+    if first is None or not step_times:
+        return None
+    step0 = first["time"] - first["step"] * statistics.median(step_times)
+    return (step0 - started) / 3600.0 if step0 > started else None
+
+
+def cost_summary(ledger: Ledger, prices: dict[str, float | None], now: float, *, nodes: int = 1,
+                 changeover_h: float = DEFAULT_CHANGEOVER_H, steps: int | None = None,
+                 finished: bool = False) -> dict[str, Any]:
+    """Node-hours and cost so far, and the same job on on-demand (module docstring). ``steps``: the
+    job's size for a finished job (default: the steps done so far); ``finished``: the nodes were
+    released after the trainer's done (the time in between counts for the baseline too)."""
     hours = node_hours(ledger, now)
     known = all(prices[m] is not None for m in hours if hours[m] > 0)
     cost = sum(hours[m] * (prices[m] or 0.0) for m in hours) if known else None
     od = prices[ON_DEMAND]
+    useful = compute_hours(ledger, steps)
+    measured = startup_hours(ledger)
+    startup = measured if measured is not None else changeover_h
+    done = ledger.done_at() if finished else None
+    finish = max(0.0, now - done) / 3600.0 if done is not None else 0.0
+    baseline = None if od is None or useful is None else nodes * od * (startup + useful + finish)
     return {
         "spot_hours": round(hours[SPOT], 6), "on_demand_hours": round(hours[ON_DEMAND], 6),
         "cost": None if cost is None else round(cost, 4),
-        # The same node-hours bought on-demand: what not using spot would have cost so far.
-        "cost_all_on_demand": None if od is None else round((hours[SPOT] + hours[ON_DEMAND]) * od, 4),
+        "compute_hours": None if useful is None else round(useful, 9),
+        "startup_hours": round(startup, 9), "startup_measured": measured is not None,
+        "finish_hours": round(finish, 9),
+        # The same job on on-demand from the start: N x Q x (d + C0 [+ final export]).
+        "cost_all_on_demand": None if baseline is None else round(baseline, 4),
     }
+
+
+def cost_of(ledger: Ledger, spec, now: float, *, steps: int | None = None, finished: bool = False) -> dict[str, Any]:
+    return cost_summary(ledger, prices_of(spec), now, nodes=int(getattr(spec, "nodes", 1) or 1),
+                        changeover_h=changeover_of(spec), steps=steps, finished=finished)
 
 
 def preemption_counts(ledger: Ledger) -> dict[str, int]:
-    """Losses are counted once per instance, whichever sources reported them; agent notices
-    (which precede the cloud's confirmation) are counted separately."""
-    events = ledger.events(kinds=LOSS_KINDS + (REBALANCE, CAPACITY_ERROR))
-    confirmed = [e for e in events if e["source"] != "agent"]
+    """Losses are counted once per instance *incarnation* (the node table says how each ended),
+    whichever sources reported them; notices (agents', the AWS spot request's two-minute warning),
+    which precede the cloud's confirmation, are counted separately."""
+    events = ledger.events(kinds=(PREEMPTION, NOTICE, REBALANCE, CAPACITY_ERROR))
+    ended = [n.lost_kind for n in ledger.all_nodes() if n.lost_kind]
     return {
-        "preemptions": len({e["instance"] for e in confirmed if e["kind"] == PREEMPTION}),
-        "nodes_lost": len({e["instance"] for e in confirmed if e["kind"] in LOSS_KINDS}),
-        "notices": sum(1 for e in events if e["source"] == "agent" and e["kind"] == PREEMPTION),
+        "preemptions": sum(1 for kind in ended if kind == PREEMPTION),
+        "nodes_lost": len(ended),
+        "notices": sum(1 for e in events if (e["source"] == "agent" and e["kind"] == PREEMPTION) or e["kind"] == NOTICE),
         "rebalance_recommendations": sum(1 for e in events if e["kind"] == REBALANCE),
         "capacity_errors": sum(1 for e in events if e["kind"] == CAPACITY_ERROR),
     }
+
+
+def market_switches(ledger: Ledger) -> int:
+    """How often the cluster really changed market: consecutive applies that reached the cloud on
+    different markets (a switch whose bootstrap failed and was superseded still happened)."""
+    markets = ledger.applied_markets()
+    return sum(1 for before, after in itertools.pairwise(markets) if before != after)
 
 
 def status_report(ledger: Ledger, spec, now: float | None = None) -> dict[str, Any]:
@@ -75,9 +149,9 @@ def status_report(ledger: Ledger, spec, now: float | None = None) -> dict[str, A
         "decisions": [{"id": d.id, "created": d.created, "policy": d.policy, "decision": d.decision,
                        "action": d.action, "from": d.market_before, "to": d.market_after, "status": d.status,
                        "attempts": d.attempts, "reason": d.reason, "error": d.error} for d in decisions],
-        "market_switches": sum(1 for d in decisions if d.action == "switch" and d.status == "done"),
+        "market_switches": market_switches(ledger),
         **preemption_counts(ledger),
-        **cost_summary(ledger, prices_of(spec), now),
+        **cost_of(ledger, spec, now),
     }
     return report
 
@@ -98,7 +172,7 @@ def render_status(report: dict[str, Any], console) -> None:
     console.print(f"preemptions: {report['preemptions']}  nodes lost: {report['nodes_lost']}  "
                   f"capacity errors: {report['capacity_errors']}  market switches: {report['market_switches']}")
     console.print(f"cost so far: {money(report['cost'])} (spot {report['spot_hours']:.2f} node-h, on-demand "
-                  f"{report['on_demand_hours']:.2f} node-h; all on-demand would be "
+                  f"{report['on_demand_hours']:.2f} node-h; the compute done so far, all on-demand: "
                   f"{money(report['cost_all_on_demand'])})")
     nodes = Table(title="nodes", title_justify="left")
     for column in ("rank", "name", "instance", "market", "state", "ip"):

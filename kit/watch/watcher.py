@@ -7,7 +7,8 @@ reports a preemption notice, one ``tick``:
    (the cloud API confirms a loss; an agent's notice alone only wakes the loop early);
 2. builds a ``kit.policy.Observation`` from the ledger: progress and job size from the trainer's
    heartbeats (step / total and the measured step time), preemptions since the last tick, and
-   whether spot is usable (not while a spot launch is backing off after a capacity error);
+   whether spot is usable (not in a tick where a spot node was lost, as in the simulator's
+   model, and not while a spot launch is backing off after a capacity error);
 3. asks the policy, turns its answer into an action (``launch``/``switch``/``recover``/
    ``release``) and commits it as a pending decision;
 4. carries out the pending decision when its backoff allows (``acting.Actor``).
@@ -30,6 +31,7 @@ from kit.watch.acting import Actor, Outcome
 from kit.watch.events import CAPACITY_ERROR, LOSS_KINDS, Event
 from kit.watch.ledger import Ledger
 from kit.watch.sources.base import EventSource, SourceError, loss_events
+from kit.watch.status import prices_of
 
 log = logging.getLogger("kit.watch")
 
@@ -69,8 +71,11 @@ def _default_observation(**fields):
 class Watcher:
     def __init__(self, spec, ledger: Ledger, actor: Actor, policy, *, source: EventSource | None = None,
                  interval_s: float = 15.0, clock: Callable[[], float] = time.time,
-                 observation: Callable[..., object] = _default_observation):
+                 observation: Callable[..., object] = _default_observation, time_scale: float = 1.0):
         self.spec = spec
+        # ``clock`` seconds per wall second (the local cloud's compressed clock): one interval of
+        # the loop lasts interval_s * time_scale on the ledger's clock.
+        self.time_scale = float(time_scale)
         self.ledger = ledger
         self.actor = actor
         self.policy = policy
@@ -130,17 +135,26 @@ class Watcher:
                 result.done = True
                 return result
 
-        preempted = any(e["kind"] in LOSS_KINDS and e["source"] != "agent" for e in fresh) or any(
+        losses = [e for e in fresh if e["kind"] in LOSS_KINDS and e["source"] != "agent"]
+        preempted = bool(losses) or any(
             e["kind"] == CAPACITY_ERROR and e["detail"].get("market") == SPOT for e in fresh)
-        observation = self._observation(now, progress, result.market, preempted)
+        markets = {n.instance_id: n.market for n in self.ledger.all_nodes()}  # newest incarnation last
+        spot_lost = any(markets.get(e["instance"]) == SPOT for e in losses)
+        capacity_blocked = now < float(self.ledger.get_meta("spot_blocked_until", "0"))
+        observation = self._observation(now, progress, result.market, preempted,
+                                        spot_available=not capacity_blocked and not spot_lost)
+        observed = max([cursor] + [e["id"] for e in fresh])
         if observation is not None:
             decision = self.policy.decide(self.make_observation(**observation))
-            self.ledger.record_tick(now, observation, decision)
         else:  # no heartbeat yet: keep the market, recover what was lost
             decision = deployed_market or self.spec.market
-        self.ledger.set_meta("observed_event_id", str(max([cursor] + [e["id"] for e in fresh])))
+        # The observation and the events it covered are committed together (a crash in between
+        # would make the restarted watcher replay this tick and then see its events again).
+        self.ledger.record_tick(now, observation, decision if observation is not None else None,
+                                observed_event_id=observed)
         result.decision = decision
-        result.action = self._plan(decision, deployed_market, bool(lost), now)
+        result.action = self._plan(decision, deployed_market, bool(lost), now,
+                                   spot_just_lost=spot_lost and not capacity_blocked)
         result.outcome = self._act(now)
         return result
 
@@ -153,43 +167,69 @@ class Watcher:
             log.warning("polling %s failed: %s", self.source.name, error)
             result.source_error = str(error)
             return
-        current = {n.instance_id: n.rank for n in self.ledger.nodes(("up",))}
-        events = loss_events(poll, current, self.source.name, now)
-        events += [e for e in poll.events if e.instance in current or e.kind == CAPACITY_ERROR]
+        up = self.ledger.nodes(("up",))
+        current = {n.instance_id: n.rank for n in up}
+        events = loss_events(poll, current, self.source.name, now, since={n.instance_id: n.since for n in up})
+        # Cloud-side events about any instance the ledger knows (a preempted operation can name an
+        # instance that is no longer listed, or already marked lost), and capacity errors.
+        known = {n.instance_id for n in self.ledger.all_nodes()}
+        events += [e for e in poll.events if e.instance in known or e.kind == CAPACITY_ERROR]
         result.new_events = [e for e in events if self.ledger.record(e)]
 
     def _mark_losses(self, fresh: list[dict]) -> None:
         for event in fresh:
-            # Only the cloud (or the local backend) confirms a loss; agent notices precede it.
+            # Only the cloud (or the local backend) confirms a loss; notices precede it.
             confirmed = event["kind"] in LOSS_KINDS and event["source"] != "agent"
-            if confirmed and self.ledger.mark_lost(event["instance"], event["time"]):
+            if confirmed and self.ledger.mark_lost(event["instance"], event["time"], event["kind"]):
                 log.warning("node %s lost (%s: %s)", event["instance"], event["kind"], event["detail"].get("reason"))
 
-    def _observation(self, now: float, progress: dict | None, market: str | None, preempted: bool) -> dict | None:
+    def tick_hours(self, changeover_h: float) -> float:
+        """How long until the loop can act on a decision again, in hours: the deadline safety net
+        keeps this much margin. At least the loop's interval; but an apply + bootstrap blocks the
+        loop for as long as it takes (the longest of the recent ones counts), and a launch is
+        assumed to take at least the changeover time."""
+        measured_s = max(self.ledger.action_durations(), default=0.0)
+        return max(self.interval_s * self.time_scale / 3600.0, measured_s / 3600.0, changeover_h)
+
+    def _observation(self, now: float, progress: dict | None, market: str | None, preempted: bool, *,
+                     spot_available: bool) -> dict | None:
         step_times = self.ledger.recent_step_times()
         if not progress or not step_times:
             return None
         step_time_h = statistics.median(step_times) / 3600.0
-        # After a preemption spot is not assumed gone: re-applying is how we find out (and it
-        # keeps the surviving nodes). A failed spot launch blocks spot until its backoff ends.
-        spot_blocked_until = float(self.ledger.get_meta("spot_blocked_until", "0"))
+        changeover_h = float(_policy_field(self.spec, "changeover_hours", DEFAULT_CHANGEOVER_H))
+        prices = prices_of(self.spec)
         return {
             "now_h": (now - self.job_started) / 3600.0,
             "progress_h": progress["step"] * step_time_h,
             "job_h": progress["total_steps"] * step_time_h,
             "deadline_h": _policy_field(self.spec, "deadline_hours"),
-            "changeover_h": float(_policy_field(self.spec, "changeover_hours", DEFAULT_CHANGEOVER_H)),
+            "changeover_h": changeover_h,
             "market": market,
-            "spot_available": now >= spot_blocked_until,
+            # False in the tick a spot node was lost (the simulator's model: a spot cluster is
+            # lost in a tick where spot is not usable; the policies learn spot's run lengths from
+            # this), and while a spot launch backs off after a capacity error.
+            "spot_available": spot_available,
             "preempted": preempted,
-            "tick_h": self.interval_s / 3600.0,
+            "tick_h": self.tick_hours(changeover_h),
+            # the policy weighs spot against on-demand with the spec's prices ($/h per node)
+            "spot_price": prices[SPOT],
+            "on_demand_price": prices[ON_DEMAND],
         }
 
-    def _plan(self, decision: str, deployed_market: str | None, any_lost: bool, now: float) -> str | None:
+    def _plan(self, decision: str, deployed_market: str | None, any_lost: bool, now: float, *,
+              spot_just_lost: bool = False) -> str | None:
         """Turn the policy's answer into a pending decision (or none)."""
+        pending = self.ledger.pending_decision()
         if decision == WAIT:
             if deployed_market is None:
                 self._supersede_pending(now, "the policy chose to wait")
+                return None
+            if spot_just_lost:
+                # Spot was reported unavailable only because a spot node was lost this tick; next
+                # tick it is available again. Releasing the survivors now to relaunch them a
+                # tick later would only cost a changeover: hold, the next tick decides.
+                log.info("policy waits in the tick of a spot loss: holding the survivors one tick")
                 return None
             action, target, reason = "release", None, "the policy chose to wait: release instances, keep disks"
         elif decision in (SPOT, ON_DEMAND):
@@ -199,13 +239,15 @@ class Watcher:
                 action, reason = "switch", f"switch {deployed_market} -> {decision}"
             elif any_lost:
                 action, reason = "recover", f"recreate lost nodes on {decision}"
+            elif pending and pending.market_after == decision and self.ledger.applies(
+                    decision_id=pending.id, status="applied"):
+                return pending.action  # applied already; its bootstrap is still to be done (or retried)
             else:
                 self._supersede_pending(now, f"already running on {decision}")
                 return None
             target = decision
         else:
             raise ValueError(f"policy {self._policy_name()} answered {decision!r}; expected spot, on-demand or wait")
-        pending = self.ledger.pending_decision()
         if pending and pending.action == action and pending.market_after == target:
             return action  # already decided; acting honours its backoff
         self.ledger.begin_decision(policy=self._policy_name(), decision=decision, action=action,
@@ -214,9 +256,7 @@ class Watcher:
         return action
 
     def _supersede_pending(self, now: float, why: str) -> None:
-        with self.ledger.transaction() as db:
-            db.execute("UPDATE decisions SET status = 'superseded', finished = ?, error = ? WHERE status = 'pending'",
-                       (now, why))
+        self.ledger.supersede_pending(now, why)
 
     def _act(self, now: float) -> Outcome | None:
         pending = self.ledger.pending_decision()

@@ -4,10 +4,15 @@ What it reads (EC2 API reference):
 * ``DescribeInstances`` filtered by ``tag:kit:cluster``: ``State.Name``, ``StateReason.Code``
   (``Server.SpotInstanceTermination`` / ``Server.SpotInstanceShutdown`` = a spot reclaim),
   ``InstanceLifecycle`` (``spot`` for spot instances), ``SpotInstanceRequestId``.
-* ``DescribeSpotInstanceRequests`` for those request ids: ``Status.Code``. ``marked-for-*`` is
-  the two-minute notice, ``instance-terminated-*`` / ``instance-stopped-*`` confirm a reclaim,
-  and ``capacity-not-available`` / ``capacity-oversubscribed`` / ``price-too-low`` mean a
-  launch is waiting for capacity.
+* ``DescribeSpotInstanceRequests``: ``Status.Code`` of the requests behind those instances
+  (``marked-for-*`` is the two-minute notice, recorded as a NOTICE: the instance still runs and
+  its loss is confirmed by its state later; ``instance-terminated-*`` / ``instance-stopped-*``
+  confirm a reclaim) and of the cluster's *open* requests that have no instance yet, tagged
+  ``kit:cluster`` (``capacity-not-available`` / ``capacity-oversubscribed`` / ``price-too-low``:
+  a launch waiting for capacity). kit's own module makes one-time requests through RunInstances,
+  which fail at once without capacity (the apply raises CapacityError); the open-request path
+  covers requests tagged for the cluster by other means (``TagSpecifications`` of type
+  ``spot-instances-request``).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import time
 from calendar import timegm
 
 from kit.errors import KitError
-from kit.watch.events import CAPACITY_ERROR, PREEMPTION, Event
+from kit.watch.events import CAPACITY_ERROR, NOTICE, Event
 from kit.watch.sources.base import (
     PENDING,
     RUNNING,
@@ -94,20 +99,30 @@ class AwsSource(EventSource):
         return [inst for page in pages for res in page.get("Reservations", []) for inst in res.get("Instances", [])]
 
     def _spot_requests(self, instance_ids: set[str]) -> dict[str, dict]:
-        """The spot requests behind the cluster's instances, keyed by instance id.
+        """The spot requests that concern the cluster, keyed by instance id (or by request id for
+        an open request with no instance yet).
 
-        Listed region-wide and matched on ``InstanceId``: a one-time request made through
-        ``InstanceMarketOptions`` carries no tags, and the ``instance-id`` filter is not
-        implemented everywhere (moto). Closed requests age out after a few hours, so the list
-        stays short."""
-        if not instance_ids:
-            return {}
+        Listed region-wide: a one-time request made through ``InstanceMarketOptions`` carries no
+        tags, so requests with an instance are matched on ``InstanceId`` (the ``instance-id``
+        filter is not implemented everywhere, e.g. moto). A request still waiting for capacity has
+        no instance: it is ours only when it is tagged ``kit:cluster`` with this cluster. Closed
+        requests age out after a few hours, so the list stays short."""
         pages = self.client().get_paginator("describe_spot_instance_requests").paginate()
-        return {req["InstanceId"]: req for page in pages for req in page.get("SpotInstanceRequests", [])
-                if req.get("InstanceId") in instance_ids}
+        out = {}
+        for page in pages:
+            for req in page.get("SpotInstanceRequests", []):
+                instance = req.get("InstanceId")
+                if instance:
+                    if instance in instance_ids:
+                        out[instance] = req
+                elif req.get("State", "open") == "open" and {"Key": CLUSTER_TAG, "Value": self.cluster} in (
+                        req.get("Tags") or []):
+                    out[req["SpotInstanceRequestId"]] = req
+        return out
 
     def _to_poll(self, instances: list[dict], spot_requests: dict[str, dict]) -> Poll:
         poll = Poll()
+        listed = {inst["InstanceId"] for inst in instances}
         for inst in instances:
             request = spot_requests.get(inst["InstanceId"], {})
             status_code = request.get("Status", {}).get("Code", "")
@@ -122,18 +137,23 @@ class AwsSource(EventSource):
                 time=transition_time(inst.get("StateTransitionReason")),
             ))
             if status_code in SPOT_NOTICE_STATUS:  # the two-minute warning, seen from the API side
+                # Not a loss: the instance still runs (and is kept by a re-apply). The state, and
+                # StateReason Server.SpotInstance*, confirm the reclaim when it happens.
+                updated = request.get("Status", {}).get("UpdateTime", "")
                 poll.events.append(Event(
-                    kind=PREEMPTION, instance=inst["InstanceId"], time=time.time(), source="aws",
+                    kind=NOTICE, instance=inst["InstanceId"], time=time.time(), source="aws",
                     detail={"spot_status": status_code, "notice": True},
-                    dedup_key=f"aws:notice:{inst['InstanceId']}",
+                    dedup_key=f"aws:notice:{inst['InstanceId']}:{status_code}:{updated}",
                 ))
-        for request in spot_requests.values():
+        for key, request in spot_requests.items():
+            if key in listed:
+                continue  # a request with an instance: its codes are about that instance (above)
             request_id = request["SpotInstanceRequestId"]
             code = request.get("Status", {}).get("Code", "")
             if code in SPOT_CAPACITY_STATUS:
                 poll.events.append(Event(
                     kind=CAPACITY_ERROR, instance=request.get("InstanceId") or request_id, time=time.time(),
-                    source="aws", detail={"spot_request": request_id, "spot_status": code,
+                    source="aws", detail={"market": "spot", "spot_request": request_id, "spot_status": code,
                                           "message": request.get("Status", {}).get("Message")},
                     dedup_key=f"aws:capacity:{request_id}:{code}",
                 ))

@@ -53,11 +53,15 @@ class SourceError(Exception):
     """A transient failure to reach the cloud API (the watcher retries next tick)."""
 
 
-def loss_events(poll: Poll, current: dict[str, int | None], source: str, now: float) -> list[Event]:
+def loss_events(poll: Poll, current: dict[str, int | None], source: str, now: float,
+                since: dict[str, float] | None = None) -> list[Event]:
     """Events for nodes of the current deployment (``instance -> rank``) that are gone.
 
     A node missing from the listing counts as lost too: GCP deletes preempted instances whose
     termination action is DELETE, and AWS stops listing terminated instances after about an hour.
+    ``since`` (``instance -> when this incarnation came up``) keys the event to the incarnation:
+    an instance id can come back (a GCP spot VM stopped by a preemption and restarted by the next
+    apply), and its next loss is a new fact.
     """
     seen = {status.instance: status for status in poll.instances}
     events = []
@@ -73,7 +77,7 @@ def loss_events(poll: Poll, current: dict[str, int | None], source: str, now: fl
         events.append(Event(
             kind=kind, instance=instance, time=when, source=source, node_rank=rank,
             detail={"state": state, "reason": reason},
-            # One loss per instance: an instance id is never reused, so this never hides a new loss.
-            dedup_key=f"loss:{instance}",
+            # One loss per incarnation, however often the poller sees it gone.
+            dedup_key=f"loss:{instance}" + (f"@{since[instance]!r}" if since and instance in since else ""),
         ))
     return events

@@ -9,7 +9,14 @@ What it reads (Compute Engine REST API v1):
   how a preempted instance is told apart from one a person stopped (both end TERMINATED).
 
 Instances are keyed by their numeric ``id``, not their name: Terraform recreates a replaced
-node under the same name, and a loss of the new node must not look like the old one.
+node under the same name, and a loss of the new node must not look like the old one. The id does
+come back in one case: a spot VM with termination action STOP is restarted by the next apply
+(``desired_status = "RUNNING"``) under the same id, so an operation older than the instance's
+``lastStartTimestamp`` belongs to an earlier run and is ignored.
+
+Preempted operations are reported for every target in the zone, listed or not: an instance
+deleted after its preemption (termination action DELETE) is no longer listed, and only the
+watcher knows (from its ledger) which instance ids were the cluster's.
 """
 
 from __future__ import annotations
@@ -105,8 +112,16 @@ class GcpSource(EventSource):
         for op in operations:
             if op.operation_type != PREEMPTED_OPERATION:  # the filter is server-side; trust but check
                 continue
-            target = str(op.target_id) if op.target_id else by_name.get(op.target_link.rsplit("/", 1)[-1], "")
-            if target in by_id:  # operations of other clusters in the zone are not ours
+            name = op.target_link.rsplit("/", 1)[-1] if op.target_link else ""
+            target = str(op.target_id) if op.target_id else by_name.get(name, "")
+            if not target:
+                continue  # no id and not listed: nothing to match it against
+            inst = by_id.get(target)
+            op_time = rfc3339(op.insert_time)
+            started = rfc3339(inst.last_start_timestamp) if inst is not None else None
+            if started is not None and op_time is not None and op_time < started:
+                continue  # an earlier run of an instance that was restarted since
+            if target not in preempted or (op_time or 0) > (rfc3339(preempted[target].insert_time) or 0):
                 preempted[target] = op
         for instance_id, inst in by_id.items():
             op = preempted.get(instance_id)
@@ -120,9 +135,13 @@ class GcpSource(EventSource):
                 time=rfc3339(op.insert_time) if op is not None else rfc3339(inst.last_stop_timestamp),
             ))
         for instance_id, op in preempted.items():
+            # Other clusters' operations in the zone are reported too; the watcher keeps only the
+            # ones naming an instance its ledger knows.
+            name = by_id[instance_id].name if instance_id in by_id else op.target_link.rsplit("/", 1)[-1]
             poll.events.append(Event(
                 kind=PREEMPTION, instance=instance_id, time=rfc3339(op.insert_time) or time.time(), source="gcp",
-                detail={"operation": op.name, "name": by_id[instance_id].name, "message": op.status_message},
+                detail={"operation": op.name, "name": name, "message": op.status_message,
+                        "listed": instance_id in by_id},
                 dedup_key=f"gcp:op:{op.id or op.name}",
             ))
         return poll
