@@ -7,6 +7,7 @@ ansible-runner (the venv's ``bin`` on PATH) and returns a :class:`BootstrapResul
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -95,13 +96,43 @@ def inventory_from_spec(spec, outputs: dict, role_vars: dict | None = None) -> d
     return {"all": {"hosts": hosts, "vars": group_vars}}
 
 
+_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
+
+
+def _parse_value(text: str):
+    """A ``-e`` value the way a YAML inventory would type it, but conservatively: booleans
+    (``true``/``false``/``yes``/``no``/``on``/``off``), plain integers (``565``; not ``0755``, and no floats:
+    ``2.10`` is a version, not 2.1), flow lists and maps (``[--steps, "10"]``, ``{a: 1}``); anything else stays a string.
+    ansible's own ``-e k=v`` keeps strings, and ``when: var`` on the string ``"false"`` is an error in
+    ansible-core 2.19 (and true before it)."""
+    import yaml
+
+    stripped = text.strip()
+    if stripped.lower() in ("true", "false", "yes", "no", "on", "off"):
+        return stripped.lower() in ("true", "yes", "on")
+    if _INTEGER.fullmatch(stripped):
+        return int(stripped)
+    if stripped[:1] in ("[", "{"):
+        try:
+            value = yaml.safe_load(stripped)
+        except yaml.YAMLError as err:
+            raise InputError(f"bad -e value {text!r}: {err}", where="-e",
+                             fix="a YAML flow list/map, e.g. -e 'trainer_flags=[--steps, \"10\"]'") from err
+        if isinstance(value, (list, dict)):
+            return value
+    return text
+
+
 def _parse_extra_vars(items: list[str] | None) -> dict:
     out = {}
     for item in items or []:
         if "=" not in item:
             raise InputError(f"bad -e value {item!r}", where="-e", fix="use -e key=value")
         key, _, value = item.partition("=")
-        out[key.strip()] = value
+        key = key.strip()
+        if not key:
+            raise InputError(f"bad -e value {item!r}: empty name", where="-e", fix="use -e key=value")
+        out[key] = _parse_value(value)
     return out
 
 

@@ -134,6 +134,7 @@ def test_aws_no_notice_then_terminate(tmp_path, meta):
     try:
         ag = make_agent(tmp_path, "aws", meta.url, watcher)
         ag.tick()
+        assert ag.flush(5)
         assert not (tmp_path / "stop").exists()
         assert events(tmp_path) == []
         assert [e["kind"] for e in watcher.events] == ["progress"]
@@ -147,6 +148,7 @@ def test_aws_no_notice_then_terminate(tmp_path, meta):
         assert [e["kind"] for e in evs] == ["preemption-notice"]
         assert evs[0]["detail"]["action"] == "terminate" and evs[0]["cloud"] == "aws"
         assert evs[0]["instance"] == "i-1" and evs[0]["node_rank"] == 1
+        assert ag.flush(5)
         assert watcher.events[-1]["kind"] == "preemption-notice"
         ag.tick()  # the notice is handled once
         assert len(events(tmp_path)) == 1
@@ -278,3 +280,114 @@ def test_launch_command_and_exit_mapping(tmp_path):
     prog.write_text(json.dumps({"state": "preempted", "time": time.time()}))
     assert launch.exit_status(1, str(prog), 0) == 75
     assert launch.main(["--env-file", str(tmp_path / "missing")]) == 2
+
+
+def test_notice_writes_marker_and_keeps_it_while_active(tmp_path, meta):
+    """The preemption marker stops training.launch from restarting the trainer on a doomed node."""
+    marker = tmp_path / "run" / "preempted"
+    ag = make_agent(tmp_path, "gcp", meta.url, marker_file=str(marker))
+    ag.tick()
+    assert not marker.exists()
+    meta.preempted = True
+    ag.tick()
+    assert marker.exists() and (tmp_path / "stop").exists()
+    assert json.loads(marker.read_text())["reason"] == "preemption-notice"
+    (tmp_path / "stop").unlink()  # the trainer consumed it after its save
+    marker.unlink()  # someone removed the marker while the notice is still active
+    ag.tick()
+    assert marker.exists(), "the marker must come back while instance/preempted stays TRUE"
+    assert [e["kind"] for e in events(tmp_path)] == ["preemption-notice"]  # still recorded once
+
+
+def test_shutdown_polls_once_more_before_calling_it_a_shutdown(tmp_path, meta):
+    ag = make_agent(tmp_path, "aws", meta.url)
+    ag.tick()
+    meta.action = {"action": "terminate", "time": "2026-11-23T00:00:00Z"}
+    ag.shutdown()  # SIGTERM came before the next poll would have seen the notice
+    assert [e["kind"] for e in events(tmp_path)] == ["preemption-notice"]
+    assert (tmp_path / "stop").exists()
+
+
+class SlowWatcher:
+    """Accepts connections and never answers: every POST runs into the agent's HTTP timeout."""
+
+    def __init__(self):
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.conns = []
+        self.done = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        self.sock.settimeout(0.2)
+        while not self.done.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.conns.append(conn)
+
+    def close(self):
+        self.done.set()
+        for c in self.conns:
+            c.close()
+        self.sock.close()
+
+
+def test_unreachable_watcher_never_delays_polling(tmp_path, meta):
+    watcher = SlowWatcher()
+    try:
+        ag = make_agent(tmp_path, "aws", meta.url, watcher, heartbeat_every=0.0)
+        posted = []
+        real_post = ag.post
+        ag.sender._post = lambda ev, retries=None: (posted.append(ev["kind"]), real_post(ev, retries))
+        t0 = time.monotonic()
+        for _ in range(5):
+            ag.tick()  # each queues a heartbeat; the first POST hangs for HTTP_TIMEOUT
+        meta.action = {"action": "terminate", "time": "2026-11-23T00:00:00Z"}
+        ag.tick()
+        elapsed = time.monotonic() - t0
+        assert elapsed < 1.0, f"6 polls took {elapsed:.1f} s with a hanging watcher"
+        assert (tmp_path / "stop").exists()
+        assert not ag.flush(0.1)  # still stuck in the first POST
+        # heartbeats are coalesced: at most the one in flight and the newest are ever sent
+        ag._abort_posts.set()
+        assert ag.flush(3 * agent_mod.HTTP_TIMEOUT + 1)
+        assert posted.count("progress") <= 2 and "preemption-notice" in posted
+    finally:
+        watcher.close()
+
+
+def test_agent_process_exits_promptly_with_unreachable_watcher(tmp_path, meta):
+    watcher = SlowWatcher()
+    try:
+        (tmp_path / "tok").write_text("secret\n")
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen([sys.executable, "-m", "training.agent", "--cloud", "gcp", "--instance", "vm-0",
+                                 "--node-rank", "0", "--stop-file", str(tmp_path / "stop"), "--event-dir",
+                                 str(tmp_path / "disk"), "--watcher-url", watcher.url, "--watcher-token-file",
+                                 str(tmp_path / "tok"), "--cluster", "c1", "--metadata-url", meta.url,
+                                 "--interval", "0.2", "--flush-timeout", "1", "--marker-file",
+                                 str(tmp_path / "run" / "preempted")], env=env, cwd=REPO)
+        try:
+            time.sleep(0.5)
+            meta.preempted = True
+            deadline = time.time() + 3
+            while not (tmp_path / "stop").exists() and time.time() < deadline:
+                time.sleep(0.05)
+            assert (tmp_path / "stop").exists(), "the notice must not wait for the watcher"
+            assert (tmp_path / "run" / "preempted").exists()
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(10) == 0
+            assert time.monotonic() - t0 < 1 + agent_mod.HTTP_TIMEOUT + 1.5
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    finally:
+        watcher.close()
+    assert [e["kind"] for e in events(tmp_path)] == ["preemption-notice"]

@@ -61,31 +61,129 @@ def verify_unit(path: Path) -> subprocess.CompletedProcess:
                           timeout=60)
 
 
+TRAINER_UNIT_VARS = {"trainer_mount_point": "/mnt/kit-disk", "trainer_ckpt_dir": "/mnt/kit-disk/ckpt",
+                     "trainer_signal_grace": 60}
+
+
+def agent_unit_vars(venv) -> dict:
+    return {"preemption_agent_venv": str(venv), "preemption_agent_cloud": "gcp", "preemption_agent_instance": "vm-0",
+            "preemption_agent_node_rank": 0, "preemption_agent_stop_file": "/run/kit/stop",
+            "preemption_agent_marker_file": "/run/kit/preempted",
+            "preemption_agent_progress_file": "/mnt/kit-disk/progress.json", "preemption_agent_event_dir": "/mnt/kit-disk",
+            "preemption_agent_interval": 2, "preemption_agent_metadata_url": "",
+            "preemption_agent_watcher_url": "http://10.0.0.1:8080", "preemption_agent_watcher_token": "t",
+            "preemption_agent_cluster": "c1"}
+
+
+def unit_values(text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out.setdefault(key, []).append(value)
+    return out
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_units_verify(tmp_path):
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
     trainer = tmp_path / "kit-trainer.service"
-    trainer.write_text(render_template("trainer", "kit-trainer.service.j2", {"trainer_venv": str(venv)}))
+    trainer.write_text(render_template("trainer", "kit-trainer.service.j2", {"trainer_venv": str(venv),
+                                                                             **TRAINER_UNIT_VARS}))
     agent = tmp_path / "kit-agent.service"
-    agent.write_text(render_template("preemption_agent", "kit-agent.service.j2", {
-        "preemption_agent_venv": str(venv), "preemption_agent_cloud": "gcp", "preemption_agent_instance": "vm-0",
-        "preemption_agent_node_rank": 0, "preemption_agent_stop_file": "/run/kit/stop",
-        "preemption_agent_progress_file": "/mnt/kit-disk/progress.json", "preemption_agent_event_dir": "/mnt/kit-disk",
-        "preemption_agent_interval": 2, "preemption_agent_metadata_url": "",
-        "preemption_agent_watcher_url": "http://10.0.0.1:8080", "preemption_agent_watcher_token": "t",
-        "preemption_agent_cluster": "c1"}))
+    agent.write_text(render_template("preemption_agent", "kit-agent.service.j2", agent_unit_vars(venv)))
     for unit in (trainer, agent):
         proc = verify_unit(unit)
         assert proc.returncode == 0, proc.stderr
     text = trainer.read_text()
     assert "Restart=on-failure" in text and "RestartForceExitStatus=75" in text
     assert "--watcher-token-file /etc/kit/watcher-token --cluster c1" in agent.read_text()
+    assert "--marker-file /run/kit/preempted" in agent.read_text()
     bad = tmp_path / "kit-bad.service"
     bad.write_text("[Service]\nExecStart=relative/path\nRestart=sometimes\n")
     proc = verify_unit(bad)
     assert proc.returncode != 0
+
+
+def test_units_wait_for_the_data_disk_and_stop_in_order():
+    """nofail in fstab orders nothing: both units need RequiresMountsFor= on the data disk's mount point.
+    On GCP the trainer stops only after the shutdown-script ran (it waits for the save)."""
+    trainer = unit_values(render_template("trainer", "kit-trainer.service.j2",
+                                          {"trainer_venv": "/opt/kit/venv", **TRAINER_UNIT_VARS}))
+    agent = unit_values(render_template("preemption_agent", "kit-agent.service.j2", agent_unit_vars("/opt/kit/venv")))
+    assert "/mnt/kit-disk" in " ".join(trainer["RequiresMountsFor"]).split()
+    assert "/mnt/kit-disk" in " ".join(agent["RequiresMountsFor"]).split()
+    assert "google-shutdown-scripts.service" in " ".join(trainer["Before"]).split()
+    assert "kit-trainer.service" in " ".join(agent["Before"]).split()
+    assert trainer["KillMode"] == ["mixed"], "SIGTERM goes to training.launch, which asks for the save"
+    assert trainer["RestartPreventExitStatus"][0].split() == ["2"]
+    assert trainer["Restart"] == ["on-failure"] and trainer["RestartForceExitStatus"] == ["75"]
+
+
+def test_gcp_shutdown_hook_writes_marker_and_stop_file(tmp_path):
+    """Run the rendered hook with a fake systemctl: marker and stop file written, it waits while the
+    trainer is active and returns once it is not."""
+    hook = tmp_path / "hook.sh"
+    hook.write_text(render_template("preemption_agent", "gcp-shutdown-hook.sh.j2", {
+        "preemption_agent_marker_file": str(tmp_path / "run" / "preempted"),
+        "preemption_agent_stop_file": str(tmp_path / "run" / "stop")}))
+    hook.chmod(0o755)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    calls = tmp_path / "calls"
+    # "active" twice (the save takes 2 s), then inactive
+    (bindir / "systemctl").write_text(f"#!/bin/sh\necho x >> {calls}\n[ $(wc -l < {calls}) -le 2 ]\n")
+    (bindir / "systemctl").chmod(0o755)
+    import os
+
+    proc = subprocess.run(["sh", str(hook)], env={**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"},
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "run" / "preempted").exists() and (tmp_path / "run" / "stop").exists()
+    assert len(calls.read_text().splitlines()) == 3
+
+
+def _when_clauses(node):
+    """Every `when` condition string in a task list (blocks, rescue, always included)."""
+    if isinstance(node, list):
+        for item in node:
+            yield from _when_clauses(item)
+    elif isinstance(node, dict):
+        when = node.get("when")
+        if isinstance(when, str):
+            yield when
+        elif isinstance(when, list):
+            yield from (w for w in when if isinstance(w, str))
+        for key in ("block", "rescue", "always"):
+            if key in node:
+                yield from _when_clauses(node[key])
+
+
+def test_boolean_variables_are_tested_with_bool_filter():
+    """`-e nvidia_driver_allow_reboot=false` or an inventory's "false" is a string: `when: var` on it fails in
+    ansible-core 2.19 (and is true before). Every boolean role variable in a condition needs `| bool`."""
+    import re
+
+    import yaml
+
+    booleans = {"nvidia_driver_working", "nvidia_driver_use_fm", "trainer_finished"}  # set_fact flags
+    for defaults in ANSIBLE.glob("roles/*/defaults/main.yml"):
+        for name, value in (yaml.safe_load(defaults.read_text()) or {}).items():
+            if isinstance(value, bool) or (isinstance(value, str) and value.startswith("{{")
+                                           and re.search(r"==|\bis\b", value)):
+                booleans.add(name)
+    assert {"nvidia_driver_allow_reboot", "python_env_install_torch", "trainer_service_start"} <= booleans
+    bad = []
+    files = list(ANSIBLE.glob("roles/*/tasks/*.yml")) + list(ANSIBLE.glob("roles/*/handlers/*.yml"))
+    for path in files:
+        for cond in _when_clauses(yaml.safe_load(path.read_text())):
+            for name in booleans:
+                for m in re.finditer(rf"\b{name}\b", cond):
+                    if not re.match(r"\s*\|\s*(default\([^)]*\)\s*\|\s*)?bool\b", cond[m.end():]):
+                        bad.append(f"{path.relative_to(ANSIBLE)}: {cond!r}")
+    assert not bad, "conditions without | bool:\n" + "\n".join(bad)
 
 
 def test_train_env_template_round_trips_through_launch():
@@ -95,7 +193,7 @@ def test_train_env_template_round_trips_through_launch():
     text = render_template("trainer", "train.env.j2", {
         "trainer_cluster_name": "c1", "trainer_nnodes": 2, "trainer_node_rank": 1,
         "trainer_rdzv_endpoint": "10.0.0.4:29500", "trainer_nproc_per_node": 8, "trainer_ckpt_dir": "/mnt/kit-disk/ckpt",
-        "trainer_flags": flags, "trainer_stop_file": "/run/kit/stop",
+        "trainer_flags": flags, "trainer_stop_file": "/run/kit/stop", "trainer_preempted_marker": "/run/kit/preempted",
         "trainer_progress_file": "/mnt/kit-disk/progress.json", "trainer_venv": "/opt/kit/venv"})
     import tempfile
 
@@ -104,6 +202,7 @@ def test_train_env_template_round_trips_through_launch():
         f.flush()
         env = launch.read_env_file(f.name)
     cmd = launch.build_command(env)
+    assert env["PREEMPTED_MARKER"] == "/run/kit/preempted"
     assert cmd[0] == "/opt/kit/venv/bin/python"
     assert "--nproc-per-node=8" in cmd and "--nnodes=2" in cmd and "--node-rank=1" in cmd
     i = cmd.index("training.train")
@@ -153,9 +252,16 @@ def test_extra_vars_parsing():
     from kit.bootstrap import _parse_extra_vars
     from kit.errors import InputError
 
-    assert _parse_extra_vars(["a=1", "b=x=y"]) == {"a": "1", "b": "x=y"}
-    with pytest.raises(InputError):
-        _parse_extra_vars(["novalue"])
+    assert _parse_extra_vars(["a=1", "b=x=y"]) == {"a": 1, "b": "x=y"}
+    got = _parse_extra_vars(["nvidia_driver_allow_reboot=false", "python_env_install_torch=No", "x=on",
+                             "nvidia_driver_branch=565", "mode=0755", "v=2.10", "e=", "s=hello world",
+                             "trainer_flags=[--steps, '10']", "m={a: 1}", "n=-3"])
+    assert got == {"nvidia_driver_allow_reboot": False, "python_env_install_torch": False, "x": True,
+                   "nvidia_driver_branch": 565, "mode": "0755", "v": "2.10", "e": "", "s": "hello world",
+                   "trainer_flags": ["--steps", "10"], "m": {"a": 1}, "n": -3}
+    for bad in (["novalue"], ["=x"], ["f=[unclosed"]):
+        with pytest.raises(InputError):
+            _parse_extra_vars(bad)
 
 
 def test_cli_bad_inventory_exits_2(tmp_path):

@@ -11,9 +11,16 @@
 * GCP: ``GET /computeMetadata/v1/instance/preempted`` with ``Metadata-Flavor: Google`` -> ``TRUE``/``FALSE``.
 * local: ``--metadata-url`` is a file path (``<node_dir>/metadata/preempted``); content ``TRUE`` = notice.
 
-On a notice: write the stop file (the trainer saves and exits 75), append the event to
-``<event-dir>/events.jsonl``, POST it to the watcher (with retries). SIGTERM/SIGINT without a notice is
-a normal shutdown (event kind ``shutdown``). Progress from ``--progress-file`` is heartbeated to the watcher.
+On a notice: write the preemption marker (``--marker-file``: ``training.launch`` will not start torchrun
+again on this node; it lives in ``/run``, emptied at boot) and the stop file (the trainer saves and exits
+75), append the event to ``<event-dir>/events.jsonl``, POST it to the watcher (with retries). While the
+notice stays active every poll re-creates a removed marker. SIGTERM/SIGINT without a notice (after one
+last poll) is a normal shutdown (event kind ``shutdown``). Progress from ``--progress-file`` is
+heartbeated to the watcher.
+
+POSTs run on a background thread: an unreachable watcher never delays the next poll (every <= 2 s).
+Heartbeats are coalesced (only the newest pending one is sent); on exit pending events get up to
+``--flush-timeout`` seconds.
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ import argparse
 import json
 import logging
 import os
+import queue
 import signal
 import sys
 import threading
@@ -147,13 +155,67 @@ def read_progress(path: str | None) -> dict:
         return {}
 
 
+class Sender:
+    """Delivers events to the watcher from a background thread, in order. Progress heartbeats are
+    coalesced: a newer one replaces one that is still waiting."""
+
+    def __init__(self, post):
+        self._post = post
+        self._q: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._progress: tuple[dict, int | None] | None = None
+        self._thread = threading.Thread(target=self._run, name="kit-agent-post", daemon=True)
+        self._thread.start()
+
+    def submit(self, ev: dict, retries: int | None = None) -> None:
+        if ev.get("kind") == "progress":
+            with self._lock:
+                queued = self._progress is not None
+                self._progress = (ev, retries)
+            if queued:
+                return
+            self._q.put("progress")
+        else:
+            self._q.put((ev, retries))
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            try:
+                if item is None:
+                    return
+                if item == "progress":
+                    with self._lock:
+                        item, self._progress = self._progress, None
+                    if item is None:
+                        continue
+                self._post(*item)
+            except Exception:  # never let one bad event kill the sender
+                log.exception("watcher post crashed")
+            finally:
+                self._q.task_done()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until everything submitted has been handled (True) or ``timeout`` passed (False)."""
+        deadline = time.monotonic() + timeout
+        with self._q.all_tasks_done:
+            while self._q.unfinished_tasks:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._q.all_tasks_done.wait(left)
+        return True
+
+
 class Agent:
     def __init__(self, *, cloud: str, instance: str, node_rank: int, stop_file: str, progress_file: str | None,
                  event_dir: str, watcher_url: str | None = None, watcher_token: str | None = None,
                  cluster: str | None = None, metadata_url: str | None = None, interval: float = 2.0,
-                 heartbeat_every: float = 10.0, post_retries: int = 5, retry_delay: float = 0.5):
+                 heartbeat_every: float = 10.0, post_retries: int = 5, retry_delay: float = 0.5,
+                 marker_file: str | None = None, flush_timeout: float = 5.0):
         self.cloud, self.instance, self.node_rank = cloud, instance, node_rank
         self.stop_file = Path(stop_file)
+        self.marker_file = Path(marker_file) if marker_file else None
         self.progress_file = progress_file
         self.event_dir = Path(event_dir)
         self.watcher_url = watcher_url.rstrip("/") if watcher_url else None
@@ -162,9 +224,12 @@ class Agent:
         self.interval = min(float(interval), 2.0)
         self.heartbeat_every = heartbeat_every
         self.post_retries, self.retry_delay = post_retries, retry_delay
+        self.flush_timeout = flush_timeout
         self.stopping = threading.Event()
+        self._abort_posts = threading.Event()  # set when the flush time at exit is over: no more backoff
         self.noticed = False
         self._last_heartbeat = 0.0
+        self.sender = Sender(self.post)
 
     def event(self, kind: str, detail: dict | None = None) -> dict:
         prog = read_progress(self.progress_file)
@@ -180,11 +245,13 @@ class Agent:
             os.fsync(f.fileno())
 
     def post(self, ev: dict, retries: int | None = None) -> bool:
+        """POST one event (blocking, with backoff; no retry on 4xx). The agent itself uses :meth:`submit`."""
         if not (self.watcher_url and self.watcher_token and self.cluster):
             return False
         url = f"{self.watcher_url}/v1/clusters/{self.cluster}/events"
         data = json.dumps(ev).encode()
-        for attempt in range(self.post_retries if retries is None else retries):
+        attempts = self.post_retries if retries is None else retries
+        for attempt in range(attempts):
             req = urllib.request.Request(url, data=data, method="POST", headers={
                 "Authorization": f"Bearer {self.watcher_token}", "Content-Type": "application/json"})
             try:
@@ -197,52 +264,83 @@ class Agent:
                     return False
             except (OSError, urllib.error.URLError) as err:
                 log.info("watcher post failed (%s), attempt %d", err, attempt + 1)
-            time.sleep(self.retry_delay * (2 ** attempt))
+            if attempt + 1 < attempts and self._abort_posts.wait(self.retry_delay * (2 ** attempt)):
+                break
         return False
 
+    def submit(self, ev: dict, retries: int | None = None) -> None:
+        """Queue an event for the watcher (no-op without one); never blocks the poll loop."""
+        if self.watcher_url and self.watcher_token and self.cluster:
+            self.sender.submit(ev, retries)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return self.sender.flush(self.flush_timeout if timeout is None else timeout)
+
+    @staticmethod
+    def _atomic_write(path: Path, text: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
     def write_stop_file(self, reason: str) -> None:
-        self.stop_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.stop_file.with_name(f".{self.stop_file.name}.tmp")
-        tmp.write_text(reason + "\n")
-        os.replace(tmp, self.stop_file)
+        self._atomic_write(self.stop_file, reason + "\n")
+
+    def write_marker(self, reason: str) -> None:
+        if self.marker_file is not None:
+            self._atomic_write(self.marker_file, json.dumps({"reason": reason, "time": time.time()}) + "\n")
 
     def handle(self, kind: str, detail: dict) -> None:
-        ev = self.event(kind, detail)
         if kind == "preemption-notice":
             if self.noticed:
+                # still active: the marker must stay (someone removed it? the trainer must not restart)
+                if self.marker_file is not None and not self.marker_file.exists():
+                    self.write_marker("preemption-notice")
                 return
             self.noticed = True
+            # marker first: training.launch checks it after removing a stale stop file
+            self.write_marker("preemption-notice")
             self.write_stop_file("preemption-notice")
             log.warning("preemption notice: stop file written (%s)", self.stop_file)
+        ev = self.event(kind, detail)
         self.record(ev)
-        self.post(ev)
+        self.submit(ev)
 
-    def tick(self) -> None:
+    def poll(self) -> None:
         try:
             for kind, detail in self.probe.poll():
                 self.handle(kind, detail)
         except (MetadataError, OSError) as err:
             log.info("metadata poll failed: %s", err)
+
+    def tick(self) -> None:
+        self.poll()
         now = time.monotonic()
         if self.watcher_url and now - self._last_heartbeat >= self.heartbeat_every:
             self._last_heartbeat = now
             prog = read_progress(self.progress_file)
             if prog:  # state "done" and the final digest let the watcher stop and verify the export
-                self.post(self.event("progress", {k: prog[k] for k in ("state", "params_sha256") if prog.get(k)}),
-                          retries=1)
+                self.submit(self.event("progress", {k: prog[k] for k in ("state", "params_sha256") if prog.get(k)}),
+                            retries=1)
 
     def shutdown(self) -> None:
-        """A stop of the agent itself: a normal shutdown unless a notice came first."""
-        if self.noticed:
-            return
-        ev = self.event("shutdown", {"reason": "agent stopped without a preemption notice"})
-        self.record(ev)
-        self.post(ev, retries=2)
+        """A stop of the agent itself: one last poll (a notice may have come since the previous one),
+        then a normal shutdown unless a notice came first; pending POSTs get ``flush_timeout``."""
+        if not self.noticed:
+            self.poll()
+        if not self.noticed:
+            ev = self.event("shutdown", {"reason": "agent stopped without a preemption notice"})
+            self.record(ev)
+            self.submit(ev, retries=2)
+        if not self.flush():
+            log.warning("watcher unreachable: events not delivered within %.0f s", self.flush_timeout)
+        self._abort_posts.set()
 
     def run(self) -> int:
         while not self.stopping.is_set():
+            started = time.monotonic()
             self.tick()
-            self.stopping.wait(self.interval)
+            self.stopping.wait(max(0.0, self.interval - (time.monotonic() - started)))
         self.shutdown()
         return 0
 
@@ -261,6 +359,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--metadata-url")
     p.add_argument("--interval", type=float, default=2.0)
     p.add_argument("--heartbeat-every", type=float, default=10.0)
+    p.add_argument("--marker-file", help="written on a notice; training.launch will not start torchrun while "
+                                         "it exists (put it under /run: emptied at boot)")
+    p.add_argument("--flush-timeout", type=float, default=5.0,
+                   help="seconds to deliver pending events to the watcher on exit")
     return p.parse_args(argv)
 
 
@@ -278,7 +380,8 @@ def main(argv=None) -> int:
         agent = Agent(cloud=a.cloud, instance=a.instance, node_rank=a.node_rank, stop_file=a.stop_file,
                       progress_file=a.progress_file, event_dir=a.event_dir, watcher_url=a.watcher_url,
                       watcher_token=token, cluster=a.cluster, metadata_url=a.metadata_url,
-                      interval=a.interval, heartbeat_every=a.heartbeat_every)
+                      interval=a.interval, heartbeat_every=a.heartbeat_every, marker_file=a.marker_file,
+                      flush_timeout=a.flush_timeout)
     except ValueError as err:
         print(f"agent: {err}", file=sys.stderr)
         return 2

@@ -2,20 +2,44 @@
 
 Used by ``kit-trainer.service`` (``ExecStart=<venv>/bin/python -m training.launch --env-file
 /etc/kit/train.env``). Restart semantics for systemd (``Restart=on-failure``,
-``RestartPreventExitStatus=0`` implied): exit 0 = training finished (no restart), exit 75
-(``training.exitcodes.PREEMPTED``) or a crash = restart (resume from the newest checkpoint).
-Under torchrun a worker's 75 surfaces as 1; :func:`main` maps it back to 75 via the progress file.
+``RestartForceExitStatus=75``, ``RestartPreventExitStatus=2``): exit 0 = training finished (no
+restart), exit 75 (``training.exitcodes.PREEMPTED``) or a crash = restart (resume from the newest
+checkpoint), exit 2 = bad flags or env file (a restart cannot fix it). Under torchrun a worker's 75
+surfaces as 1; :func:`main` maps it back to 75 via the progress file.
+
+Before starting torchrun :func:`main`:
+
+* exits 2 when ``TRAIN_FLAGS`` are not valid ``training.train`` flags (``validate``), so a typo does not
+  restart the unit every 10 s forever;
+* exits 75 without starting anything while the preemption marker (``PREEMPTED_MARKER``, default
+  ``/run/kit/preempted``; the node agent writes it on a notice, ``/run`` is emptied at boot) exists: a node
+  that is being preempted must not rejoin the rendezvous after its stop save;
+* exits 0 when the progress file says the run already finished (``state == "done"`` at the requested
+  ``--steps``), so a bootstrap re-run, a reboot or a restart does not train again.
+
+While torchrun runs, SIGTERM/SIGINT/SIGHUP (``systemctl stop``, an OS shutdown) are not fatal: the
+signal writes the stop file (all ranks agree on a step, save and exit 75, with no time cap of its own)
+and is forwarded to torchrun only after ``--signal-grace`` seconds (or at once on a second signal), in
+case torchrun is still in its rendezvous and no worker can see the stop file. torchrun SIGKILLs its
+workers 30 s after it gets a SIGTERM, so forwarding at once would cap the emergency save at 30 s.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
 
-from training.exitcodes import DONE, PREEMPTED, outcome
+from training.exitcodes import DONE, PREEMPTED, USAGE, outcome
+
+DEFAULT_STOP_FILE = "/run/kit/stop"
+DEFAULT_MARKER = "/run/kit/preempted"
+DEFAULT_PROGRESS = "/mnt/kit-disk/progress.json"
+SIGNAL_GRACE_S = 60.0
 
 
 def read_env_file(path: str) -> dict[str, str]:
@@ -33,6 +57,16 @@ def read_env_file(path: str) -> dict[str, str]:
     return env
 
 
+def _train_args(env: dict[str, str]) -> list[str]:
+    flags = shlex.split(env.get("TRAIN_FLAGS", ""))
+    args = list(flags)
+    if env.get("CKPT_DIR") and "--ckpt-dir" not in flags:
+        args += ["--ckpt-dir", env["CKPT_DIR"]]
+    args += ["--stop-file", env.get("STOP_FILE", DEFAULT_STOP_FILE),
+             "--progress-file", env.get("PROGRESS_FILE", DEFAULT_PROGRESS)]
+    return args
+
+
 def build_command(env: dict[str, str], python: str | None = None) -> list[str]:
     """torchrun command from NNODES, NODE_RANK, RDZV_ENDPOINT, NPROC_PER_NODE, RDZV_ID, CKPT_DIR,
     TRAIN_FLAGS (shell-quoted), STOP_FILE, PROGRESS_FILE."""
@@ -41,17 +75,49 @@ def build_command(env: dict[str, str], python: str | None = None) -> list[str]:
         raise ValueError(f"train env lacks {', '.join(missing)}")
     python = python or env.get("KIT_PYTHON") or sys.executable
     nproc = env.get("NPROC_PER_NODE") or "1"
-    cmd = [python, "-m", "torch.distributed.run", f"--nnodes={int(env['NNODES'])}",
-           f"--nproc-per-node={nproc}", f"--node-rank={int(env['NODE_RANK'])}", "--rdzv-backend=c10d",
-           f"--rdzv-endpoint={env['RDZV_ENDPOINT']}", f"--rdzv-id={env.get('RDZV_ID', 'kit')}",
-           "--max-restarts=0", "-m", "training.train"]
-    flags = shlex.split(env.get("TRAIN_FLAGS", ""))
-    cmd += flags
-    if env.get("CKPT_DIR") and "--ckpt-dir" not in flags:
-        cmd += ["--ckpt-dir", env["CKPT_DIR"]]
-    cmd += ["--stop-file", env.get("STOP_FILE", "/run/kit/stop"),
-            "--progress-file", env.get("PROGRESS_FILE", "/mnt/kit-disk/progress.json")]
-    return cmd
+    try:
+        nnodes, node_rank = int(env["NNODES"]), int(env["NODE_RANK"])
+    except ValueError as err:
+        raise ValueError(f"train env: NNODES and NODE_RANK must be integers ({err})") from err
+    return [python, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
+            f"--nproc-per-node={nproc}", f"--node-rank={node_rank}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={env['RDZV_ENDPOINT']}", f"--rdzv-id={env.get('RDZV_ID', 'kit')}",
+            "--max-restarts=0", "-m", "training.train", *_train_args(env)]
+
+
+def parse_train_args(env: dict[str, str]) -> argparse.Namespace:
+    """``training.train``'s own parser and ``validate`` on the flags (no torch import); ValueError if bad."""
+    import contextlib
+    import io
+
+    from training.train import build_parser, validate
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            args = build_parser().parse_args(_train_args(env))
+    except SystemExit as exc:
+        lines = err.getvalue().strip().splitlines()
+        raise ValueError(f"bad TRAIN_FLAGS: {lines[-1] if lines else exc}") from None
+    problem = validate(args)
+    if problem:
+        raise ValueError(f"bad TRAIN_FLAGS: {problem}")
+    return args
+
+
+def finished(env: dict[str, str], steps: int) -> dict | None:
+    """The progress file's document when it says the run finished at ``steps``, else None."""
+    try:
+        with open(env.get("PROGRESS_FILE", DEFAULT_PROGRESS)) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("state") != "done":
+        return None
+    try:
+        return doc if int(doc.get("total_steps", -1)) == steps and int(doc.get("step", -1)) >= steps else None
+    except (TypeError, ValueError):
+        return None
 
 
 def exit_status(returncode: int, progress_file: str | None, started_at: float) -> int:
@@ -61,31 +127,107 @@ def exit_status(returncode: int, progress_file: str | None, started_at: float) -
         return DONE
     if result == "preempted":
         return PREEMPTED
+    if returncode < 0:  # killed by a signal: the shell's convention, never 0 or 75
+        return 128 + (-returncode)
     return returncode if returncode not in (DONE, PREEMPTED) else 1
+
+
+def _write_stop_file(path: str, reason: str) -> None:
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.launch.tmp"
+        with open(tmp, "w") as f:
+            f.write(reason + "\n")
+        os.replace(tmp, path)
+    except OSError as err:
+        print(f"launch: cannot write the stop file {path}: {err}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str], stop_file: str, grace: float) -> int:
+    """Run torchrun; on SIGTERM/SIGINT/SIGHUP write the stop file, forward the signal after ``grace``
+    seconds (at once on a second signal) and keep waiting. Returns torchrun's exit code."""
+    proc = subprocess.Popen(cmd)
+    state = {"signals": 0, "forward_at": None, "forwarded": False, "signum": signal.SIGTERM}
+
+    def forward() -> None:
+        if not state["forwarded"] and proc.poll() is None:
+            state["forwarded"] = True
+            print(f"launch: forwarding {signal.Signals(state['signum']).name} to torchrun", file=sys.stderr,
+                  flush=True)
+            try:
+                proc.send_signal(state["signum"])
+            except ProcessLookupError:
+                pass
+
+    def on_signal(signum, frame):
+        state["signals"] += 1
+        if state["signals"] == 1:
+            state["signum"] = signum
+            _write_stop_file(stop_file, f"launch: {signal.Signals(signum).name}")
+            state["forward_at"] = time.monotonic() + grace
+            print(f"launch: {signal.Signals(signum).name}: stop file written, waiting for the save",
+                  file=sys.stderr, flush=True)
+        else:
+            forward()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                if state["forward_at"] is not None and time.monotonic() >= state["forward_at"]:
+                    forward()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m training.launch")
     p.add_argument("--env-file", default="/etc/kit/train.env")
     p.add_argument("--print", action="store_true", help="print the command and exit")
+    p.add_argument("--status", action="store_true",
+                   help="print `finished`, `preempted` or `pending` (would train) and exit 0; 2 on bad flags")
+    p.add_argument("--signal-grace", type=float, default=SIGNAL_GRACE_S,
+                   help="seconds between a stop signal (stop file written) and forwarding it to torchrun")
     a = p.parse_args(argv)
     try:
         env = read_env_file(a.env_file)
         cmd = build_command(env)
     except (OSError, ValueError) as err:
         print(f"launch: {err}", file=sys.stderr)
-        return 2
+        return USAGE
     if a.print:
         print(shlex.join(cmd))
         return 0
-    stop_file = env.get("STOP_FILE", "/run/kit/stop")
     try:
-        os.unlink(stop_file)  # a stale stop request from the previous run
+        steps = parse_train_args(env).steps
+    except ValueError as err:
+        print(f"launch: {err}", file=sys.stderr)
+        return USAGE
+    stop_file = env.get("STOP_FILE", DEFAULT_STOP_FILE)
+    marker = env.get("PREEMPTED_MARKER", DEFAULT_MARKER)
+    progress_file = env.get("PROGRESS_FILE", DEFAULT_PROGRESS)
+    done = finished(env, steps)
+    if a.status:
+        print("finished" if done else "preempted" if os.path.exists(marker) else "pending")
+        return 0
+    try:
+        os.unlink(stop_file)  # a stale stop request from the previous run (a notice also writes the marker)
     except OSError:
         pass
+    if os.path.exists(marker):  # checked after the unlink: a notice racing with it leaves the marker
+        print(f"launch: this node is being preempted ({marker} exists): not starting torchrun; "
+              "the marker is cleared at boot", file=sys.stderr)
+        return PREEMPTED
+    if done:
+        print(f"launch: training already finished (step {done.get('step')}/{steps} in {progress_file}); "
+              "not starting. Raise --steps or remove the progress file to train again", file=sys.stderr)
+        return DONE
     started = time.time()
-    rc = subprocess.call(cmd)
-    return exit_status(rc, env.get("PROGRESS_FILE", "/mnt/kit-disk/progress.json"), started)
+    rc = run(cmd, stop_file, a.signal_grace)
+    return exit_status(rc, progress_file, started)
 
 
 if __name__ == "__main__":
