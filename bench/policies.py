@@ -45,7 +45,7 @@ from kit.simulate import (
     span_ticks,
     start_ticks,
 )
-from kit.traces import Trace, load_traces
+from kit.traces import Trace, load_traces, markov_availability
 
 GCP = "gcp-a3-h100-2025-10"
 
@@ -95,13 +95,7 @@ def markov(seed: int, share: float, mean_run_h: float, ratio: float, n_ticks: in
 def review_markov(seed: int, n: int, p_up: float, mean_up: float, nodes: int = 4, gap: int = 600) -> Trace:
     """The issue-5 review's market (same generator as tests/test_simulate.py::markov_trace): on/off
     capacity, spot runs geometric with mean ``mean_up`` ticks, availability ``p_up``, price 1 vs 3."""
-    rng = random.Random(seed)
-    leave_up = 1 / mean_up
-    leave_down = leave_up * p_up / (1 - p_up)
-    up, data = rng.random() < p_up, []
-    for _ in range(n):
-        data.append(nodes if up else rng.randrange(nodes))
-        up = (rng.random() >= leave_up) if up else (rng.random() < leave_down)
+    data = markov_availability(seed, n, p_up, mean_up, nodes)
     meta = {"gap_seconds": gap, "spot_price_per_hour": 1.0, "on_demand_price_per_hour": 3.0,
             "zone": f"review-{p_up}-{mean_up}-{seed}"}
     return Trace(path=Path(meta["zone"] + ".json"), gap_seconds=gap, data=tuple(data), metadata=meta)

@@ -122,3 +122,19 @@ def trace_files(paths) -> list[Path]:
 
 def load_traces(paths) -> list[Trace]:
     return [load_trace(f) for f in trace_files(paths)]
+
+
+def markov_availability(seed: int, n: int, p_up: float, mean_up_ticks: float, nodes: int) -> list[int]:
+    """A synthetic on/off spot market for tests and benchmarks: ``n`` ticks of capacity, ``nodes``
+    while up and fewer (uniform) while down; up-runs are geometric with mean ``mean_up_ticks`` and
+    the long-run share of up ticks is ``p_up``."""
+    import random
+
+    rng = random.Random(seed)
+    leave_up = 1 / mean_up_ticks
+    leave_down = leave_up * p_up / (1 - p_up)
+    up, data = rng.random() < p_up, []
+    for _ in range(n):
+        data.append(nodes if up else rng.randrange(nodes))
+        up = (rng.random() >= leave_up) if up else (rng.random() < leave_down)
+    return data

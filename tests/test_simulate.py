@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import random
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ from typer.testing import CliRunner
 from kit.cli import app
 from kit.policy import ON_DEMAND, POLICY_NAMES, SPOT, WAIT
 from kit.simulate import OPT, Params, simulate, simulate_opt, simulate_policy, span_ticks, start_ticks
-from kit.traces import Trace, load_traces
+from kit.traces import Trace, load_traces, markov_availability
 
 LIVE = list(POLICY_NAMES)
 
@@ -28,13 +27,7 @@ def make_trace(data, gap_seconds=1800, **metadata):
 
 def markov_trace(seed, n=400, p_up=0.5, mean_up=3.0, nodes=4, gap_seconds=1800):
     """On/off capacity with geometric run lengths (mean ``mean_up`` ticks up)."""
-    rng = random.Random(seed)
-    leave_up = 1 / mean_up
-    leave_down = leave_up * p_up / (1 - p_up)
-    up, data = rng.random() < p_up, []
-    for _ in range(n):
-        data.append(nodes if up else rng.randrange(nodes))
-        up = (rng.random() >= leave_up) if up else (rng.random() < leave_down)
+    data = markov_availability(seed, n, p_up, mean_up, nodes)
     return make_trace(data, gap_seconds, spot_price_per_hour=1.0, on_demand_price_per_hour=3.0)
 
 

@@ -48,6 +48,21 @@ def make(tmp_path, answers, *, deployed_market="spot", nodes=2, seed=1):
     return watcher, backend, ledger, policy, clock
 
 
+
+def make_bootstrap_fail(backend) -> dict:
+    """Make the backend's bootstrap raise (an SSH failure) while the returned switch says "on"."""
+    from kit.errors import KitError
+
+    real_bootstrap, failing = backend.bootstrap, {"on": True}
+
+    def bootstrap(nodes):
+        if failing["on"]:
+            raise KitError("ssh: connection refused")
+        real_bootstrap(nodes)
+
+    backend.bootstrap = bootstrap
+    return failing
+
 def test_market_switch_rerenders_applies_and_bootstraps_every_node(tmp_path):
     watcher, backend, ledger, policy, clock = make(tmp_path, ["on-demand"])
     old = {n.instance_id for n in backend.deployed}
@@ -325,18 +340,10 @@ def test_bootstrap_failure_after_apply_leaves_no_stale_ledger(tmp_path):
     """Finding 4: after an apply whose bootstrap failed, the ledger still described the old
     nodes: spurious losses, a switch counted as a recovery, and a restart that finished the
     superseded decision by bootstrapping deleted nodes."""
-    from kit.errors import KitError
 
     watcher, backend, ledger, _policy, clock = make(tmp_path, ["on-demand", "spot"])
     ledger.record(heartbeat(10, 1000))
-    real_bootstrap, failing = backend.bootstrap, {"on": True}
-
-    def bootstrap(nodes):
-        if failing["on"]:
-            raise KitError("ssh: connection refused")
-        real_bootstrap(nodes)
-
-    backend.bootstrap = bootstrap
+    failing = make_bootstrap_fail(backend)
     result = watcher.tick()  # switch to on-demand: applied, bootstrap fails
     assert (result.action, result.outcome.status) == ("switch", "retry")
     assert ledger.market() == "on-demand", "the cloud runs on-demand now"
@@ -378,20 +385,12 @@ def test_restart_does_not_finish_an_applied_attempt_of_a_superseded_decision(tmp
 def test_recover_whose_bootstrap_failed_is_bootstrapped_again(tmp_path):
     """With the node table updated at apply time nothing looks lost any more after a recovery
     whose bootstrap failed; the pending decision must still get its bootstrap."""
-    from kit.errors import KitError
 
     watcher, backend, ledger, _policy, clock = make(tmp_path, ["spot"])
     ledger.record(heartbeat(10, 1000))
     watcher.tick()
     backend.preempt(0)
-    real_bootstrap, failing = backend.bootstrap, {"on": True}
-
-    def bootstrap(nodes):
-        if failing["on"]:
-            raise KitError("ssh: connection refused")
-        real_bootstrap(nodes)
-
-    backend.bootstrap = bootstrap
+    failing = make_bootstrap_fail(backend)
     clock.t += 15
     assert watcher.tick().outcome.status == "retry"  # recovered, bootstrap failed
     failing["on"] = False
