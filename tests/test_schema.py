@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(not provider_schemas_dir().is_dir(), reason="sha
 @pytest.mark.parametrize("name", ["aws-g5-spot", "gcp-a3-spot"])
 @pytest.mark.parametrize("market", ["spot", "on-demand"])
 def test_rendered_examples_match_provider_schemas(tmp_path, name, market):
-    from tests.test_render import switchable_spec
+    from test_render import switchable_spec
 
     render(switchable_spec(name) if market == "on-demand" else load_spec(EXAMPLES_DIR / f"{name}.yaml"),
            tmp_path, market=market)
