@@ -88,9 +88,8 @@ def fake_log(tmp_path) -> list[str]:
     return p.read_text().splitlines() if p.exists() else []
 
 
-def test_sigterm_saves_through_the_stop_file_and_exits_75(tmp_path, node):
-    """systemctl stop (KillMode=mixed: SIGTERM to training.launch only) must end in a save, not a SIGKILL."""
-    proc = start_launch(node("train"), "--signal-grace", "30")
+def sigterm_when_ready(tmp_path, proc) -> str:
+    """SIGTERM the launcher once the fake torchrun is up; its output after it exits."""
     try:
         wait_for(tmp_path / "ready")
         proc.send_signal(signal.SIGTERM)
@@ -98,6 +97,13 @@ def test_sigterm_saves_through_the_stop_file_and_exits_75(tmp_path, node):
     finally:
         if proc.poll() is None:
             proc.kill()
+    return out
+
+
+def test_sigterm_saves_through_the_stop_file_and_exits_75(tmp_path, node):
+    """systemctl stop (KillMode=mixed: SIGTERM to training.launch only) must end in a save, not a SIGKILL."""
+    proc = start_launch(node("train"), "--signal-grace", "30")
+    out = sigterm_when_ready(tmp_path, proc)
     assert proc.returncode == 75, out
     log = fake_log(tmp_path)
     assert "saved" in log, log
@@ -107,13 +113,7 @@ def test_sigterm_saves_through_the_stop_file_and_exits_75(tmp_path, node):
 def test_sigterm_is_forwarded_after_the_grace_time(tmp_path, node):
     """torchrun still in its rendezvous (no worker to see the stop file): the signal reaches it."""
     proc = start_launch(node("rendezvous"), "--signal-grace", "0.5")
-    try:
-        wait_for(tmp_path / "ready")
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    out = sigterm_when_ready(tmp_path, proc)
     assert f"signal {int(signal.SIGTERM)}" in fake_log(tmp_path), out
     assert proc.returncode == 1, out  # a crash code, not 0 and not 75: nothing was saved
 
