@@ -122,9 +122,15 @@ def test_units_wait_for_the_data_disk_and_stop_in_order():
     assert trainer["Restart"] == ["on-failure"] and trainer["RestartForceExitStatus"] == ["75"]
 
 
-def test_gcp_shutdown_hook_writes_marker_and_stop_file(tmp_path):
-    """Run the rendered hook with a fake systemctl: marker and stop file written, it waits while the
-    trainer is active and returns once it is not."""
+@pytest.mark.parametrize(("preempted", "system_state", "marker"), [
+    ("TRUE", "running", True),      # a preemption: the VM goes away, the node must not rejoin
+    ("FALSE", "stopping", True),    # a normal shutdown: the VM goes away too
+    ("FALSE", "running", False),    # guest-agent upgrade on a live VM: save, but train on afterwards
+    (None, "running", False),       # called without the metadata answer
+])
+def test_gcp_shutdown_hook_saves_and_marks_only_a_vm_that_goes_away(tmp_path, preempted, system_state, marker):
+    """Run the rendered hook with a fake systemctl: the stop file is always written and it waits while
+    the trainer is active; the preempted marker only when the VM is really going down."""
     hook = tmp_path / "hook.sh"
     hook.write_text(render_template("preemption_agent", "gcp-shutdown-hook.sh.j2", {
         "preemption_agent_marker_file": str(tmp_path / "run" / "preempted"),
@@ -133,15 +139,19 @@ def test_gcp_shutdown_hook_writes_marker_and_stop_file(tmp_path):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     calls = tmp_path / "calls"
-    # "active" twice (the save takes 2 s), then inactive
-    (bindir / "systemctl").write_text(f"#!/bin/sh\necho x >> {calls}\n[ $(wc -l < {calls}) -le 2 ]\n")
+    # is-system-running answers the state; is-active: "active" twice (the save takes 2 s), then inactive
+    (bindir / "systemctl").write_text(
+        f'#!/bin/sh\nif [ "$1" = is-system-running ]; then echo {system_state}; exit 0; fi\n'
+        f"echo x >> {calls}\n[ $(wc -l < {calls}) -le 2 ]\n")
     (bindir / "systemctl").chmod(0o755)
     import os
 
-    proc = subprocess.run(["sh", str(hook)], env={**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"},
+    argv = ["sh", str(hook)] + ([preempted] if preempted else [])
+    proc = subprocess.run(argv, env={**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}"},
                           capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "run" / "preempted").exists() and (tmp_path / "run" / "stop").exists()
+    assert (tmp_path / "run" / "stop").exists()
+    assert (tmp_path / "run" / "preempted").exists() is marker
     assert len(calls.read_text().splitlines()) == 3
 
 
@@ -307,3 +317,5 @@ def test_gcp_shutdown_script_calls_the_hook_bootstrap_installs():
     assert re.search(rf'^hook={re.escape(dest)}$', script, re.MULTILINE), f"shutdown.sh does not run {dest}"
     stop_file = yaml.safe_load((ANSIBLE / "roles" / "trainer" / "defaults" / "main.yml").read_text())["trainer_stop_file"]
     assert f"touch {stop_file}" in script, f"fallback must write the trainer's stop file {stop_file}"
+    # the hook writes the preempted marker only when told the VM is preempted (or it is going down)
+    assert '"$hook" "$preempted"' in script

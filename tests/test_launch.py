@@ -161,7 +161,7 @@ def test_finished_run_is_not_started_again(tmp_path, node, capsys):
     assert capsys.readouterr().out.strip().splitlines()[-1] == "pending"
 
 
-@pytest.mark.parametrize("flags", ["--steps 0", "--stepz 10", "--keep 1", "--data /nonexistent/dir"])
+@pytest.mark.parametrize("flags", ["--steps 0", "--stepz 10", "--keep 1"])
 def test_bad_flags_exit_2_without_starting(tmp_path, node, flags, capsys):
     """Exit 2 is in RestartPreventExitStatus: a typo must not restart the unit every 10 s forever."""
     envf = node("train", flags=flags)
@@ -169,6 +169,15 @@ def test_bad_flags_exit_2_without_starting(tmp_path, node, flags, capsys):
     assert "bad TRAIN_FLAGS" in capsys.readouterr().err
     assert launch.main(["--env-file", str(envf), "--status"]) == 2
     assert fake_log(tmp_path) == []
+
+
+def test_missing_data_directory_is_left_to_the_trainer(tmp_path, node):
+    """A data directory that is not there (yet: a mount the unit is not ordered after) is not a typo:
+    the launcher's exit 2 is final, so it starts torchrun and the trainer's error is retried."""
+    envf = node("finish", flags="--data /nonexistent/dir")
+    assert launch.main(["--env-file", str(envf), "--status"]) == 0
+    launch.main(["--env-file", str(envf)])
+    assert fake_log(tmp_path), "torchrun must have been started"
 
 
 def test_status_reports_the_marker(tmp_path, node, capsys):

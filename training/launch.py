@@ -99,7 +99,7 @@ def parse_train_args(env: dict[str, str]) -> argparse.Namespace:
     except SystemExit as exc:
         lines = err.getvalue().strip().splitlines()
         raise ValueError(f"bad TRAIN_FLAGS: {lines[-1] if lines else exc}") from None
-    problem = validate(args)
+    problem = validate(args, check_paths=False)
     if problem:
         raise ValueError(f"bad TRAIN_FLAGS: {problem}")
     return args

@@ -64,7 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def validate(args) -> str | None:
+def validate(args, check_paths: bool = True) -> str | None:
+    """What is wrong with the flags, or None. ``check_paths=False`` (training.launch's pre-check)
+    judges the flags alone: a data directory that is not mounted yet is not a typo, and the
+    launcher's exit 2 is final (RestartPreventExitStatus) while the trainer's is retried."""
     if args.keep < 2:
         return "--keep must be >= 2 (the newest checkpoint may be mid-write when a node dies)"
     for name in ("steps", "batch_size", "image_size", "num_classes", "log_every"):
@@ -78,7 +81,7 @@ def validate(args) -> str | None:
         return "--dist-timeout-s must be > 0"
     if not 0.0 <= args.drop_path < 1.0:
         return "--drop-path must be in [0, 1)"
-    if args.data != "synthetic" and not Path(args.data).is_dir():
+    if check_paths and args.data != "synthetic" and not Path(args.data).is_dir():
         return f"--data {args.data}: not 'synthetic' and not a directory (ImageFolder layout: root/class/img)"
     return None
 

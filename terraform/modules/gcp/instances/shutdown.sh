@@ -13,7 +13,7 @@ logger -t kit-shutdown "instance=$name preempted=$preempted"
 # file and waits for kit-trainer to finish its emergency save. Before bootstrap there is no trainer.
 hook=/opt/kit/bin/kit-gcp-shutdown-hook
 if [ -x "$hook" ]; then
-  "$hook"
+  "$hook" "$preempted"
 else
   mkdir -p /run/kit && touch /run/kit/stop 2>/dev/null || true
 fi
