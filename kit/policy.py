@@ -19,6 +19,7 @@ tick could make the deadline unreachable). Policies (docs/policies.md):
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections import deque
 from dataclasses import dataclass
 
@@ -68,7 +69,7 @@ def safety_net(obs: Observation) -> bool:
     return slack is not None and slack <= obs.tick_h + EPS
 
 
-class Policy:
+class Policy(ABC):
     """Base class: subclasses implement ``_decide``; the safety net is applied around it."""
 
     name = "?"
@@ -86,11 +87,13 @@ class Policy:
             return ON_DEMAND
         return self._decide(obs)
 
-    def _observe(self, obs: Observation) -> None:  # bookkeeping every tick, net or not
-        pass
+    def _observe(self, obs: Observation) -> None:
+        """Bookkeeping every tick, net or not. Stateless policies have none; threshold and default
+        override it to count preemptions / learn spot run lengths."""
 
+    @abstractmethod
     def _decide(self, obs: Observation) -> str:
-        raise NotImplementedError
+        """The policy's own answer when the safety net does not decide: spot, on-demand or wait."""
 
     def __repr__(self) -> str:
         return f"<policy {self.name}>"
