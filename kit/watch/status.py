@@ -53,27 +53,31 @@ def changeover_of(spec) -> float:
     return DEFAULT_CHANGEOVER_H if value is None else float(value)
 
 
-def compute_hours(ledger: Ledger, steps: int | None = None) -> float | None:
-    """Useful compute of ``steps`` steps (default: the newest recorded step), in hours of the
-    ledger's clock: steps x the median of every measured step time. None before any measurement."""
-    progress = ledger.latest_progress()
+def median_step_s(ledger: Ledger) -> float | None:
+    """The median of every measured step time (seconds of the ledger's clock); None before any."""
     step_times = ledger.recent_step_times(limit=None)
+    return statistics.median(step_times) if step_times else None
+
+
+def compute_hours(ledger: Ledger, steps: int | None, step_s: float | None) -> float | None:
+    """Useful compute of ``steps`` steps (default: the newest recorded step), in hours of the
+    ledger's clock: steps x the median step time ``step_s``. None before any measurement."""
     if steps is None:
+        progress = ledger.latest_progress()
         steps = progress["step"] if progress else None
-    if steps is None or not step_times:
+    if steps is None or step_s is None:
         return None
-    return steps * statistics.median(step_times) / 3600.0
+    return steps * step_s / 3600.0
 
 
-def startup_hours(ledger: Ledger) -> float | None:
+def startup_hours(ledger: Ledger, step_s: float | None) -> float | None:
     """The first launch's start-up as measured: from the start of its apply to the trainer's step 0
     (the first heartbeat after it, less the steps it had already done x the median step time)."""
     started = ledger.first_launch_started()
-    step_times = ledger.recent_step_times(limit=None)
     first = ledger.first_progress_after(started) if started is not None else None
-    if first is None or not step_times:
+    if first is None or step_s is None:
         return None
-    step0 = first["time"] - first["step"] * statistics.median(step_times)
+    step0 = first["time"] - first["step"] * step_s
     return (step0 - started) / 3600.0 if step0 > started else None
 
 
@@ -87,8 +91,9 @@ def cost_summary(ledger: Ledger, prices: dict[str, float | None], now: float, *,
     known = all(prices[m] is not None for m in hours if hours[m] > 0)
     cost = sum(hours[m] * (prices[m] or 0.0) for m in hours) if known else None
     od = prices[ON_DEMAND]
-    useful = compute_hours(ledger, steps)
-    measured = startup_hours(ledger)
+    step_s = median_step_s(ledger)  # one read of the heartbeats for both estimates
+    useful = compute_hours(ledger, steps, step_s)
+    measured = startup_hours(ledger, step_s)
     startup = measured if measured is not None else changeover_h
     done = ledger.done_at() if finished else None
     finish = max(0.0, now - done) / 3600.0 if done is not None else 0.0

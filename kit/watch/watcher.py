@@ -31,13 +31,12 @@ from kit.watch.acting import Actor, Outcome
 from kit.watch.events import CAPACITY_ERROR, LOSS_KINDS, Event
 from kit.watch.ledger import Ledger
 from kit.watch.sources.base import EventSource, SourceError, loss_events
-from kit.watch.status import prices_of
+from kit.watch.status import changeover_of, prices_of
 
 log = logging.getLogger("kit.watch")
 
 # The policy vocabulary (COMMON interface 5); the values are fixed, so no import is needed here.
 SPOT, ON_DEMAND, WAIT = "spot", "on-demand", "wait"
-DEFAULT_CHANGEOVER_H = 0.2
 
 
 @dataclass
@@ -197,7 +196,7 @@ class Watcher:
         if not progress or not step_times:
             return None
         step_time_h = statistics.median(step_times) / 3600.0
-        changeover_h = float(_policy_field(self.spec, "changeover_hours", DEFAULT_CHANGEOVER_H))
+        changeover_h = changeover_of(self.spec)
         prices = prices_of(self.spec)
         return {
             "now_h": (now - self.job_started) / 3600.0,
