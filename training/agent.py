@@ -37,6 +37,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from training.stop import write_atomic
+
 log = logging.getLogger("kit.agent")
 
 DEFAULT_METADATA = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal"}
@@ -276,19 +278,12 @@ class Agent:
     def flush(self, timeout: float | None = None) -> bool:
         return self.sender.flush(self.flush_timeout if timeout is None else timeout)
 
-    @staticmethod
-    def _atomic_write(path: Path, text: str) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
-
     def write_stop_file(self, reason: str) -> None:
-        self._atomic_write(self.stop_file, reason + "\n")
+        write_atomic(self.stop_file, reason + "\n")
 
     def write_marker(self, reason: str) -> None:
         if self.marker_file is not None:
-            self._atomic_write(self.marker_file, json.dumps({"reason": reason, "time": time.time()}) + "\n")
+            write_atomic(self.marker_file, json.dumps({"reason": reason, "time": time.time()}) + "\n")
 
     def handle(self, kind: str, detail: dict) -> None:
         if kind == "preemption-notice":

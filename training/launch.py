@@ -35,6 +35,7 @@ import sys
 import time
 
 from training.exitcodes import DONE, PREEMPTED, USAGE, outcome
+from training.stop import write_atomic
 
 DEFAULT_STOP_FILE = "/run/kit/stop"
 DEFAULT_MARKER = "/run/kit/preempted"
@@ -134,11 +135,7 @@ def exit_status(returncode: int, progress_file: str | None, started_at: float) -
 
 def _write_stop_file(path: str, reason: str) -> None:
     try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        tmp = f"{path}.launch.tmp"
-        with open(tmp, "w") as f:
-            f.write(reason + "\n")
-        os.replace(tmp, path)
+        write_atomic(path, reason + "\n")
     except OSError as err:
         print(f"launch: cannot write the stop file {path}: {err}", file=sys.stderr, flush=True)
 

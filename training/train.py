@@ -260,10 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         scheduler.load_state_dict(state["scheduler"])
         step = int(state["step"])
         key = f"rank_{info.rank}"
-        if int(state.get("world_size", info.world_size)) != info.world_size:
+        same_world = int(state.get("world_size", info.world_size)) == info.world_size
+        if not same_world:
             warn(f"WARNING checkpoint world size {state.get('world_size')} != {info.world_size}: "
                  "per-rank RNG/data positions do not carry over; the run continues but is not bit-exact")
-        same_world = int(state.get("world_size", info.world_size)) == info.world_size
         if key in state.get("rng", {}):
             set_rng_state(state["rng"][key], cuda)
         if same_world and key in state.get("data", {}):
