@@ -51,6 +51,11 @@ def load_train_spec(spec_path: Path | None, *, cloud: str | None, time_scale: fl
     return spec
 
 
+# Ctrl-C on a local run: how long the trainers get to save at a step boundary (a stop-file
+# request, like a preemption notice) before they are killed; a tiny model saves in about a second.
+INTERRUPT_GRACE_S = 30.0
+
+
 def steps_lost(ledger) -> int:
     rows = ledger._query("SELECT step FROM progress ORDER BY id")
     lost, prev = 0, None
@@ -190,7 +195,10 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
             try:
                 result = watcher.run(stop, on_tick=on_tick)
             except KeyboardInterrupt:
-                _interrupted(ledger, wall_start, injector, backend, local)
+                if local:
+                    console.print(f"interrupted: the trainers save and stop (up to {INTERRUPT_GRACE_S:g} s; "
+                                  "Ctrl-C again kills them)")
+                _interrupted(ledger, wall_start, injector, backend, local, grace_s=INTERRUPT_GRACE_S)
                 console.print("interrupted: `kit train` again continues from the ledger "
                               f"({deploy_dir / LEDGER_FILE})")
                 raise
@@ -287,11 +295,11 @@ def export_final(backend, nodes, dest: Path, *, step: int | None, params_sha256:
                    fix="the data disks keep it; export it with `python -m training.export CKPT_DIR OUT` from a node")
 
 
-def _interrupted(ledger, wall_start, injector, backend, local) -> None:
+def _interrupted(ledger, wall_start, injector, backend, local, grace_s: float = 0.0) -> None:
     if injector:
         injector.close()
     if local and backend is not None:
-        backend.stop_all()
+        backend.stop_all(grace_s=grace_s)
     wall = float(ledger.get_meta("wall_seconds_done") or 0) + (time.time() - wall_start)
     ledger.set_meta("wall_seconds_done", repr(wall))
 

@@ -124,6 +124,34 @@ def test_capacity_error_and_stop_all(backend):
     assert {backend.read_state(r)["state"] for r in (0, 1)} == {"stopped"}
 
 
+def test_stop_all_with_grace_lets_the_trainers_save(backend):
+    nodes = backend.apply(backend.spec, "on-demand")
+    backend.bootstrap(nodes)
+    for rank in (0, 1):
+        started(backend, rank)
+    backend.stop_all(grace_s=10)
+    # the fake node exits 75 only once it saw its stop file: a kill would leave no progress record
+    for rank in (0, 1):
+        assert json.loads(backend.progress_file(rank).read_text())["state"] == "preempted"
+    assert {backend.read_state(r)["state"] for r in (0, 1)} == {"stopped"}
+
+
+def test_stop_all_grace_is_bounded(tmp_path):
+    script = tmp_path / "stubborn.py"
+    script.write_text("import time\nwhile True: time.sleep(1)\n")  # never looks at its stop file
+    b = LocalBackend(fake_spec(1), tmp_path / "deploy", node_command=lambda b, r, e: [sys.executable, str(script)],
+                     use_agent=False)
+    try:
+        b.bootstrap(b.apply(b.spec, "on-demand"))
+        pid = b.procs[0][0].pid
+        t0 = time.monotonic()
+        b.stop_all(grace_s=1.0)
+        assert 0.9 < time.monotonic() - t0 < 8
+        assert not alive(pid)
+    finally:
+        b.kill_all()
+
+
 class Wall:
     def __init__(self):
         self.t = 1000.0

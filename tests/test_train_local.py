@@ -147,7 +147,9 @@ def test_ctrl_c_then_continue(tmp_path):
     assert report["steps"] == 100
     log = (tmp_path / "deploy" / "ctrlc" / "local").glob("disks/node-*/ckpt")
     assert list(log)
-    assert report["steps_lost"] <= 20
+    # Ctrl-C asks the trainers to save at a step boundary (their stop files) before they are
+    # stopped: nothing is redone (a kill lost up to ckpt_every steps, more with a write in flight)
+    assert report["steps_lost"] == 0, report
     assert report["wall_seconds"] > second, "the ledger carried the first run's time over"
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -33,6 +34,8 @@ from pathlib import Path
 
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
+
+log = logging.getLogger(__name__)
 
 SPOT = "spot"
 _LIVE: set[LocalBackend] = set()
@@ -315,8 +318,33 @@ class LocalBackend(Backend):
                 self.write_state(rank, current["instance_id"], current["market"], state, reason)
             return True
 
-    def stop_all(self, reason: str = "kit exited") -> None:
-        """Kill every node and mark the running ones stopped (their cost stops accruing)."""
+    def stop_all(self, reason: str = "kit exited", grace_s: float = 0.0) -> None:
+        """Stop every node and mark the running ones stopped (their cost stops accruing).
+
+        With ``grace_s`` the trainers are first asked to stop through their stop files, the way
+        a preemption notice asks them: they agree on a step, save synchronously and exit, so
+        nothing since the last periodic checkpoint (or a periodic write still in flight) is
+        lost. Whatever has not exited after ``grace_s`` (or on a second Ctrl-C) is killed."""
+        if grace_s > 0:
+            self.request_stop(reason, grace_s)
         for rank in range(self.spec.nodes):
             self.mark(rank, "stopped", reason)
         _LIVE.discard(self)
+
+    def request_stop(self, reason: str, grace_s: float) -> bool:
+        """Write every running trainer's stop file and wait up to ``grace_s`` for them to exit.
+        True when all exited in time."""
+        from training.stop import write_atomic
+
+        running = [rank for rank in list(self.procs) if self.trainer_exit(rank) is None]
+        for rank in running:
+            write_atomic(self.stop_file(rank), reason + "\n")
+        deadline = time.monotonic() + grace_s
+        try:
+            while time.monotonic() < deadline:
+                if all(self.trainer_exit(rank) is not None for rank in running):
+                    return True
+                time.sleep(0.1)
+        except KeyboardInterrupt:  # a second Ctrl-C: stop waiting, kill
+            log.warning("not waiting for the trainers' save: killing them")
+        return False
