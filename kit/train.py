@@ -202,8 +202,8 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
                 console.print("interrupted: `kit train` again continues from the ledger "
                               f"({deploy_dir / LEDGER_FILE})")
                 raise
-            except BaseException:
-                _interrupted(ledger, wall_start, injector, backend, local)
+            except BaseException:  # the loop failed, not the trainers: they still save what they have
+                _interrupted(ledger, wall_start, injector, backend, local, grace_s=INTERRUPT_GRACE_S)
                 raise
             # done: let the trainers finish writing, then the report and tear-down
             if local:
