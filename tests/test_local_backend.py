@@ -136,6 +136,40 @@ def test_stop_all_with_grace_lets_the_trainers_save(backend):
     assert {backend.read_state(r)["state"] for r in (0, 1)} == {"stopped"}
 
 
+def test_market_switch_lets_live_trainers_save_before_replacing_them(tmp_path):
+    """Like a cloud instance that terraform replaces (it shuts down, the unit stops, the trainer
+    saves), a local node on the old market is asked to save before it is killed."""
+    script = tmp_path / "node.py"
+    script.write_text(r"""
+import os, sys, time, pathlib
+stop, disk = sys.argv[1:3]
+pathlib.Path(disk, "up").write_text("")
+while not os.path.exists(stop):
+    time.sleep(0.05)
+pathlib.Path(disk, "saved").write_text(open(stop).read())
+sys.exit(75)
+""")
+    b = LocalBackend(fake_spec(), tmp_path / "deploy", use_agent=False,
+                     node_command=lambda b, r, e: [sys.executable, str(script), str(b.stop_file(r)), str(b.disk_dir(r))])
+    try:
+        b.bootstrap(b.apply(b.spec, "on-demand"))
+        for rank in (0, 1):
+            deadline = time.time() + 10
+            while not (b.disk_dir(rank) / "up").exists() and time.time() < deadline:
+                time.sleep(0.05)
+        b.spot_available = lambda: False
+        with pytest.raises(CapacityError):  # a failed launch touches nothing
+            b.apply(b.spec, "spot")
+        assert not any((b.disk_dir(r) / "saved").exists() for r in (0, 1))
+        b.spot_available = lambda: True
+        nodes = b.apply(b.spec, "spot")
+        assert {n.market for n in nodes} == {"spot"}
+        for rank in (0, 1):
+            assert "market spot" in (b.disk_dir(rank) / "saved").read_text()
+    finally:
+        b.kill_all()
+
+
 def test_stop_all_grace_is_bounded(tmp_path):
     script = tmp_path / "stubborn.py"
     script.write_text("import time\nwhile True: time.sleep(1)\n")  # never looks at its stop file

@@ -105,6 +105,9 @@ def agent_available() -> bool:
 class LocalBackend(Backend):
     cloud = "local"
 
+    # how long a live trainer on a node being replaced (a market switch) gets to save first
+    replace_grace_s = 30.0
+
     def __init__(self, spec, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None,
                  clock: Callable[[], float] = time.time, node_command: Callable[[LocalBackend, int, str],
                                                                                  list[str]] | None = None,
@@ -172,6 +175,7 @@ class LocalBackend(Backend):
             if market == SPOT and self.spot_available is not None and not self.spot_available():
                 raise CapacityError(f"no spot capacity for {spec.nodes} local nodes (the injector's trace is low)",
                                     where=str(self.root), fix="kit retries with backoff or moves to on-demand")
+            self._save_before_replacing(spec, market)
             for rank in range(spec.nodes, 1 << 16):  # a smaller spec: drop the extra nodes
                 if not self.state_file(rank).exists():
                     break
@@ -331,13 +335,26 @@ class LocalBackend(Backend):
             self.mark(rank, "stopped", reason)
         _LIVE.discard(self)
 
-    def request_stop(self, reason: str, grace_s: float) -> bool:
-        """Write every running trainer's stop file and wait up to ``grace_s`` for them to exit.
-        True when all exited in time."""
+    def _save_before_replacing(self, spec, market: str) -> None:
+        """A cloud instance that terraform replaces (a market switch) shuts down first, and its
+        trainer saves on the way (systemd stops the unit, the launcher asks for a stop). Here the
+        same: live trainers on nodes about to be replaced are asked to save before they are killed."""
+        doomed = []
+        for rank in list(self.procs):
+            state = self.read_state(rank)
+            kept = rank < spec.nodes and state and state["state"] == "running" and state["market"] == market
+            if not kept and self.trainer_exit(rank) is None:
+                doomed.append(rank)
+        if doomed:
+            self.request_stop(f"instance replaced (market {market})", self.replace_grace_s, ranks=doomed)
+
+    def request_stop(self, reason: str, grace_s: float, ranks: list[int] | None = None) -> bool:
+        """Write the stop file of every running trainer (or of ``ranks``: their peers follow at the
+        same step) and wait up to ``grace_s`` for all running trainers to exit. True when they did."""
         from training.stop import write_atomic
 
         running = [rank for rank in list(self.procs) if self.trainer_exit(rank) is None]
-        for rank in running:
+        for rank in running if ranks is None else [r for r in ranks if r in running]:
             write_atomic(self.stop_file(rank), reason + "\n")
         deadline = time.monotonic() + grace_s
         try:
