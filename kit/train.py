@@ -51,11 +51,6 @@ def load_train_spec(spec_path: Path | None, *, cloud: str | None, time_scale: fl
     return spec
 
 
-# Ctrl-C on a local run: how long the trainers get to save at a step boundary (a stop-file
-# request, like a preemption notice) before they are killed; a tiny model saves in about a second.
-INTERRUPT_GRACE_S = 30.0
-
-
 def steps_lost(ledger) -> int:
     rows = ledger._query("SELECT step FROM progress ORDER BY id")
     lost, prev = 0, None
@@ -196,14 +191,14 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
                 result = watcher.run(stop, on_tick=on_tick)
             except KeyboardInterrupt:
                 if local:
-                    console.print(f"interrupted: the trainers save and stop (up to {INTERRUPT_GRACE_S:g} s; "
+                    console.print(f"interrupted: the trainers save and stop (up to {backend.save_grace_s:g} s; "
                                   "Ctrl-C again kills them)")
-                _interrupted(ledger, wall_start, injector, backend, local, grace_s=INTERRUPT_GRACE_S)
+                _interrupted(ledger, wall_start, injector, backend, local)
                 console.print("interrupted: `kit train` again continues from the ledger "
                               f"({deploy_dir / LEDGER_FILE})")
                 raise
             except BaseException:  # the loop failed, not the trainers: they still save what they have
-                _interrupted(ledger, wall_start, injector, backend, local, grace_s=INTERRUPT_GRACE_S)
+                _interrupted(ledger, wall_start, injector, backend, local)
                 raise
             # done: let the trainers finish writing, then the report and tear-down
             if local:
@@ -295,11 +290,11 @@ def export_final(backend, nodes, dest: Path, *, step: int | None, params_sha256:
                    fix="the data disks keep it; export it with `python -m training.export CKPT_DIR OUT` from a node")
 
 
-def _interrupted(ledger, wall_start, injector, backend, local, grace_s: float = 0.0) -> None:
+def _interrupted(ledger, wall_start, injector, backend, local) -> None:
     if injector:
         injector.close()
-    if local and backend is not None:
-        backend.stop_all(grace_s=grace_s)
+    if local and backend is not None:  # the trainers save first (stop files), then the nodes stop
+        backend.stop_all(grace_s=backend.save_grace_s)
     wall = float(ledger.get_meta("wall_seconds_done") or 0) + (time.time() - wall_start)
     ledger.set_meta("wall_seconds_done", repr(wall))
 

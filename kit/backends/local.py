@@ -105,8 +105,10 @@ def agent_available() -> bool:
 class LocalBackend(Backend):
     cloud = "local"
 
-    # how long a live trainer on a node being replaced (a market switch) gets to save first
-    replace_grace_s = 30.0
+    # how long live trainers get to save at a step boundary when asked through their stop files
+    # (a node replaced by a market switch, Ctrl-C, a failed loop) before they are killed; a
+    # tiny model saves in about a second
+    save_grace_s = 30.0
 
     def __init__(self, spec, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None,
                  clock: Callable[[], float] = time.time, node_command: Callable[[LocalBackend, int, str],
@@ -346,7 +348,7 @@ class LocalBackend(Backend):
             if not kept and self.trainer_exit(rank) is None:
                 doomed.append(rank)
         if doomed:
-            self.request_stop(f"instance replaced (market {market})", self.replace_grace_s, ranks=doomed)
+            self.request_stop(f"instance replaced (market {market})", self.save_grace_s, ranks=doomed)
 
     def request_stop(self, reason: str, grace_s: float, ranks: list[int] | None = None) -> bool:
         """Write the stop file of every running trainer (or of ``ranks``: their peers follow at the
