@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kit.paths import spot_traces_dir
+from kit.paths import SPOT_TRACES_DIR
 from kit.policy import ON_DEMAND, SPOT, WAIT, Policy
 from kit.simulate import (
     ALL_POLICIES,
@@ -206,7 +206,7 @@ def review_grid(md: list[str], out: dict) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--traces", type=Path, default=spot_traces_dir() / GCP)
+    ap.add_argument("--traces", type=Path, default=SPOT_TRACES_DIR / GCP)
     ap.add_argument("--out", type=Path, default=None, help="write every summary as JSON here")
     ap.add_argument("--skip-synthetic", action="store_true")
     args = ap.parse_args()

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.errors import InputError, KitError
+from kit.paths import ANSIBLE_DIR, TRAINING_PACKAGE_DIR
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-ANSIBLE_DIR = REPO_ROOT / "ansible"
 PLAYBOOK = ANSIBLE_DIR / "site.yml"
 RDZV_PORT = 29500
 
@@ -86,6 +85,8 @@ def inventory_from_spec(spec, outputs: dict, role_vars: dict | None = None) -> d
         "trainer_ckpt_dir": spec.training.ckpt_dir,
         "trainer_progress_file": NODE_PROGRESS_FILE,  # kit train reads it over SSH
         "trainer_flags": training_args(spec),
+        # the training package this kit runs (installed or checked out), not a path beside the playbook
+        "trainer_source": str(TRAINING_PACKAGE_DIR),
         "preemption_agent_cloud": spec.cloud,
         "preemption_agent_cluster": spec.name,
     }

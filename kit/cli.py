@@ -6,6 +6,7 @@ clients are heavy).
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -15,6 +16,7 @@ from rich.console import Console
 
 from kit import __version__
 from kit.errors import KitError
+from kit.paths import DEFAULT_DEPLOY_ROOT, DEPLOY_ROOT_ENV
 
 app = typer.Typer(
     name="kit",
@@ -33,8 +35,15 @@ def fail(error: KitError) -> None:
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    deploy_dir: Annotated[Path | None, typer.Option(
+        "--deploy-dir", envvar=DEPLOY_ROOT_ENV, file_okay=False,
+        help="where deployments go: DIR/<name>/ holds the rendered Terraform, the ledger, local nodes' "
+             f"disks and the export (default: ./{DEFAULT_DEPLOY_ROOT})")] = None,
+) -> None:
     """Train on cheap spot GPUs across AWS and GCP: render, apply, bootstrap, watch, report."""
+    if deploy_dir is not None:  # one place decides (kit.paths.deploy_root); child processes inherit it
+        os.environ[DEPLOY_ROOT_ENV] = str(deploy_dir.expanduser().absolute())
 
 
 @app.command()

@@ -19,6 +19,27 @@ def _fail(error) -> None:
     fail(error)
 
 
+def example(
+    name: Annotated[str | None, typer.Argument(help="example to print (no name: list them)")] = None,
+) -> None:
+    """Print one of kit's example specs, to start a cluster.yaml from: `kit example gcp-a3-spot > cluster.yaml`."""
+    from kit.errors import InputError
+    from kit.paths import EXAMPLES_DIR
+
+    examples = {p.stem: p for p in sorted(EXAMPLES_DIR.glob("*.yaml"))}
+    if name is None:
+        for stem, path in examples.items():
+            first = next((line.lstrip("# ").strip() for line in path.read_text().splitlines() if line.strip()), "")
+            console.print(f"{stem:<14} {first}", highlight=False, soft_wrap=True)
+        return
+    path = examples.get(name.removesuffix(".yaml"))
+    if path is None:
+        _fail(InputError(f"no example named {name!r}", where="kit example NAME",
+                         fix=f"use one of: {', '.join(examples)}"))
+        return
+    typer.echo(path.read_text(), nl=False)
+
+
 def validate(spec: SpecArg) -> None:
     """Check a cluster spec; exit 2 with the field and the fix when it is wrong."""
     from kit.errors import KitError
@@ -128,6 +149,7 @@ def destroy(
 
 
 def register(app: typer.Typer) -> None:
+    app.command("example")(example)
     app.command("validate")(validate)
     app.command("render")(render)
     app.command("plan")(plan)

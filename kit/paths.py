@@ -1,26 +1,45 @@
-"""Where kit finds its own files and the shared data beside a checkout."""
+"""Where kit finds the files it ships, and where it writes deployments.
+
+kit reads only from its own installation:
+
+* ``templates/``, ``terraform/modules/``, ``ansible/`` and ``examples/`` are top-level folders of
+  the repository. A wheel carries them under ``kit/_resources/`` (pyproject.toml maps them with
+  hatchling's ``force-include``; there are no copies in the repository). An editable install or a
+  source checkout has them beside ``kit/``.
+* The sample data (spot-capacity traces, Terraform provider schemas) lives inside the package,
+  ``kit/data/``, in both cases.
+
+Deployments (``deploy/<name>/``: rendered Terraform, the ledger, local nodes' disks, exports) go
+under the current directory, or under ``kit --deploy-dir DIR`` / ``$KIT_DEPLOY_ROOT``. Every path
+kit hands to a node process or to Terraform is absolute, so neither depends on its working
+directory.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES_DIR = REPO_ROOT / "templates"
-TERRAFORM_MODULES_DIR = REPO_ROOT / "terraform" / "modules"
-ANSIBLE_DIR = REPO_ROOT / "ansible"
-EXAMPLES_DIR = REPO_ROOT / "examples"
+PACKAGE_DIR = Path(__file__).resolve().parent
+_WHEEL_RESOURCES = PACKAGE_DIR / "_resources"
+RESOURCES_DIR = _WHEEL_RESOURCES if _WHEEL_RESOURCES.is_dir() else PACKAGE_DIR.parent
+TEMPLATES_DIR = RESOURCES_DIR / "templates"
+TERRAFORM_MODULES_DIR = RESOURCES_DIR / "terraform" / "modules"
+ANSIBLE_DIR = RESOURCES_DIR / "ansible"
+EXAMPLES_DIR = RESOURCES_DIR / "examples"
+
+# The node-side package (trainer, agent); bootstrap ships its sources to cloud nodes.
+TRAINING_PACKAGE_DIR = Path(importlib.util.find_spec("training").origin).resolve().parent  # type: ignore[union-attr, arg-type]
+
+DATA_DIR = PACKAGE_DIR / "data"
+SPOT_TRACES_DIR = DATA_DIR / "spot-traces"
+PROVIDER_SCHEMAS_DIR = DATA_DIR / "provider-schemas"
+
+DEPLOY_ROOT_ENV = "KIT_DEPLOY_ROOT"
+DEFAULT_DEPLOY_ROOT = "deploy"
 
 
-def shared_dir() -> Path:
-    """``$KIT_SHARED_DIR`` if set, else ``../shared`` beside the checkout (where CI puts it)."""
-    env = os.environ.get("KIT_SHARED_DIR")
-    return Path(env) if env else REPO_ROOT.parent / "shared"
-
-
-def spot_traces_dir() -> Path:
-    return shared_dir() / "data" / "spot-traces"
-
-
-def provider_schemas_dir() -> Path:
-    return shared_dir() / "data" / "provider-schemas"
+def deploy_root() -> Path:
+    """``$KIT_DEPLOY_ROOT`` (set by ``kit --deploy-dir``), else ``./deploy``; always absolute."""
+    return Path(os.environ.get(DEPLOY_ROOT_ENV) or DEFAULT_DEPLOY_ROOT).expanduser().absolute()

@@ -24,23 +24,24 @@ from typing import Any
 import jinja2
 
 from kit.errors import InputError, KitError
-from kit.paths import REPO_ROOT, TEMPLATES_DIR, TERRAFORM_MODULES_DIR
+from kit.paths import RESOURCES_DIR, TEMPLATES_DIR, TERRAFORM_MODULES_DIR, deploy_root
 
 ROOTS = ("disks", "cluster")
 ROOT_FILES = ("versions.tf", "variables.tf", "terraform.tfvars", "main.tf", "outputs.tf")
 
 
 def deployment_dir(spec) -> Path:
-    return Path(os.environ.get("KIT_DEPLOY_ROOT", "deploy")) / spec.name
+    """``deploy/<name>`` under kit's deploy root (kit.paths.deploy_root), as an absolute path."""
+    return deploy_root() / spec.name
 
 
 def spec_label(spec) -> str:
-    """How the header names the spec: repo-relative for kit's own examples, else as given."""
+    """How the header names the spec: ``examples/...`` for kit's own examples, else as given."""
     source = spec.source or "cluster.yaml"
     path = Path(source)
     if path.is_absolute():
         try:
-            return str(path.resolve().relative_to(REPO_ROOT))
+            return str(path.resolve().relative_to(RESOURCES_DIR))
         except ValueError:
             return str(path)
     return source

@@ -1,4 +1,4 @@
-"""Offline check of Terraform files against the real provider schemas (shared/data/provider-schemas/).
+"""Offline check of Terraform files against the real provider schemas (kit/data/provider-schemas/).
 
 Every ``resource`` and ``data`` block is parsed with python-hcl2 and compared with
 ``terraform providers schema -json`` output for its type: unknown attributes or blocks, setting a
@@ -19,7 +19,7 @@ from typing import Any
 
 import hcl2
 
-from kit.paths import provider_schemas_dir
+from kit.paths import PROVIDER_SCHEMAS_DIR
 
 META_ARGS = {"count", "for_each", "depends_on", "provider", "lifecycle", "connection", "provisioner",
              "__is_block__", "__comments__", "__inline_comments__", "__start_line__", "__end_line__"}
@@ -35,7 +35,7 @@ def schema_for(kind: str, rtype: str, root: str | None = None) -> dict | None:
     provider = PROVIDERS.get(rtype.split("_", 1)[0])
     if provider is None:
         return None
-    base = Path(root) if root else provider_schemas_dir()
+    base = Path(root) if root else PROVIDER_SCHEMAS_DIR
     path = base / provider / ("resource" if kind == "resource" else "data") / f"{rtype}.json"
     if not path.is_file():
         return None

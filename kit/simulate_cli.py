@@ -9,7 +9,8 @@ import typer
 
 
 def simulate_command(
-    traces: Annotated[list[Path], typer.Argument(help="trace .json files or directories of them")],
+    traces: Annotated[list[Path], typer.Argument(
+        help="trace .json files, directories of them, or a bundled set by name (`kit traces` lists them)")],
     policy: Annotated[str, typer.Option(help="policy name, 'opt' (omniscient bound) or 'all'")] = "all",
     nodes: Annotated[int, typer.Option(help="gang size N: spot usable in a tick iff its count >= N")] = 16,
     job_hours: Annotated[float, typer.Option(help="compute the job needs, C0 (h)")] = 48.0,
@@ -85,5 +86,33 @@ def _print_table(summary: dict, names: list[str]) -> None:
         typer.echo(f"plot: {summary['plot']}")
 
 
+def traces_command(
+    json_out: Annotated[bool, typer.Option("--json", help="print one line of JSON")] = False,
+) -> None:
+    """List the spot-capacity trace sets bundled with kit: zones, ticks, span and prices."""
+    import json
+
+    from kit.paths import SPOT_TRACES_DIR
+    from kit.traces import bundled_sets, summarize_set
+
+    sets = [summarize_set(d) for d in bundled_sets()]
+    if json_out:
+        typer.echo(json.dumps([s.as_json() for s in sets], separators=(",", ":")))
+        return
+    typer.echo(f"bundled spot-capacity traces ({SPOT_TRACES_DIR}); replay one with `kit simulate NAME`, "
+               "or name a zone's file in a local spec's local.trace")
+    for s in sets:
+        span = f"{s.start_utc} to {s.end_utc}" if s.start_utc else "start not recorded"
+        typer.echo(f"\n{s.name}: {len(s.zones)} zones, {s.ticks} ticks of {s.gap_seconds:g} s = {s.span_hours:.1f} h "
+                   f"({span})")
+        what = f"{s.instance_type or 'instances'}" + (f" x {s.nodes_requested} requested" if s.nodes_requested else "")
+        prices = f"spot ${s.spot_per_hour[0]:.2f}-{s.spot_per_hour[1]:.2f}/h"
+        if s.on_demand_per_hour:
+            prices += f", on-demand ${s.on_demand_per_hour[0]:.2f}-{s.on_demand_per_hour[1]:.2f}/h"
+        typer.echo(f"  {what}; {prices} per instance")
+        typer.echo(f"  zones: {', '.join(s.zones)}")
+
+
 def register(app: typer.Typer) -> None:
     app.command("simulate")(simulate_command)
+    app.command("traces")(traces_command)

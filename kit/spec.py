@@ -387,30 +387,34 @@ def _fill_defaults(spec: ClusterSpec) -> ClusterSpec:
 
 
 def _local_trace_prices(spec: ClusterSpec) -> dict[str, float]:
-    """Prices from the local trace's metadata when it has any (best effort; never fails loading)."""
+    """Prices from the local trace's metadata, when it has them (``local.trace`` is resolved by then)."""
     if not spec.local.trace:
         return {}
-    try:
-        import json
+    from kit.traces import load_trace
 
-        from kit.paths import spot_traces_dir
+    meta = load_trace(spec.local.trace).metadata
+    out = {}
+    for key, name in (("spot_per_hour", "spot_price_per_hour"), ("on_demand_per_hour", "on_demand_price_per_hour")):
+        if meta.get(name) is not None:
+            out[key] = float(meta[name])
+    return out
 
-        path = Path(spec.local.trace)
-        if not path.is_absolute() and not path.exists():
-            path = spot_traces_dir() / spec.local.trace
-        data = json.loads(path.read_text())
-        meta = data.get("metadata") or data.get("meta") or {}
-        out = {}
-        for key, names in (("spot_per_hour", ("spot_per_hour", "spot_price", "spot_price_per_hour")),
-                           ("on_demand_per_hour", ("on_demand_per_hour", "on_demand_price",
-                                                   "on_demand_price_per_hour"))):
-            for name in names:
-                if isinstance(meta.get(name), (int, float)):
-                    out[key] = float(meta[name])
-                    break
-        return out
-    except Exception:  # noqa: BLE001 - optional metadata
-        return {}
+
+def _resolve_local_trace(spec: ClusterSpec, path: str) -> ClusterSpec:
+    """``local.trace`` as an absolute path: a file from the current directory or the spec's, or a
+    trace bundled with kit (``gcp-a3-h100-2025-10/us-central1-c.json``). Refused here, before
+    anything is written, when it does not exist or is not a valid trace file."""
+    if spec.cloud != "local" or not spec.local.trace:
+        return spec
+    from kit.traces import load_trace, resolve
+
+    where = f"{path}: local.trace"
+    found = resolve(spec.local.trace, relative_to=Path(path).parent, where=where)
+    if not found.is_file():
+        raise _bad(path, "local.trace", f"{spec.local.trace!r} is a directory; local mode replays one zone's file",
+                   f"name one file of the set, e.g. {spec.local.trace.rstrip('/')}/<zone>.json")
+    load_trace(found)  # a bad file is refused with its own where/fix
+    return spec.model_copy(update={"local": spec.local.model_copy(update={"trace": str(found)})})
 
 
 def parse_spec(data: Any, path: str = "cluster.yaml") -> ClusterSpec:
@@ -421,6 +425,7 @@ def parse_spec(data: Any, path: str = "cluster.yaml") -> ClusterSpec:
     except ValidationError as error:
         raise _from_validation_error(error, path) from None
     _check(spec, path)
+    spec = _resolve_local_trace(spec, path)
     spec = _fill_defaults(spec)
     spec._source = path
     return spec

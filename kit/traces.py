@@ -1,4 +1,5 @@
-"""Spot capacity traces (shared/data/spot-traces/README.md): load, validate, per-tick prices.
+"""Spot capacity traces (kit/data/spot-traces/README.md): load, validate, per-tick prices, and the
+sample sets bundled with kit.
 
 Format: ``{"metadata": {"gap_seconds": 600, ...}, "data": [16, 13, 0, ...], "prices": [...]?}``.
 ``data[i]`` is how many spot instances could be had in tick ``i``; a gang of N nodes has spot in
@@ -14,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.errors import InputError
+from kit.paths import SPOT_TRACES_DIR
 
-FIX = "see shared/data/spot-traces/README.md for the trace format"
+FIX = "see kit/data/spot-traces/README.md for the trace format"
 
 
 @dataclass(frozen=True)
@@ -101,20 +103,104 @@ def load_trace(path: str | Path) -> Trace:
     return Trace(path=path, gap_seconds=gap, data=tuple(counts), metadata=dict(metadata), prices=prices)
 
 
+def bundled_sets() -> list[Path]:
+    """The replayable trace sets bundled with kit: directories of trace files under
+    ``kit/data/spot-traces`` (source data in other formats, e.g. the raw SkyNomad launch counts, is
+    kept beside them for attribution and is not a set)."""
+    return sorted(d for d in SPOT_TRACES_DIR.iterdir() if d.is_dir() and _is_trace_set(d))
+
+
+def _is_trace_set(directory: Path) -> bool:
+    try:
+        first = next(iter(sorted(directory.glob("*.json"))))
+        return "data" in json.loads(first.read_text())
+    except (StopIteration, OSError, ValueError):
+        return False
+
+
+def resolve(ref: str | Path, *, relative_to: Path | None = None, where: str = "trace") -> Path:
+    """A trace file or set as the user named it: a path (absolute, from the current directory, or
+    from ``relative_to``, e.g. the spec's directory), else the name of a bundled one
+    (``gcp-a3-h100-2025-10`` or ``gcp-a3-h100-2025-10/us-central1-c.json``)."""
+    path = Path(ref).expanduser()
+    candidates = [path] if path.is_absolute() else [path, *([relative_to / path] if relative_to else []),
+                                                     SPOT_TRACES_DIR / path]
+    for candidate in candidates:
+        if candidate.exists():
+            return candidate.absolute()
+    names = ", ".join(d.name for d in bundled_sets())
+    raise InputError(f"trace {str(ref)!r} not found", where=where,
+                     fix=f"give a trace file or directory, or a bundled set ({names}; `kit traces` lists them), "
+                         "e.g. gcp-a3-h100-2025-10/us-central1-c.json")
+
+
+@dataclass(frozen=True)
+class SetSummary:
+    """What ``kit traces`` shows of one set: the facts a user picks a set and flags by."""
+
+    name: str
+    path: Path
+    zones: tuple[str, ...]
+    ticks: int
+    gap_seconds: float
+    start_utc: str | None
+    end_utc: str | None
+    instance_type: str | None
+    nodes_requested: int | None
+    spot_per_hour: tuple[float, float]
+    on_demand_per_hour: tuple[float, float] | None
+
+    @property
+    def span_hours(self) -> float:
+        return self.ticks * self.gap_seconds / 3600.0
+
+    def as_json(self) -> dict:
+        return {"name": self.name, "path": str(self.path), "zones": list(self.zones), "ticks": self.ticks,
+                "gap_seconds": self.gap_seconds, "span_hours": round(self.span_hours, 3),
+                "start_utc": self.start_utc, "end_utc": self.end_utc, "instance_type": self.instance_type,
+                "nodes_requested": self.nodes_requested, "spot_per_hour": list(self.spot_per_hour),
+                "on_demand_per_hour": list(self.on_demand_per_hour) if self.on_demand_per_hour else None}
+
+
+def summarize_set(directory: Path) -> SetSummary:
+    """Zones, ticks, span and price ranges of a trace set (every file loaded and validated)."""
+    from datetime import datetime, timedelta
+
+    traces = load_traces([directory])
+    first = traces[0]
+    ticks = max(len(tr) for tr in traces)
+    start = end = None
+    try:  # the span runs from the first tick's start to the last tick's end
+        begin = datetime.fromisoformat(str(first.metadata["start_utc"]).replace("Z", "+00:00"))
+        start = begin.strftime("%Y-%m-%dT%H:%MZ")
+        end = (begin + timedelta(seconds=ticks * first.gap_seconds)).strftime("%Y-%m-%dT%H:%MZ")
+    except (KeyError, ValueError):
+        pass
+    spot = [p for tr in traces for p in tr.spot_prices(math.nan) if math.isfinite(p)]
+    on_demand = [tr.on_demand_price(math.nan) for tr in traces]
+    on_demand = [p for p in on_demand if math.isfinite(p)]
+    nodes = first.metadata.get("nodes_requested")
+    return SetSummary(name=directory.name, path=directory, zones=tuple(tr.name for tr in traces), ticks=ticks,
+                      gap_seconds=first.gap_seconds, start_utc=start, end_utc=end,
+                      instance_type=first.metadata.get("instance_type"),
+                      nodes_requested=int(nodes) if isinstance(nodes, int) else None,
+                      spot_per_hour=(min(spot), max(spot)) if spot else (math.nan, math.nan),
+                      on_demand_per_hour=(min(on_demand), max(on_demand)) if on_demand else None)
+
+
 def trace_files(paths) -> list[Path]:
-    """Expand files and directories (``*.json`` inside, sorted) into trace files."""
+    """Expand files and directories (``*.json`` inside, sorted) into trace files; a name that is no
+    path is looked up among the bundled sets (:func:`resolve`)."""
     files: list[Path] = []
     for item in paths:
-        p = Path(item)
+        p = resolve(item, where=str(item))
         if p.is_dir():
             found = sorted(x for x in p.glob("*.json") if x.is_file())
             if not found:
                 raise InputError("no *.json trace files in directory", where=str(p), fix=FIX)
             files.extend(found)
-        elif p.exists():
-            files.append(p)
         else:
-            raise InputError("trace file not found", where=str(p), fix="pass trace .json files or directories of them")
+            files.append(p)
     if not files:
         raise InputError("no trace given", fix="pass at least one trace file or directory")
     return files

@@ -23,6 +23,8 @@ from kit.errors import InputError, KitError
 from kit.paths import EXAMPLES_DIR
 
 DEFAULT_SPEC = EXAMPLES_DIR / "local.yaml"
+REPORT_FILE = "report.json"  # deploy/<name>/report.json: the finished run's cost report
+PREVIOUS_DIR = "previous"  # deploy/<name>/previous/<stamp>/: finished runs kept by `kit train --fresh`
 log = logging.getLogger("kit.train")
 
 
@@ -64,7 +66,8 @@ def steps_lost(ledger) -> int:
 def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: float | None = None,
               preempt_every: float | None = None, no_preemptions: bool = False, json_report: Path | None = None,
               plot: Path | None = None, keep_disks: bool = False, interval_s: float | None = None,
-              listen: str | None = None, advertise_url: str | None = None, console=None) -> dict:
+              listen: str | None = None, advertise_url: str | None = None, fresh: bool = False,
+              console=None) -> dict:
     from rich.console import Console
 
     from kit.backends import cloud as cloud_backends
@@ -91,13 +94,17 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
     wall_start = time.time()
     with WatcherLock(deploy_dir / LOCK_FILE):
         ledger = Ledger(deploy_dir / LEDGER_FILE)
-        if ledger.get_meta("finished"):  # the last job completed: this is a new one, keep the old ledger aside
+        finished = bool(ledger.get_meta("finished"))
+        if not finished and fresh and ledger.latest_progress():
             ledger.close()
-            stamp = time.strftime("%Y%m%d-%H%M%S")
-            for suffix in ("", "-wal", "-shm"):
-                old = deploy_dir / (LEDGER_FILE + suffix)
-                if old.exists():
-                    old.rename(deploy_dir / f"ledger-{stamp}.sqlite{suffix}")
+            raise InputError("--fresh starts over only after a finished run, and this one has not finished",
+                             where=str(deploy_dir / LEDGER_FILE),
+                             fix="run `kit train` without --fresh to continue it")
+        if finished:
+            ledger.close()
+            if not fresh:  # nothing to do: say so and show what the run gave
+                return show_finished(deploy_dir, console, json_report)
+            archive_finished(deploy_dir, console)
             ledger = Ledger(deploy_dir / LEDGER_FILE)
         token = cluster_token(deploy_dir)
         policy = make_policy_for(spec)
@@ -253,14 +260,76 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
                 "export": export, "disks": "deleted" if delete_disks else "kept",
             }
             render_report(report, console)
+            write_report(deploy_dir / REPORT_FILE, report)  # what a later `kit train` of this spec shows
             if json_report:
-                Path(json_report).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+                write_report(Path(json_report), report)
             if plot:
                 from kit.report import plot_run
 
                 plot_run(ledger, spec, Path(plot), scale=scale)
             ledger.set_meta("finished", "1")
             return report
+
+
+def write_report(path: Path, report: dict) -> None:
+    from training.stop import write_atomic
+
+    write_atomic(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+def show_finished(deploy_dir: Path, console, json_report: Path | None) -> dict:
+    """The job of this spec already finished: print its report (and write it where asked) instead of
+    training again; ``--fresh`` starts a new run."""
+    from kit.watch.commands import LEDGER_FILE
+
+    try:
+        report = json.loads((deploy_dir / REPORT_FILE).read_text())
+    except (OSError, ValueError):
+        report = None
+    console.print(f"this job already finished; `kit train --fresh` trains it again (the finished run is kept "
+                  f"under {deploy_dir / PREVIOUS_DIR}/)")
+    if report is None:  # finished by a kit that kept no report
+        console.print(f"its report was not saved; `kit status` shows the ledger ({deploy_dir / LEDGER_FILE})")
+        return {}
+    render_report(report, console)
+    if json_report:
+        write_report(Path(json_report), report)
+    return report
+
+
+def archive_finished(deploy_dir: Path, console) -> Path:
+    """Move a finished run's ledger, report and export to ``previous/<stamp>/``, so that a fresh run
+    starts clean and never mistakes the old export for its own. Refused while the old run's data
+    disks were kept: the new run would resume from their final checkpoint instead of starting over."""
+    from kit.watch.commands import LEDGER_FILE
+
+    try:
+        disks = json.loads((deploy_dir / REPORT_FILE).read_text()).get("disks")
+    except (OSError, ValueError):
+        disks = None
+    if disks == "kept":
+        raise InputError("the finished run kept its data disks, so a fresh run would resume from their final "
+                         "checkpoint instead of starting over", where=str(deploy_dir / REPORT_FILE),
+                         fix="delete the disks first (`kit destroy SPEC --with-disks`; local nodes' disks are "
+                             f"{deploy_dir / 'local' / 'disks'}), or run without --fresh to see the report")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = deploy_dir / PREVIOUS_DIR / stamp
+    n = 1
+    while target.exists():
+        n += 1
+        target = deploy_dir / PREVIOUS_DIR / f"{stamp}-{n}"
+    target.mkdir(parents=True)
+    for name in (LEDGER_FILE, LEDGER_FILE + "-wal", LEDGER_FILE + "-shm", REPORT_FILE, "export"):
+        if (deploy_dir / name).exists():
+            (deploy_dir / name).rename(target / name)
+    kept = target / REPORT_FILE
+    if kept.exists():  # the report names its export where it now is
+        report = json.loads(kept.read_text())
+        if report.get("export"):
+            report["export"] = report["export"].replace(str(deploy_dir / "export"), str(target / "export"), 1)
+            write_report(kept, report)
+    console.print(f"starting a fresh run; the finished one is kept in {target}")
+    return target
 
 
 def export_final(backend, nodes, dest: Path, *, step: int | None, params_sha256: str | None, console) -> dict:

@@ -20,6 +20,8 @@ def train(
     plot: Annotated[Path | None, typer.Option(help="PNG of progress over time, markets, preemptions")] = None,
     keep_disks: Annotated[bool, typer.Option("--keep-disks", help="keep the data disks after completion")] = False,
     listen: Annotated[str | None, typer.Option(help="HOST:PORT of the agents' endpoint (default 127.0.0.1:0; 0.0.0.0:8787 with --advertise-url)")] = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="train again although this spec's job already "
+                                                         "finished (the finished run is kept under previous/)")] = False,
     advertise_url: Annotated[str | None, typer.Option(
         help="URL the nodes reach that endpoint at (clouds; without it the agents do not post and kit "
              "reads progress over SSH)")] = None,
@@ -35,7 +37,7 @@ def train(
     try:
         run_train(spec, cloud=cloud, time_scale=time_scale, preempt_every=preempt_every,
                   no_preemptions=no_preemptions, json_report=json_report, plot=plot, keep_disks=keep_disks,
-                  listen=listen, advertise_url=advertise_url)
+                  listen=listen, advertise_url=advertise_url, fresh=fresh)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except KitError as error:

@@ -250,6 +250,11 @@ def test_inventory_from_spec(tmp_path):
     assert v["trainer_rdzv_endpoint"] == "10.0.0.4:29500" and v["trainer_nnodes"] == 2
     assert v["trainer_flags"] == training_args(spec)
     assert v["preemption_agent_watcher_url"] == "http://w:1"
+    # the training package kit runs, wherever kit is installed (a wheel has no ../training beside
+    # its playbook)
+    import training
+
+    assert v["trainer_source"] == str(Path(training.__file__).resolve().parent)
     raw = {"nodes": {"value": outputs["nodes"]}}
     assert inventory_from_spec(spec, raw)["all"]["hosts"]["n0"]["private_ip"] == "10.0.0.4"
     with pytest.raises(KitError):

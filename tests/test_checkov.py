@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from kit.paths import EXAMPLES_DIR, REPO_ROOT
+from kit.paths import EXAMPLES_DIR
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 from kit.render import render
 from kit.spec import load_spec
 

@@ -14,7 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from kit.cli import app
-from kit.paths import EXAMPLES_DIR, REPO_ROOT
+from kit.paths import EXAMPLES_DIR
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 from kit.render import ROOTS, hcl, render, render_texts
 from kit.spec import load_spec
 from kit.terraform import run_terraform

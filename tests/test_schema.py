@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from kit.paths import EXAMPLES_DIR, provider_schemas_dir
+from kit.paths import EXAMPLES_DIR
 from kit.render import render
 from kit.schema_check import check_file, check_tree
 from kit.spec import load_spec, parse_spec
-
-pytestmark = pytest.mark.skipif(not provider_schemas_dir().is_dir(), reason="shared/data/provider-schemas missing")
 
 
 @pytest.mark.parametrize("name", ["aws-g5-spot", "gcp-a3-spot"])

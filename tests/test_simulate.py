@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kit.cli import app
+from kit.paths import SPOT_TRACES_DIR
 from kit.policy import ON_DEMAND, POLICY_NAMES, SPOT, WAIT
 from kit.simulate import OPT, Params, simulate, simulate_opt, simulate_policy, span_ticks, start_ticks
 from kit.traces import Trace, load_traces, markov_availability
@@ -87,8 +88,8 @@ def test_safety_net_fires_exactly_when_it_must_in_the_simulator():
         assert run.done_h == pytest.approx(9.7) and not run.missed
 
 
-def test_on_demand_costs_exactly_one(shared_dir):
-    traces = load_traces([shared_dir / "data" / "spot-traces" / "gcp-a3-h100-2025-10"])
+def test_on_demand_costs_exactly_one():
+    traces = load_traces([SPOT_TRACES_DIR / "gcp-a3-h100-2025-10"])
     for deadline in (60.0, 72.0):
         s = simulate(traces, ["on-demand"], Params(deadline_h=deadline))
         assert s["runs"] == 104 and s["deadline_misses"]["on-demand"] == 0
@@ -111,11 +112,11 @@ def test_opt_matches_brute_force():
         assert simulate_opt(t, 0, p).cost == pytest.approx(best), data
 
 
-def test_opt_is_a_lower_bound_and_feasible_deadlines_are_met(shared_dir):
+def test_opt_is_a_lower_bound_and_feasible_deadlines_are_met():
     params = Params(nodes=4, job_h=20.0, deadline_h=30.0, changeover_h=0.2, starts=3)
     traces = [markov_trace(seed, p_up=p_up, mean_up=mean_up)
               for seed, (p_up, mean_up) in enumerate([(0.2, 2), (0.5, 1.5), (0.8, 6), (0.5, 20), (0.05, 3)])]
-    gcp = load_traces([shared_dir / "data" / "spot-traces" / "gcp-a3-h100-2025-10" / f"{z}.json"
+    gcp = load_traces([SPOT_TRACES_DIR / "gcp-a3-h100-2025-10" / f"{z}.json"
                        for z in ("us-central1-b", "us-east4-a", "asia-southeast1-c")])
     cases = [(t, params) for t in traces] + [(t, Params(deadline_h=60.0, starts=2)) for t in gcp]
     for trace, p in cases:
@@ -135,8 +136,8 @@ def test_infeasible_deadline_is_a_miss_for_everyone():
     assert all(s["deadline_misses"][name] == 1 for name in LIVE + [OPT])
 
 
-def test_cli_json_and_plot(tmp_path, shared_dir):
-    zone = shared_dir / "data" / "spot-traces" / "gcp-a3-h100-2025-10" / "us-central1-a.json"
+def test_cli_json_and_plot(tmp_path):
+    zone = SPOT_TRACES_DIR / "gcp-a3-h100-2025-10" / "us-central1-a.json"
     png = tmp_path / "sim.png"
     result = CliRunner().invoke(app, ["simulate", str(zone), "--policy", "all", "--starts", "2", "--json",
                                       "--plot", str(png)])
@@ -217,9 +218,9 @@ def test_default_holds_up_on_markov_markets():
         assert cost["default"] < min(cost["greedy"], cost["up"]), (p_up, mean_up, cost)
 
 
-def test_benchmark_target_default_beats_greedy_and_up(shared_dir):
+def test_benchmark_target_default_beats_greedy_and_up():
     """Issue 5's target on the shared GCP traces: default <= min(greedy, up), no misses, >= opt."""
-    traces = load_traces([shared_dir / "data" / "spot-traces" / "gcp-a3-h100-2025-10"])
+    traces = load_traces([SPOT_TRACES_DIR / "gcp-a3-h100-2025-10"])
     for deadline in (60.0, 72.0):
         s = simulate(traces, ["greedy", "up", "default"], Params(nodes=16, job_h=48.0, deadline_h=deadline,
                                                                  changeover_h=0.2, starts=8))

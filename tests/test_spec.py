@@ -144,3 +144,25 @@ def test_cli_validate_subprocess_exit_code(tmp_path):
     proc = subprocess.run([str(kit), "validate", str(path)], check=False, capture_output=True, text=True,
                           env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 2 and "nodes" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_local_trace_is_resolved_at_load_and_refused_when_missing(tmp_path, monkeypatch):
+    """local.trace: a bundled name, or a file beside the spec, becomes an absolute path; a missing
+    one is refused by `kit validate` and `kit train` before anything is written."""
+    base = yaml.safe_load((EXAMPLES_DIR / "local.yaml").read_text())
+    spec = load_spec(EXAMPLES_DIR / "local.yaml")
+    assert Path(spec.local.trace).is_absolute() and Path(spec.local.trace).is_file()
+    assert spec.prices.spot_per_hour < spec.prices.on_demand_per_hour  # from the trace's metadata
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "mine.json").write_text('{"metadata": {"gap_seconds": 60, "spot_price_per_hour": 2.5}, "data": [2, 0]}')
+    (specs / "a.yaml").write_text(yaml.safe_dump(_set(base, "local.trace", "mine.json")))
+    (specs / "b.yaml").write_text(yaml.safe_dump(_set(base, "local.trace", "nope.json")))
+    monkeypatch.chdir(tmp_path)
+    mine = load_spec(specs / "a.yaml")
+    assert mine.local.trace == str(specs / "mine.json") and mine.prices.spot_per_hour == 2.5
+    monkeypatch.delenv("KIT_DEPLOY_ROOT", raising=False)
+    for argv in (["validate", str(specs / "b.yaml")], ["train", str(specs / "b.yaml")]):
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 2 and "local.trace" in result.output and "kit traces" in result.output, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["specs"], "nothing written"

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from kit.errors import InputError
+from kit.paths import SPOT_TRACES_DIR
 from kit.traces import load_trace, load_traces, trace_files
 
 
@@ -27,8 +28,8 @@ def test_minimal_metadata_and_prices(tmp_path):
     assert t.spot_prices(1.0) == [0.5, 0.7] and t.on_demand_price(4.0) == 9.0 and t.name == "x-1"
 
 
-def test_shared_traces_load(shared_dir):
-    traces = load_traces([shared_dir / "data" / "spot-traces" / "gcp-a3-h100-2025-10"])
+def test_shared_traces_load():
+    traces = load_traces([SPOT_TRACES_DIR / "gcp-a3-h100-2025-10"])
     assert len(traces) == 13 and all(len(t) > 2000 and t.gap_seconds == 600 for t in traces)
 
 
@@ -66,3 +67,44 @@ def test_missing_and_empty_inputs(tmp_path):
     write(tmp_path, "b.json", {"metadata": {"gap_seconds": 600}, "data": [1]})
     write(tmp_path, "a.json", {"metadata": {"gap_seconds": 600}, "data": [1]})
     assert [p.name for p in trace_files([tmp_path])] == ["a.json", "b.json"]
+
+
+def test_bundled_traces_match_their_manifest():
+    """The sample data kit ships is byte-for-byte what MANIFEST.tsv lists (sizes and SHA-256), the
+    SkyNomad attribution included; every set listed by `kit traces` loads."""
+    import hashlib
+
+    from kit.traces import bundled_sets, summarize_set
+
+    listed = {}
+    for line in (SPOT_TRACES_DIR / "MANIFEST.tsv").read_text().splitlines():
+        name, size, digest = line.split("\t")
+        listed[name.removeprefix("./")] = (int(size), digest)
+    present = {p.relative_to(SPOT_TRACES_DIR).as_posix() for p in SPOT_TRACES_DIR.rglob("*")
+               if p.is_file() and p.name != "MANIFEST.tsv"}
+    assert present == set(listed)
+    for name, (size, digest) in listed.items():
+        data = (SPOT_TRACES_DIR / name).read_bytes()
+        assert (len(data), hashlib.sha256(data).hexdigest()[:16]) == (size, digest), name
+    assert {"skynomad-gcp-h100/LICENSE", "skynomad-gcp-h100/NOTICE"} <= set(listed)
+    summary = summarize_set(next(s for s in bundled_sets() if s.name == "gcp-a3-h100-2025-10"))
+    assert len(summary.zones) == 13 and summary.gap_seconds == 600 and summary.start_utc == "2025-10-04T00:10Z"
+    assert summary.spot_per_hour[0] < summary.on_demand_per_hour[0]
+
+
+def test_a_trace_is_named_by_path_or_bundled_name(tmp_path, monkeypatch):
+    from kit.traces import resolve
+
+    bundled = resolve("gcp-a3-h100-2025-10/us-central1-c.json")
+    assert bundled == SPOT_TRACES_DIR / "gcp-a3-h100-2025-10" / "us-central1-c.json"
+    assert resolve("gcp-a3-h100-2025-10").is_dir()
+    write(tmp_path, "mine.json", {"metadata": {"gap_seconds": 600}, "data": [1]})
+    monkeypatch.chdir(tmp_path)
+    assert resolve("mine.json") == tmp_path / "mine.json"  # a file here wins over a bundled name
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    monkeypatch.chdir(other)
+    assert resolve("mine.json", relative_to=tmp_path) == tmp_path / "mine.json"  # beside the spec
+    with pytest.raises(InputError, match="not found") as error:
+        resolve("nope.json", where="local.trace")
+    assert error.value.where == "local.trace" and "gcp-a3-h100-2025-10" in error.value.fix

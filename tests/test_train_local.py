@@ -13,16 +13,22 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit.paths import EXAMPLES_DIR, REPO_ROOT
+from kit.paths import EXAMPLES_DIR
 
 KIT = [str(Path(sys.executable).parent / "kit")]
 pytestmark = pytest.mark.slow
 
 
-def kit_train(tmp_path: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KIT_DEPLOY_ROOT": str(tmp_path / "deploy"), "COLUMNS": "120"}
-    return subprocess.run(KIT + ["train", *args], check=False, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+def user_env() -> dict:
+    """As a user runs kit: no KIT_DEPLOY_ROOT, so deploy/ goes under the working directory."""
+    return {**{k: v for k, v in os.environ.items() if k != "KIT_DEPLOY_ROOT"}, "COLUMNS": "120"}
+
+
+def kit_train(workdir: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``kit train`` run from ``workdir`` (not the checkout): its deployments land in workdir/deploy."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(KIT + ["train", *args], check=False, cwd=workdir, env=user_env(), capture_output=True,
+                          text=True, timeout=timeout)
 
 
 def leftovers(marker: str) -> list[str]:
@@ -102,6 +108,13 @@ def test_default_run_matches_undisturbed_run(tmp_path):
     assert 0.6 < undisturbed["compute_hours"] / report["compute_hours"] < 1.6, (undisturbed, report)
     assert (tmp_path / "b" / "deploy" / "local-example" / "local" / "disks" / "node-0" / "ckpt").is_dir()
     assert undisturbed["disks"] == "kept" and undisturbed["export"], "--keep-disks still exports"
+    # the same command again: the job is done, so kit says so and shows its report (no training)
+    again = kit_train(tmp_path / "a", timeout=60)
+    assert again.returncode == 0 and "already finished" in again.stdout, again.stdout + again.stderr
+    assert report["params_sha256"][:16] in again.stdout and "damaged" not in again.stdout + again.stderr
+    # --fresh would resume from the kept disks' final checkpoint instead of starting over: refused
+    fresh = kit_train(tmp_path / "b", "--fresh", timeout=60)
+    assert fresh.returncode == 2 and "kept its data disks" in fresh.stdout + fresh.stderr, fresh.stdout + fresh.stderr
 
 
 def test_node0_preempted(tmp_path):
@@ -118,8 +131,7 @@ def test_node0_preempted(tmp_path):
 
 def test_ctrl_c_then_continue(tmp_path):
     spec = small_spec(tmp_path, "ctrlc", 100, trace=None)
-    env = {**os.environ, "KIT_DEPLOY_ROOT": str(tmp_path / "deploy")}
-    proc = subprocess.Popen(KIT + ["train", str(spec), "--no-preemptions"], cwd=REPO_ROOT, env=env,
+    proc = subprocess.Popen(KIT + ["train", str(spec), "--no-preemptions"], cwd=tmp_path, env=user_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     progress = tmp_path / "deploy" / "ctrlc" / "local" / "run" / "node-0" / "progress.json"
     deadline = time.time() + 120

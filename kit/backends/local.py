@@ -96,12 +96,6 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def agent_available() -> bool:
-    from kit.paths import REPO_ROOT
-
-    return (REPO_ROOT / "training" / "agent.py").exists()
-
-
 class LocalBackend(Backend):
     cloud = "local"
 
@@ -113,16 +107,17 @@ class LocalBackend(Backend):
     def __init__(self, spec, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None,
                  clock: Callable[[], float] = time.time, node_command: Callable[[LocalBackend, int, str],
                                                                                  list[str]] | None = None,
-                 spot_available: Callable[[], bool] | None = None, use_agent: bool | None = None):
+                 spot_available: Callable[[], bool] | None = None, use_agent: bool = True):
         self.spec = spec
-        self.deploy_dir = Path(deploy_dir)
+        # absolute: every path below is handed to node processes, whose working directory is their own
+        self.deploy_dir = Path(deploy_dir).absolute()
         self.root = self.deploy_dir / "local"
         self.watcher_url = watcher_url
         self.watcher_token = watcher_token
         self.clock = clock
         self.node_command = node_command or LocalBackend.trainer_command
         self.spot_available = spot_available  # set by the injector: False while spot capacity is low
-        self.use_agent = agent_available() if use_agent is None else use_agent
+        self.use_agent = use_agent
         self.procs: dict[int, list[subprocess.Popen]] = {}
         self.endpoint: str | None = None
         self.lock = threading.RLock()
@@ -264,24 +259,22 @@ class LocalBackend(Backend):
         return cmd
 
     def start_node(self, rank: int) -> None:
-        from kit.paths import REPO_ROOT
-
         state = self.read_state(rank)
         node_dir = self.node_dir(rank)
         (node_dir / "metadata").mkdir(parents=True, exist_ok=True)
         for stale in (self.stop_file(rank), self.notice_file(rank)):
             stale.unlink(missing_ok=True)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
-                                                                         os.environ.get("PYTHONPATH")])),
-               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "KIT_NODE_RANK": str(rank)}
+        # The node runs the installed `training` package (this Python's), in its own directory: like a
+        # cloud node, it depends on nothing in kit's working directory or checkout.
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "KIT_NODE_RANK": str(rank)}
         procs = []
         with open(node_dir / "train.log", "ab") as log:
-            procs.append(subprocess.Popen(self.node_command(self, rank, self.endpoint), cwd=REPO_ROOT, env=env,
+            procs.append(subprocess.Popen(self.node_command(self, rank, self.endpoint), cwd=node_dir, env=env,
                                           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           start_new_session=True, preexec_fn=_pdeathsig))  # noqa: PLW1509
         if self.use_agent and state is not None:
             with open(node_dir / "agent.log", "ab") as log:
-                procs.append(subprocess.Popen(self.agent_command(rank, state["instance_id"]), cwd=REPO_ROOT,
+                procs.append(subprocess.Popen(self.agent_command(rank, state["instance_id"]), cwd=node_dir,
                                               env=env, stdout=log, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_pdeathsig))  # noqa: PLW1509
         self.procs[rank] = procs

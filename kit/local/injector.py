@@ -1,6 +1,6 @@
 """Spot preemptions for the local backend, the way the clouds deliver them.
 
-Two modes: replay a capacity trace (``shared/data/spot-traces``) time-compressed by
+Two modes: replay a capacity trace (``kit/data/spot-traces``) time-compressed by
 ``time_scale`` trace seconds per wall second — while ``data[i] < nodes`` spot capacity is low:
 running spot nodes beyond the capacity are preempted (highest rank first, so a trace with 0 hits
 node 0 too) and spot launches raise ``CapacityError`` — or preempt one spot node every
@@ -18,7 +18,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from kit.errors import InputError
 
@@ -38,19 +37,6 @@ class VirtualClock:
         return self.origin + (self.wall() - self.origin) * self.scale
 
 
-def resolve_trace(trace: str) -> Path:
-    from kit.paths import spot_traces_dir
-
-    path = Path(trace)
-    if path.exists():
-        return path
-    candidate = spot_traces_dir() / trace
-    if candidate.exists():
-        return candidate
-    raise InputError(f"trace {trace!r} not found", where="local.trace",
-                     fix=f"give a path or a name under {spot_traces_dir()}, e.g. gcp-a3-h100-2025-10/us-central1-c.json")
-
-
 class Injector:
     def __init__(self, backend, *, nodes: int, clock: Callable[[], float], origin: float,
                  trace: str | None = None, preempt_every: float | None = None, grace_seconds: float = 5.0,
@@ -66,9 +52,9 @@ class Injector:
         self.period = period
         self.trace = None
         if trace and enabled and preempt_every is None:
-            from kit.traces import load_trace
+            from kit.traces import load_trace, resolve
 
-            self.trace = load_trace(resolve_trace(trace))
+            self.trace = load_trace(resolve(trace, where="local.trace"))
         if preempt_every is not None and preempt_every <= 0:
             raise InputError(f"--preempt-every {preempt_every} must be > 0", where="--preempt-every",
                              fix="e.g. --preempt-every 20")
