@@ -23,14 +23,28 @@ class InstanceType:
     guest_accelerator: str | None = None  # GCP: accelerator type to attach (N1 only)
     on_demand: bool = True        # False: the cloud sells this type only as spot (or flex-start)
     note: str = ""
+    disk_types: tuple[str, ...] = ()  # data-disk types the machine type can attach (first: kit's default)
+    nic_type: str | None = None   # GCP network interface type the machine type needs (A3: GVNIC)
 
 
 _A3_SPOT_ONLY = ("GCP sells a3-highgpu-1g/2g/4g only as Spot or Flex-start VMs: on-demand needs "
                  "a3-highgpu-8g")
 
 
-def _t(*args, **kw) -> InstanceType:
-    return InstanceType(*args, **kw)
+# Data-disk types per machine family. EBS volume types attach to every instance type. GCP: A3 High
+# and G2 take no Standard PD, N1 takes no Hyperdisk (GCP docs, "Accelerator-optimized machine
+# family" and "General-purpose machine family": supported disk types per series).
+EBS_TYPES = ("gp3", "gp2", "io1", "io2", "st1")
+_GCP_A3 = ("pd-balanced", "pd-ssd", "hyperdisk-balanced")
+_GCP_A2 = ("pd-balanced", "pd-ssd", "pd-standard")
+_GCP_G2 = ("pd-balanced", "pd-ssd")
+_GCP_N1 = ("pd-balanced", "pd-ssd", "pd-standard")
+_A3 = {"disk_types": _GCP_A3, "nic_type": "GVNIC"}
+
+
+def _t(cloud: str, *args, **kw) -> InstanceType:
+    kw.setdefault("disk_types", EBS_TYPES if cloud == "aws" else ())
+    return InstanceType(cloud, *args, **kw)
 
 
 _TYPES = [
@@ -45,25 +59,27 @@ _TYPES = [
     _t("aws", "g5.48xlarge", 8, "A10G", 16.288, 6.52, efa=True),
     _t("aws", "p4d.24xlarge", 8, "A100-40GB", 32.7726, 13.11, efa=True),
     _t("aws", "p5.48xlarge", 8, "H100-80GB", 55.04, 22.02, efa=True),
-    # GCP accelerator-optimized: GPUs come with the machine type. Compact placement: A2/A3 only.
+    # GCP accelerator-optimized: GPUs come with the machine type. Compact placement: A2, A3 and G2
+    # (GCP docs, "Compact placement policy and workload policy overview": supported machine types
+    # A4X, A4, A3 Ultra/Mega/High/Edge, A2, G4, G2); not N1. A3 needs gVNIC.
     # a3-highgpu-1g/2g/4g are sold only as Spot (or Flex-start) VMs (GCP "consumption option
     # availability by machine type"; dstack's gpuhunt dropped their on-demand offers for this reason,
     # gpuhunt PR #176): no on-demand fallback. The on-demand price is the 8g's per GPU, the baseline.
-    _t("gcp", "a3-highgpu-1g", 1, "H100-80GB", 11.06, 2.95, on_demand=False, note=_A3_SPOT_ONLY),
-    _t("gcp", "a3-highgpu-2g", 2, "H100-80GB", 22.12, 5.90, on_demand=False, note=_A3_SPOT_ONLY),
-    _t("gcp", "a3-highgpu-4g", 4, "H100-80GB", 44.24, 11.80, on_demand=False, note=_A3_SPOT_ONLY),
-    _t("gcp", "a3-highgpu-8g", 8, "H100-80GB", 88.49, 23.60),
-    _t("gcp", "a2-highgpu-1g", 1, "A100-40GB", 3.67, 1.47),
-    _t("gcp", "a2-highgpu-8g", 8, "A100-40GB", 29.39, 11.76),
-    _t("gcp", "g2-standard-4", 1, "L4", 0.71, 0.28, placement=False),
-    _t("gcp", "g2-standard-8", 1, "L4", 0.85, 0.34, placement=False),
-    _t("gcp", "g2-standard-16", 1, "L4", 1.15, 0.46, placement=False),
-    _t("gcp", "g2-standard-48", 4, "L4", 4.00, 1.60, placement=False),
+    _t("gcp", "a3-highgpu-1g", 1, "H100-80GB", 11.06, 2.95, on_demand=False, note=_A3_SPOT_ONLY, **_A3),
+    _t("gcp", "a3-highgpu-2g", 2, "H100-80GB", 22.12, 5.90, on_demand=False, note=_A3_SPOT_ONLY, **_A3),
+    _t("gcp", "a3-highgpu-4g", 4, "H100-80GB", 44.24, 11.80, on_demand=False, note=_A3_SPOT_ONLY, **_A3),
+    _t("gcp", "a3-highgpu-8g", 8, "H100-80GB", 88.49, 23.60, **_A3),
+    _t("gcp", "a2-highgpu-1g", 1, "A100-40GB", 3.67, 1.47, disk_types=_GCP_A2),
+    _t("gcp", "a2-highgpu-8g", 8, "A100-40GB", 29.39, 11.76, disk_types=_GCP_A2),
+    _t("gcp", "g2-standard-4", 1, "L4", 0.71, 0.28, disk_types=_GCP_G2),
+    _t("gcp", "g2-standard-8", 1, "L4", 0.85, 0.34, disk_types=_GCP_G2),
+    _t("gcp", "g2-standard-16", 1, "L4", 1.15, 0.46, disk_types=_GCP_G2),
+    _t("gcp", "g2-standard-48", 4, "L4", 4.00, 1.60, disk_types=_GCP_G2),
     # N1 + guest accelerator (one T4 each here); N1 does not support compact placement policies.
     _t("gcp", "n1-standard-8", 1, "T4", 0.73, 0.25, placement=False, guest_accelerator="nvidia-tesla-t4",
-       note="GPU attached as guest_accelerator nvidia-tesla-t4 x1"),
+       note="GPU attached as guest_accelerator nvidia-tesla-t4 x1", disk_types=_GCP_N1),
     _t("gcp", "n1-standard-16", 1, "T4", 1.11, 0.38, placement=False, guest_accelerator="nvidia-tesla-t4",
-       note="GPU attached as guest_accelerator nvidia-tesla-t4 x1"),
+       note="GPU attached as guest_accelerator nvidia-tesla-t4 x1", disk_types=_GCP_N1),
 ]
 
 CATALOG: dict[tuple[str, str], InstanceType] = {(t.cloud, t.name): t for t in _TYPES}

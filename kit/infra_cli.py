@@ -19,6 +19,14 @@ def _fail(error) -> None:
     fail(error)
 
 
+def warn_about(spec) -> None:
+    """What a valid spec still risks (kit.spec.spec_warnings), before anything acts on it."""
+    from kit.spec import spec_warnings
+
+    for warning in spec_warnings(spec):
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
+
+
 def example(
     name: Annotated[str | None, typer.Argument(help="example to print (no name: list them)")] = None,
 ) -> None:
@@ -52,6 +60,7 @@ def validate(spec: SpecArg) -> None:
         return
     console.print(f"[green]ok[/green] {spec}: {s.nodes} x {s.instance_type or 'local node'} "
                   f"({s.gpus_per_node} GPU each) on {s.cloud} {s.zone or ''} {s.market}", highlight=False)
+    warn_about(s)
 
 
 def render(
@@ -68,6 +77,7 @@ def render(
         from kit import render as r
 
         out_dir = out or r.deployment_dir(s)
+        warn_about(s)
         files = r.render(s, out_dir, market=market)
     except KitError as error:
         _fail(error)
@@ -94,6 +104,7 @@ def plan(
 
         out_dir = out or r.deployment_dir(s)
         check_ssh_key(s)
+        warn_about(s)
         r.render(s, out_dir, market=market)
         summary = terraform.plan(out_dir)
     except KitError as error:

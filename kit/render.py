@@ -36,15 +36,14 @@ def deployment_dir(spec) -> Path:
 
 
 def spec_label(spec) -> str:
-    """How the header names the spec: ``examples/...`` for kit's own examples, else as given."""
-    source = spec.source or "cluster.yaml"
-    path = Path(source)
-    if path.is_absolute():
-        try:
-            return str(path.resolve().relative_to(RESOURCES_DIR))
-        except ValueError:
-            return str(path)
-    return source
+    """How the generated header names the spec, with no absolute path in it (rendered files are
+    reviewed and committed): kit's own examples as ``examples/<name>.yaml``, any other spec relative
+    to the current directory, so ``./x.yaml`` and ``/abs/x.yaml`` give the same bytes."""
+    path = Path(os.path.abspath(Path(spec.source or "cluster.yaml").expanduser()))
+    try:
+        return path.resolve().relative_to(RESOURCES_DIR).as_posix()
+    except ValueError:
+        return Path(os.path.relpath(path, Path.cwd())).as_posix()
 
 
 def header(spec) -> str:
@@ -109,11 +108,12 @@ def _variables(spec, root: str, market: str) -> list[dict[str, Any]]:
           _var("placement", "string", "cluster or none.", spec.placement)]
     if aws:
         v += [_var("max_price", "number", "Spot price cap, $/h per node.", spec.max_price, nullable=True),
-              _var("image", "string", "AMI id (null: latest Ubuntu 22.04).", spec.image, nullable=True),
+              _var("image", "string", "AMI id (null: latest AWS Deep Learning Base AMI, Ubuntu 22.04).", spec.image,
+                   nullable=True),
               _var("vpc_id", "string", "Existing VPC (null: default VPC).", spec.network.vpc_id, nullable=True),
               _var("subnet_id", "string", "Existing subnet (null: default subnet of the zone).",
                    spec.network.subnet_id, nullable=True),
-              _var("efa", "bool", "Attach an EFA interface.", spec.efa)]
+              _var("detailed_monitoring", "bool", "CloudWatch detailed monitoring.", spec.monitoring)]
     else:
         accel = ({"type": itype.guest_accelerator, "count": itype.gpus}
                  if itype is not None and itype.guest_accelerator else None)
@@ -121,21 +121,36 @@ def _variables(spec, root: str, market: str) -> list[dict[str, Any]]:
                    "GPU to attach for N1 types (null: the machine type carries its GPUs).", accel, nullable=True),
               _var("image", "string", "Boot image.", spec.image or
                    "projects/ubuntu-os-accelerator-images/global/images/family/"
-                   "ubuntu-accelerator-2204-amd64-with-nvidia-550")]
-        if spec.network.create:
+                   "ubuntu-accelerator-2204-amd64-with-nvidia-550"),
+              _var("nic_type", "string", "GVNIC where the machine type needs it (null: provider default).",
+                   itype.nic_type if itype is not None else None, nullable=True),
+              _var("os_login", "bool", "Log in with OS Login instead of the ssh-keys metadata key.",
+                   spec.ssh.os_login)]
+        if spec.creates_network:
             v.append(_var("subnet_cidr", "string", "Range of the created subnetwork.", spec.network.cidr))
         else:
             v += [_var("network", "string", "Existing network.", spec.network.name or "default"),
                   _var("subnetwork", "string", "Existing subnetwork (null: auto).", spec.network.subnetwork,
                        nullable=True)]
     v += [_var("ssh_user", "string", "Login user.", spec.ssh.user),
-          _var("ssh_public_key_path", "string", "Public key file installed for ssh_user.", spec.ssh.public_key),
+          _var("ssh_public_key", "string", "OpenSSH public key installed for ssh_user (from ssh.public_key).",
+               read_public_key(spec)),
           _var("allowed_cidrs", "list(string)", "CIDRs allowed to reach SSH.", list(spec.ssh.allowed_cidrs))]
     if aws:
         v.append(_var("egress_cidrs", "list(string)", "CIDRs the nodes may reach on every port.",
                       list(spec.network.egress_cidrs)))
     v += [_var(tag_name, "map(string)", "Tags/labels on every resource.", _tags(spec))]
     return v
+
+
+def read_public_key(spec) -> str:
+    """The public key's content: it goes into the rendered tfvars, so a plan depends on the spec
+    alone, not on the home directory of whoever plans it. With OS Login no key is installed."""
+    if spec.ssh.os_login:
+        return ""
+    from kit.spec import check_ssh_key
+
+    return check_ssh_key(spec)
 
 
 def _env() -> jinja2.Environment:
@@ -159,7 +174,7 @@ def render_texts(spec, market: str | None = None) -> dict[str, str]:
     for root in ROOTS:
         variables = _variables(spec, root, market)
         ctx = {"header": head, "backend": backend, "root": root, "variables": variables,
-               "network_create": spec.cloud == "gcp" and spec.network.create}
+               "network_create": spec.creates_network}
         texts[f"{root}/versions.tf"] = env.get_template(f"{spec.cloud}/versions.tf.j2").render(ctx)
         texts[f"{root}/variables.tf"] = env.get_template("common/variables.tf.j2").render(ctx)
         texts[f"{root}/terraform.tfvars"] = env.get_template("common/terraform.tfvars.j2").render(ctx)
@@ -176,7 +191,7 @@ def _fmt_dir(directory: Path) -> None:
     from kit.terraform import run_terraform
 
     # Always the embedded core: rendered bytes must not depend on the user's terraform version.
-    rc, out, err = run_terraform(["fmt", "-recursive", "-list=false", "."], directory, timeout=120, embedded=True)
+    rc, out, err = run_terraform(["fmt", "-list=false", "."], directory, timeout=120, embedded=True)
     if rc != 0:
         raise KitError(f"terraform fmt failed on the rendered files: {(err or out).strip()[:2000]}",
                        where=str(directory), fix="this is a kit bug in templates/: please report it")
@@ -192,7 +207,8 @@ def render(spec, out_dir: str | Path, market: str | None = None) -> list[Path]:
             path = stage / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-        _fmt_dir(stage)
+        for root in ROOTS:  # the generated roots; modules/ is a byte-for-byte copy of terraform/modules/
+            _fmt_dir(stage / root)
         written: list[Path] = []
         for rel in sorted(texts):
             data = (stage / rel).read_bytes()

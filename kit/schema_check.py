@@ -7,7 +7,8 @@ computed-only attribute, a missing required attribute or block, or a block repea
 an attribute written as a block (``tags { ... }``) and a literal of the wrong type (``instance_type =
 5``, ``encrypted = "yes"``; Terraform's own conversions such as ``"5"`` for a number are allowed).
 ``terraform_remote_state`` is Terraform's built-in data source (no
-provider schema file); it is checked by hand for its two required arguments.
+provider schema file); it is checked by hand for its two required arguments, and the built-in
+``terraform_data`` resource against its documented arguments.
 """
 
 from __future__ import annotations
@@ -24,6 +25,16 @@ from kit.paths import PROVIDER_SCHEMAS_DIR
 META_ARGS = {"count", "for_each", "depends_on", "provider", "lifecycle", "connection", "provisioner",
              "__is_block__", "__comments__", "__inline_comments__", "__start_line__", "__end_line__"}
 PROVIDERS = {"aws": "aws", "google": "google"}
+# Terraform's built-in provider (terraform.io/builtin/terraform) has no schema file here: its one
+# managed resource, as documented ("The terraform_data Managed Resource Type", Terraform docs).
+BUILTIN_RESOURCES = {
+    "terraform_data": {"attributes": {
+        "input": {"type": "dynamic", "optional": True},
+        "triggers_replace": {"type": "dynamic", "optional": True},
+        "output": {"type": "dynamic", "computed": True},
+        "id": {"type": "string", "computed": True},
+    }},
+}
 
 
 def _unquote(label: str) -> str:
@@ -147,7 +158,8 @@ def check_file(path: str | Path, schemas_root: str | Path | None = None) -> list
                             if required not in body:
                                 problems.append(f"{where}: required attribute {required!r} is missing")
                         continue
-                    block = schema_for(kind, rtype, root)
+                    block = BUILTIN_RESOURCES.get(rtype) if kind == "resource" else None
+                    block = block or schema_for(kind, rtype, root)
                     if block is None:
                         problems.append(f"{where}: no provider schema for {rtype} (add it to provider-schemas/)")
                         continue

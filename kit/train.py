@@ -85,9 +85,11 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
     spec = load_train_spec(spec_path, cloud=cloud, time_scale=time_scale, preempt_every=preempt_every,
                            no_preemptions=no_preemptions)
     if spec.cloud != "local":
-        from kit.spec import check_ssh_key
+        from kit.spec import check_ssh_key, spec_warnings
 
         check_ssh_key(spec)  # before anything is written or started: plan, bootstrap and export need it
+        for warning in spec_warnings(spec):
+            console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
     deploy_dir = Path(deployment_dir(spec))
     deploy_dir.mkdir(parents=True, exist_ok=True)
     local = spec.cloud == "local"
@@ -139,8 +141,9 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
                 backend = cloud_backends.backend_for(spec, deploy_dir, watcher_url=url, watcher_token=token)
             # The watcher's tick, in (trace) hours, is interval x scale, or longer when an apply +
             # bootstrap takes longer (kit.watch.watcher.Watcher.tick_hours).
-            watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, clock=clock), policy,
-                              source=sources.source_for(spec, deploy_dir), interval_s=interval, clock=clock,
+            source = sources.source_for(spec, deploy_dir)
+            watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, clock=clock, source=source), policy,
+                              source=source, interval_s=interval, clock=clock,
                               observation=observation_type(), time_scale=scale)
             watcher.wake = wake
 

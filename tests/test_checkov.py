@@ -49,11 +49,15 @@ def run_checkov(directory) -> dict:
 
 @pytest.fixture(scope="module")
 def scans(tmp_path_factory):
+    from conftest import make_home
+
     out = {}
-    for name in ("aws-g5-spot", "gcp-a3-spot"):
-        d = tmp_path_factory.mktemp(name)
-        render(load_spec(EXAMPLES_DIR / f"{name}.yaml"), d)
-        out[name] = run_checkov(d)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HOME", str(make_home(tmp_path_factory.mktemp("home"))))
+        for name in ("aws-g5-spot", "gcp-a3-spot"):
+            d = tmp_path_factory.mktemp(name)
+            render(load_spec(EXAMPLES_DIR / f"{name}.yaml"), d)
+            out[name] = run_checkov(d)
     return out
 
 

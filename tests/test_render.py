@@ -21,6 +21,8 @@ from kit.render import ROOTS, hcl, render, render_texts
 from kit.spec import load_spec
 from kit.terraform import run_terraform
 
+pytestmark = pytest.mark.usefixtures("example_key_home")  # the examples' ~/.ssh/id_ed25519.pub
+
 GOLDEN = REPO_ROOT / "tests" / "golden"
 EXAMPLES = ("aws-g5-spot", "gcp-a3-spot")
 
@@ -39,7 +41,7 @@ def switchable_spec(name: str):
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory):
+def rendered(tmp_path_factory, example_key_home):
     out = {}
     for name in EXAMPLES:
         d = tmp_path_factory.mktemp(f"{name}-spot")
@@ -98,6 +100,24 @@ def test_fmt_check_clean_and_can_fail(rendered, tmp_path):
     assert bad.read_text().startswith('resource "x" "y" {\n  a = 1\n    bb')  # -check never rewrites
 
 
+def test_checked_in_modules_are_fmt_clean(tmp_path):
+    """terraform/modules/ as checked in (render copies it byte for byte, so a module that is not
+    fmt-clean would only show up in reviews of every deployment). -check never rewrites."""
+    from kit.paths import TERRAFORM_MODULES_DIR
+
+    rc, out, err = run_terraform(["fmt", "-check", "-recursive", "-no-color", "."], TERRAFORM_MODULES_DIR, timeout=120)
+    assert rc == 0, f"not fmt-clean as checked in: {out} {err}"
+    # the same check on a module copy with one misaligned line goes red
+    import shutil
+
+    copy = tmp_path / "modules"
+    shutil.copytree(TERRAFORM_MODULES_DIR, copy)
+    main = copy / "gcp" / "instances" / "main.tf"
+    main.write_text(main.read_text().replace('  desired_status = "RUNNING"', '  desired_status   = "RUNNING"'))
+    rc, out, _ = run_terraform(["fmt", "-check", "-recursive", "-no-color", "."], copy, timeout=120)
+    assert rc != 0 and "instances/main.tf" in out
+
+
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_market_switch_touches_no_disk_line(rendered, name):
     spot, od = _files(rendered[name, "switch", "spot"]), _files(rendered[name, "switch", "on-demand"])
@@ -107,7 +127,7 @@ def test_market_switch_touches_no_disk_line(rendered, name):
     diff = [line for line in difflib.unified_diff(spot[changed[0]].decode().splitlines(),
                                                   od[changed[0]].decode().splitlines(), lineterm="", n=0)
             if line[:1] in "+-" and not line.startswith(("+++", "---"))]
-    assert diff == ['-market              = "spot"', '+market              = "on-demand"'], diff
+    assert [" ".join(line.split()) for line in diff] == ['-market = "spot"', '+market = "on-demand"'], diff
     assert not any(word in line.lower() for line in diff for word in ("disk", "volume", "ebs"))
     assert filecmp.dircmp(rendered[name, "switch", "spot"] / "disks",
                           rendered[name, "switch", "on-demand"] / "disks").diff_files == []
@@ -165,6 +185,7 @@ def test_make_golden_script_runs_in_a_copy(tmp_path):
     (tmp_path / "tests" / "golden").mkdir(parents=True)
     script = tmp_path / "tests" / "golden" / "regen.py"
     script.write_text((GOLDEN / "regen.py").read_text())
+    (tmp_path / "tests" / "golden" / "id_ed25519.pub").write_text((GOLDEN / "id_ed25519.pub").read_text())
     (tmp_path / "examples").symlink_to(EXAMPLES_DIR)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=False,
                           env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
@@ -189,7 +210,18 @@ def test_modules_carry_the_required_settings():
     market = aws["dynamic"][0]['"instance_market_options"']
     assert market["for_each"] == "${local.spot ? [1] : []}"
     assert "spot_options" in market["content"][0]
-    assert aws["lifecycle"][0]["ignore_changes"] == ["ami"]  # a new Ubuntu AMI replaces no running node
+    assert aws["lifecycle"][0]["ignore_changes"] == ["ami"]  # a new AMI replaces no running node
+    # every market change replaces the instances: instance_market_options is Optional + Computed +
+    # ForceNew in the provider, so removing the block alone plans no change
+    assert aws["lifecycle"][0]["replace_triggered_by"] == ["${terraform_data.market}"]
+    assert resources(M / "aws" / "instances" / "main.tf")["terraform_data.market"]["input"] == "${var.market}"
+    assert aws["monitoring"] == "${var.detailed_monitoring}"  # billed: only when asked
+    assert "primary_network_interface" not in str(aws.get("dynamic"))  # no EFA interface nothing uses
+    ami = (M / "aws" / "instances" / "main.tf").read_text()
+    assert "hvm-ssd/ubuntu-jammy" not in ami and "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)" in ami
+    outputs = (M / "aws" / "instances" / "outputs.tf").read_text() + (M / "gcp" / "instances" / "outputs.tf").read_text()
+    assert "market      = var.market" not in outputs  # the market each instance really runs on
+    assert 'node.instance_lifecycle == "spot"' in outputs and "scheduling[0].provisioning_model" in outputs
     attach = resources(M / "aws" / "instances" / "main.tf")["aws_volume_attachment.data"]
     assert attach["skip_destroy"] is True  # never DetachVolume a mounted disk from a running node
     vol = resources(M / "aws" / "disks" / "main.tf")["aws_ebs_volume.this"]
@@ -205,9 +237,43 @@ def test_modules_carry_the_required_settings():
     assert "$md/preempted" in (M / "gcp" / "instances" / "shutdown.sh").read_text()
     disk = resources(M / "gcp" / "disks" / "main.tf")["google_compute_disk.this"]
     assert disk["lifecycle"][0]["prevent_destroy"] is True
+    assert gcp["lifecycle"][0]["replace_triggered_by"] == ["${terraform_data.market}", "${terraform_data.placement}"]
+    assert gcp["network_interface"][0]["nic_type"] == "${var.nic_type}"
+    assert "enable-oslogin" in gcp["metadata"] and "var.os_login" in gcp["metadata"]
     policy = resources(M / "gcp" / "placement" / "main.tf")["google_compute_resource_policy.this"]
     assert policy["group_placement_policy"][0]["collocation"] == '"COLLOCATED"'
+    # no vm_count: with it GCP takes the policy only for exactly that many VMs created together,
+    # so one lost VM could not be recreated alone
+    assert "vm_count" not in policy["group_placement_policy"][0]
     for cloud in ("aws", "gcp"):
         for module in ("placement", "instances", "disks"):
             text = (M / cloud / module / "variables.tf").read_text()
             assert "validation {" in text and "type " in text, (cloud, module)
+
+
+def test_rendered_files_hold_the_key_and_no_absolute_path(tmp_path, monkeypatch):
+    """The public key's content is in the tfvars (a plan does not depend on the planner's home), and
+    the same spec rendered as ./x.yaml and as /abs/x.yaml gives the same bytes."""
+    from conftest import TEST_PUBLIC_KEY
+
+    spec_dir = tmp_path / "specs"
+    spec_dir.mkdir()
+    (spec_dir / "x.yaml").write_text((EXAMPLES_DIR / "gcp-a3-spot.yaml").read_text())
+    monkeypatch.chdir(spec_dir)
+    render(load_spec("./x.yaml"), tmp_path / "rel")
+    render(load_spec(spec_dir / "x.yaml"), tmp_path / "abs")
+    rel, absolute = _files(tmp_path / "rel"), _files(tmp_path / "abs")
+    assert rel == absolute
+    key = TEST_PUBLIC_KEY.read_text().strip()
+    assert f'= "{key}"' in rel["cluster/terraform.tfvars"].decode()
+    for name, data in rel.items():
+        text = data.decode()
+        assert str(tmp_path) not in text and "/root" not in text and "pathexpand" not in text, name
+    assert rel["cluster/main.tf"].decode().startswith("# Generated by kit from x.yaml;")
+
+
+def test_rendered_roots_pin_provider_versions(rendered):
+    for (name, *_), directory in rendered.items():
+        text = (directory / "cluster" / "versions.tf").read_text()
+        assert 'required_version = "~> 1.10"' in text
+        assert ('version = "~> 6.47"' in text) if name.startswith("aws") else ('version = "~> 7.9"' in text)

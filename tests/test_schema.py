@@ -9,6 +9,8 @@ from kit.render import render
 from kit.schema_check import check_file, check_tree
 from kit.spec import load_spec, parse_spec
 
+pytestmark = pytest.mark.usefixtures("example_key_home")  # the examples' ~/.ssh/id_ed25519.pub
+
 
 @pytest.mark.parametrize("name", ["aws-g5-spot", "gcp-a3-spot"])
 @pytest.mark.parametrize("market", ["spot", "on-demand"])
@@ -21,14 +23,14 @@ def test_rendered_examples_match_provider_schemas(tmp_path, name, market):
     assert count >= 15 and problems == []
 
 
-def test_gcp_created_network_and_efa_variants(tmp_path):
+def test_gcp_existing_network_and_n1_variants(tmp_path):
     import yaml
 
     data = yaml.safe_load((EXAMPLES_DIR / "gcp-a3-spot.yaml").read_text())
-    data["network"] = {"create": True}
+    data["network"] = {"name": "default"}
     data["instance_type"], data["placement"] = "n1-standard-8", "none"
     render(parse_spec(data), tmp_path / "gcp")
-    assert 'resource "google_compute_network"' in (tmp_path / "gcp" / "cluster" / "main.tf").read_text()
+    assert 'resource "google_compute_network"' not in (tmp_path / "gcp" / "cluster" / "main.tf").read_text()
     assert "nvidia-tesla-t4" in (tmp_path / "gcp" / "cluster" / "terraform.tfvars").read_text()
     assert check_tree(tmp_path / "gcp")[1] == []
 

@@ -21,6 +21,25 @@ AWS = yaml.safe_load((EXAMPLES_DIR / "aws-g5-spot.yaml").read_text())
 GCP = yaml.safe_load((EXAMPLES_DIR / "gcp-a3-spot.yaml").read_text())
 
 
+def test_gcp_gets_its_own_network_unless_one_is_named():
+    assert load_spec(EXAMPLES_DIR / "gcp-a3-spot.yaml").creates_network
+    assert not parse_spec(_set(GCP, "network", {"name": "default"})).creates_network
+    assert not load_spec(EXAMPLES_DIR / "aws-g5-spot.yaml").creates_network
+
+
+def test_g2_takes_compact_placement_and_a3_disk_default():
+    g2 = parse_spec(_set(_set(GCP, "instance_type", "g2-standard-8"), "disk", {"size_gb": 100}))
+    assert g2.placement == "cluster" and g2.disk_type == "pd-balanced"
+
+
+def test_local_state_for_a_cloud_is_allowed_when_said_and_warned_about():
+    from kit.spec import spec_warnings
+
+    spec = parse_spec(_set(AWS, "backend", {"type": "local"}))
+    assert any("backend: local" in w and "kit destroy" in w for w in spec_warnings(spec))
+    assert spec_warnings(load_spec(EXAMPLES_DIR / "aws-g5-spot.yaml")) == []
+
+
 def test_examples_load_with_catalog_defaults():
     aws = load_spec(EXAMPLES_DIR / "aws-g5-spot.yaml")
     assert (aws.nodes, aws.gpus_per_node, aws.market, aws.placement) == (4, 1, "spot", "cluster")
@@ -61,7 +80,7 @@ BAD = [
     ("nodes-zero", AWS, "nodes", 0, "nodes", "nodes: 1"),
     ("zone-not-in-region", AWS, "zone", "us-west-2a", "zone", "us-east-1a"),
     ("zone-not-in-region-gcp", GCP, "zone", "europe-west4-a", "zone", "us-central1"),
-    ("placement-unsupported", _set(GCP, "instance_type", "g2-standard-8"), "placement", "cluster",
+    ("placement-unsupported", _set(GCP, "instance_type", "n1-standard-8"), "placement", "cluster",
      "placement", "placement: none"),
     ("missing-cidr", AWS, "ssh.allowed_cidrs", [], "ssh.allowed_cidrs", "allowed_cidrs"),
     ("world-open-ssh", AWS, "ssh.allowed_cidrs", ["0.0.0.0/0"], "ssh.allowed_cidrs[0]", "allow_world"),
@@ -71,7 +90,7 @@ BAD = [
     ("unknown-nested-key", AWS, "ssh.port", 22, "ssh.port", "remove it"),
     ("gcp-missing-project", GCP, "project", _DEL, "project", "project"),
     ("bad-name", AWS, "name", "My_Cluster", "name", "lowercase"),
-    ("efa-unsupported-type", AWS, "efa", True, "efa", "g5.8xlarge"),
+    ("efa-not-supported-yet", _set(AWS, "instance_type", "p5.48xlarge"), "efa", True, "efa", "remove efa"),
     ("efa-on-gcp", GCP, "efa", True, "efa", "remove efa"),
     ("gpus-mismatch", AWS, "gpus_per_node", 8, "gpus_per_node", "set it to 1"),
     ("unknown-market", AWS, "market", "reserved", "market", "allowed"),
@@ -98,6 +117,16 @@ BAD = [
     ("bad-bucket", AWS, "backend", {"type": "s3", "bucket": 'b"; x = "'}, "backend.bucket", "lowercase"),
     ("bad-state-prefix", GCP, "backend.prefix", "${var.x}", "backend.prefix", "kit/my-cluster"),
     ("bad-egress", AWS, "network", {"egress_cidrs": ["10.0.0.0/33"]}, "network.egress_cidrs[0]", "0.0.0.0/0"),
+    # a cloud cluster's Terraform state must outlive this machine, or be kept here on purpose
+    ("cloud-state-unsaid", AWS, "backend", _DEL, "backend", "type: local"),
+    ("gcp-state-unsaid", GCP, "backend", _DEL, "backend", "gcs"),
+    # the machine type decides the disk types it can attach
+    ("a3-pd-standard", GCP, "disk.type", "pd-standard", "disk.type", "pd-balanced"),
+    ("n1-hyperdisk", _set(_set(GCP, "instance_type", "n1-standard-8"), "placement", "none"), "disk.type",
+     "hyperdisk-balanced", "disk.type", "pd-standard"),
+    ("os-login-on-aws", AWS, "ssh.os_login", True, "ssh.os_login", "remove"),
+    ("monitoring-on-gcp", GCP, "monitoring", True, "monitoring", "remove"),
+    ("gcp-no-network-named", GCP, "network", {"create": False}, "network.create", "network.name: default"),
     ("egress-on-gcp", GCP, "network", {"egress_cidrs": ["10.0.0.0/8"]}, "network.egress_cidrs", "remove it"),
 ]
 

@@ -48,7 +48,7 @@ def _change(rtype, actions, name="this"):
 
 
 @pytest.fixture
-def deploy(tmp_path):
+def deploy(tmp_path, example_home):
     d = tmp_path / "deploy"
     render(load_spec(EXAMPLES_DIR / "aws-g5-spot.yaml"), d)
     return d
@@ -70,9 +70,9 @@ def fake_tf(tmp_path, monkeypatch):
 
 def _ssh_home(tmp_path: Path, monkeypatch) -> None:
     """A HOME with the examples' key (~/.ssh/id_ed25519.pub): kit plan checks it before rendering."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    (tmp_path / "home" / ".ssh").mkdir(parents=True, exist_ok=True)
-    (tmp_path / "home" / ".ssh" / "id_ed25519.pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDk kit@test\n")
+    from conftest import make_home
+
+    monkeypatch.setenv("HOME", str(make_home(tmp_path / "home")))
 
 
 def _offline_config(tmp_path: Path, kind: str) -> Path:

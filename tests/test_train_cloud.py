@@ -18,9 +18,9 @@ from kit.paths import EXAMPLES_DIR
 @pytest.fixture(autouse=True)
 def ssh_key_home(tmp_path, monkeypatch):
     """The examples' key, ~/.ssh/id_ed25519.pub, which kit train checks before it starts."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    (tmp_path / "home" / ".ssh").mkdir(parents=True)
-    (tmp_path / "home" / ".ssh" / "id_ed25519.pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDk kit@test\n")
+    from conftest import make_home
+
+    monkeypatch.setenv("HOME", str(make_home(tmp_path / "home")))
 
 
 def test_missing_ssh_key_stops_before_anything_starts(tmp_path, monkeypatch):

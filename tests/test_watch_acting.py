@@ -478,3 +478,47 @@ def test_safety_net_margin_covers_a_slow_apply(tmp_path):
             ledger.ticks()[-1]["observation"]["on_demand_price"]) == (1.0, 4.0)
     assert result.decision == "on-demand" and result.action == "switch", \
         "0.1 h of slack is less than one 20-minute apply: the net must fire now"
+
+
+class NoOpSwitchBackend(RecordingBackend):
+    """terraform-provider-aws's no-op: removing instance_market_options plans no change, so a
+    switch to on-demand leaves every instance on spot. ``claims`` is what the Terraform outputs
+    said: the requested market (the old ``market = var.market``) or the real one."""
+
+    def __init__(self, nodes: int, claims: str):
+        super().__init__(nodes)
+        self.claims = claims
+
+    def apply(self, spec, market: str):
+        if market == "on-demand" and self.deployed:
+            self.calls.append(("apply", market, spec.market))
+            reported = market if self.claims == "requested" else "spot"
+            return [dataclasses.replace(n, market=reported) for n in self.deployed]
+        return super().apply(spec, market)
+
+
+@pytest.mark.parametrize("claims", ["requested", "real"])
+def test_a_switch_the_instances_did_not_follow_is_a_failed_apply(tmp_path, claims):
+    """After every apply the real market is checked (the cloud API through the event source, and
+    the outputs): a mismatch is a failed apply, never a switch recorded as done."""
+    clock = Clock()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    backend = NoOpSwitchBackend(2, claims)
+    backend.apply(FakeSpec(market="spot"), "spot")
+    source = BackendSource(backend)  # the cloud: the instances as they really are (spot)
+    spec = FakeSpec(nodes=2, market="spot")
+    actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1)), clock=clock, source=source)
+    watcher = Watcher(spec, ledger, actor, ScriptedPolicy(["spot", "on-demand"]), source=source, interval_s=15,
+                      clock=clock, observation=Obs)
+    watcher.start()
+    ledger.record(heartbeat(10, 1000))
+    watcher.tick()
+    clock.t += 15
+    result = watcher.tick()
+    assert result.action == "switch" and result.outcome.status == "retry", result
+    assert "still run elsewhere" in result.outcome.error and "(spot)" in result.outcome.error
+    decision = max(ledger.decisions(), key=lambda d: d.id)
+    assert decision.status == "pending" and decision.market_after == "on-demand"
+    assert ledger.applies(decision_id=decision.id)[-1].status == "failed"
+    assert all(n.market == "spot" for n in ledger.nodes(("up",))), "the ledger keeps the real market"
+    assert status_report(ledger, spec, now=clock())["market"] == "spot"

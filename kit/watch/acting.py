@@ -26,6 +26,7 @@ from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
 from kit.watch.events import CAPACITY_ERROR, Event
 from kit.watch.ledger import Apply, Decision, Ledger
+from kit.watch.sources.base import EventSource, SourceError
 
 log = logging.getLogger("kit.watch")
 
@@ -56,12 +57,13 @@ class Outcome:
 
 class Actor:
     def __init__(self, backend: Backend, ledger: Ledger, spec, *, backoff: Backoff | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, source: EventSource | None = None):
         self.backend = backend
         self.ledger = ledger
         self.spec = spec
         self.backoff = backoff or Backoff()
         self.clock = clock
+        self.source = source  # the cloud API's view, to check what an apply really did
 
     # ------------------------------------------------------------------ restart recovery
     def resume(self) -> None:
@@ -132,11 +134,39 @@ class Actor:
             return self._failed(decision, attempt_id, str(error), capacity=True)
         except KitError as error:
             return self._failed(decision, attempt_id, str(error), capacity=False)
+        wrong_market = self.market_mismatch(nodes, decision.market_after)
+        if wrong_market:
+            return self._failed(decision, attempt_id, wrong_market, capacity=False)
         # The cloud runs these nodes now, whatever the bootstrap below does: the ledger says so
         # at once (market, node table), so a failed bootstrap leaves no stale view behind.
         self.ledger.mark_applied(attempt_id, [n.to_dict() for n in nodes], market=decision.market_after,
                                  now=self.clock())
         return self._finish(decision, attempt, nodes)
+
+    def market_mismatch(self, nodes: list[Node], market: str) -> str | None:
+        """Why the applied nodes do not run on ``market``, or None. An apply that "succeeded" may
+        still have left the instances where they were (a Terraform change the provider planned as
+        a no-op), so the ledger, the cost and the deadline safety net must not take the market
+        from the request: the nodes' own report (Terraform outputs read the provider's view of
+        each instance) and, when the watcher has one, the cloud API (the event source) decide."""
+        seen: dict[str, str | None] = {n.instance_id: n.market for n in nodes}
+        names = {n.name: n.instance_id for n in nodes}
+        if self.source is not None:
+            try:
+                listed = self.source.poll().instances
+            except SourceError as error:  # cannot ask now: the outputs' view stands
+                log.warning("could not check the applied market with the cloud API: %s", error)
+                listed = []
+            for status in listed:
+                key = status.instance if status.instance in seen else names.get(status.instance)
+                if key is not None and status.market is not None:
+                    seen[key] = status.market
+        wrong = sorted(f"{instance} ({actual})" for instance, actual in seen.items()
+                       if actual is not None and actual != market)
+        if not wrong:
+            return None
+        return (f"applied market {market}, but {len(wrong)} of {len(nodes)} instance(s) still run elsewhere: "
+                f"{', '.join(wrong)}; the change did not reach the instances (check the plan for a replacement)")
 
     def _finish(self, decision: Decision, attempt: Apply, nodes: list[Node]) -> Outcome:
         now = self.clock()

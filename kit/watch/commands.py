@@ -95,9 +95,9 @@ def run_watch(spec_path: Path, *, interval_s: float, listen: str, advertise_url:
             console.print(f"watching [bold]{spec.name}[/bold] ({spec.cloud}) with policy {policy.name}; agents post to "
                           f"{url}/v1/clusters/{spec.name}/events (token in {deploy_dir / 'watcher' / 'token'})")
             backend = cloud.backend_for(spec, deploy_dir, watcher_url=url, watcher_token=token)
-            watcher = Watcher(spec, ledger, Actor(backend, ledger, spec), policy,
-                              source=sources.source_for(spec, deploy_dir), interval_s=interval_s,
-                              observation=observation_type())
+            source = sources.source_for(spec, deploy_dir)
+            watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, source=source), policy,
+                              source=source, interval_s=interval_s, observation=observation_type())
             watcher.wake = wake
             stop = threading.Event()
             if once:

@@ -17,10 +17,24 @@ EXAMPLES = ("aws-g5-spot", "gcp-a3-spot")
 
 
 def render_example(name: str, out: Path) -> None:
+    """Render an example with the test key (tests/golden/id_ed25519.pub) as ~/.ssh/id_ed25519.pub."""
+    import os
+
     from kit.render import render
     from kit.spec import load_spec
 
-    render(load_spec(REPO / "examples" / f"{name}.yaml"), out)
+    with tempfile.TemporaryDirectory() as home:
+        (Path(home) / ".ssh").mkdir()
+        shutil.copy(GOLDEN / "id_ed25519.pub", Path(home) / ".ssh" / "id_ed25519.pub")
+        saved = os.environ.get("HOME")
+        os.environ["HOME"] = home
+        try:
+            render(load_spec(REPO / "examples" / f"{name}.yaml"), out)
+        finally:
+            if saved is None:
+                del os.environ["HOME"]
+            else:
+                os.environ["HOME"] = saved
 
 
 def main() -> int:

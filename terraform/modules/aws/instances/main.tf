@@ -5,7 +5,7 @@ locals {
   vpc_id = (var.vpc_id != null ? var.vpc_id
     : var.subnet_id != null ? data.aws_subnet.given[0].vpc_id
   : data.aws_vpc.default[0].id)
-  ami = var.ami != null ? var.ami : data.aws_ami.ubuntu[0].id
+  ami = var.ami != null ? var.ami : data.aws_ami.dlami[0].id
 }
 
 data "aws_vpc" "default" {
@@ -25,14 +25,28 @@ data "aws_subnet" "default" {
   default_for_az    = true
 }
 
-data "aws_ami" "ubuntu" {
+# The AWS Deep Learning Base AMI (Ubuntu 22.04, x86_64): the NVIDIA driver, fabricmanager, the EFA
+# installer and aws-ofi-nccl are already in the image, so a replaced node (market switch,
+# preemption) skips the driver's DKMS build (docs.aws.amazon.com/dlami, "Deep Learning Base OSS
+# Nvidia Driver GPU AMI (Ubuntu 22.04)"). kit's driver role only checks it.
+data "aws_ami" "dlami" {
   count       = var.ami == null ? 1 : 0
   most_recent = true
-  owners      = ["099720109477"] # Canonical
+  owners      = ["amazon"]
 
   filter {
     name   = "name"
-    values = ["ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*"]
+    values = ["Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"]
+  }
+
+  filter {
+    name   = "architecture"
+    values = ["x86_64"]
+  }
+
+  filter {
+    name   = "state"
+    values = ["available"]
   }
 }
 
@@ -82,19 +96,20 @@ resource "aws_vpc_security_group_egress_rule" "out" {
   tags              = var.tags
 }
 
+# The market as a resource of its own, so that a market change replaces every instance.
+# instance_market_options is Optional + Computed + ForceNew in terraform-provider-aws
+# (internal/service/ec2/ec2_instance.go): removing the block (spot -> on-demand) keeps the prior
+# state value and plans no change at all (hashicorp/terraform-provider-aws#38141). The
+# replace_triggered_by below makes both directions a replacement (Terraform docs, "The lifecycle
+# meta-argument": replace_triggered_by with terraform_data).
+resource "terraform_data" "market" {
+  input = var.market
+}
+
 resource "aws_key_pair" "this" {
   key_name   = "${var.cluster_name}-key"
   public_key = var.ssh_public_key
   tags       = var.tags
-}
-
-# EFA must be the primary interface; it is created beside the instance and attached at launch.
-resource "aws_network_interface" "efa" {
-  count           = var.efa ? var.nodes : 0
-  subnet_id       = local.subnet_id
-  security_groups = [aws_security_group.this.id]
-  interface_type  = "efa"
-  tags            = merge(var.tags, { Name = "${var.cluster_name}-node-${count.index}-efa" })
 }
 
 resource "aws_instance" "node" {
@@ -104,10 +119,10 @@ resource "aws_instance" "node" {
   availability_zone      = var.availability_zone
   placement_group        = var.placement_group
   key_name               = aws_key_pair.this.key_name
-  subnet_id              = var.efa ? null : local.subnet_id
-  vpc_security_group_ids = var.efa ? null : [aws_security_group.this.id]
+  subnet_id              = local.subnet_id
+  vpc_security_group_ids = [aws_security_group.this.id]
   ebs_optimized          = true
-  monitoring             = true
+  monitoring             = var.detailed_monitoring
 
   # Spot only when the market is spot: a one-time request that terminates on interruption
   # (kit's watcher replaces the node; the data volume lives on in its own state).
@@ -120,13 +135,6 @@ resource "aws_instance" "node" {
         spot_instance_type             = "one-time"
         max_price                      = var.max_price == null ? null : tostring(var.max_price)
       }
-    }
-  }
-
-  dynamic "primary_network_interface" {
-    for_each = var.efa ? [1] : []
-    content {
-      network_interface_id = aws_network_interface.efa[count.index].id
     }
   }
 
@@ -145,11 +153,12 @@ resource "aws_instance" "node" {
     tags                  = var.tags
   }
 
-  # A newer Ubuntu AMI must not replace running nodes on the next plan (terraform-aws-modules'
+  # A newer AMI must not replace running nodes on the next plan (terraform-aws-modules'
   # ignore_ami): a node picks up the current image when it is replaced anyway (market switch,
   # preemption). Roll the image on purpose with `terraform apply -replace=...`.
   lifecycle {
-    ignore_changes = [ami]
+    ignore_changes       = [ami]
+    replace_triggered_by = [terraform_data.market]
   }
 
   tags = merge(var.tags, {

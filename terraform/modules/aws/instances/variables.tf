@@ -42,7 +42,7 @@ variable "max_price" {
 }
 
 variable "ami" {
-  description = "AMI id; null picks the latest Ubuntu 22.04 (Canonical) for x86_64."
+  description = "AMI id; null picks the latest AWS Deep Learning Base AMI (Ubuntu 22.04, NVIDIA driver) for x86_64."
   type        = string
   default     = null
 }
@@ -75,8 +75,8 @@ variable "placement_group" {
   default     = null
 }
 
-variable "efa" {
-  description = "Attach an Elastic Fabric Adapter as the primary interface."
+variable "detailed_monitoring" {
+  description = "CloudWatch detailed (1-minute) monitoring, billed per instance."
   type        = bool
   default     = false
 }

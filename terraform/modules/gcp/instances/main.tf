@@ -3,6 +3,16 @@ locals {
   nodes = [for i in range(var.nodes) : "${var.cluster_name}-node-${i}"]
 }
 
+# Every market change, and a new placement policy, replaces every VM (replace_triggered_by below):
+# a VM moves between SPOT and STANDARD, or into a new compact policy, only by being created again.
+resource "terraform_data" "market" {
+  input = var.market
+}
+
+resource "terraform_data" "placement" {
+  input = var.resource_policy
+}
+
 # Members talk to each other on every port (NCCL, torchrun rendezvous); SSH only from allowed_cidrs.
 resource "google_compute_firewall" "internal" {
   name        = "${var.cluster_name}-internal"
@@ -46,7 +56,7 @@ resource "google_compute_instance" "node" {
   # reads the real status back into desired_status, so the next apply (kit watch's re-apply)
   # starts it again instead of reporting "no changes".
   desired_status = "RUNNING"
-  labels                    = merge(var.labels, { "kit-node" = tostring(count.index), "kit-market" = var.market })
+  labels         = merge(var.labels, { "kit-node" = tostring(count.index), "kit-market" = var.market })
 
   boot_disk {
     auto_delete = true
@@ -64,9 +74,13 @@ resource "google_compute_instance" "node" {
     mode        = "READ_WRITE"
   }
 
+  # nic_type GVNIC where the machine type needs it for its bandwidth (A3: "A3 machine types
+  # require gVNIC", GCP docs "Using Google Virtual NIC"); null keeps the provider's default.
+  # The external address is for SSH from allowed_cidrs (the firewall rule) and for egress.
   network_interface {
     network    = var.network
     subnetwork = var.subnetwork
+    nic_type   = var.nic_type
     access_config {}
   }
 
@@ -90,16 +104,24 @@ resource "google_compute_instance" "node" {
     instance_termination_action = local.spot ? "STOP" : null
   }
 
-  metadata = {
+  # OS Login (os_login = true): the user's own Google identity and the keys registered with it;
+  # no metadata key. Works under the organisation policy compute.requireOsLogin, which ignores
+  # metadata keys. Without it: the cluster's one key for ssh_user, project-wide keys blocked.
+  metadata = merge({
+    enable-oslogin     = var.os_login ? "TRUE" : "FALSE"
+    serial-port-enable = "false"
+    shutdown-script    = file("${path.module}/shutdown.sh")
+    }, var.os_login ? {} : {
     ssh-keys               = "${var.ssh_user}:${trimspace(var.ssh_public_key)}"
     block-project-ssh-keys = "true"
-    enable-oslogin         = "false"
-    serial-port-enable     = "false"
-    shutdown-script        = file("${path.module}/shutdown.sh")
-  }
+  })
 
   shielded_instance_config {
     enable_integrity_monitoring = true
     enable_vtpm                 = true
+  }
+
+  lifecycle {
+    replace_triggered_by = [terraform_data.market, terraform_data.placement]
   }
 }

@@ -77,6 +77,22 @@ variable "subnetwork" {
   default     = null
 }
 
+variable "nic_type" {
+  description = "GVNIC or VIRTIO_NET (null: the provider's default); A3 machine types need GVNIC."
+  type        = string
+  default     = null
+  validation {
+    condition     = var.nic_type == null ? true : contains(["GVNIC", "VIRTIO_NET"], var.nic_type)
+    error_message = "nic_type must be GVNIC, VIRTIO_NET or null."
+  }
+}
+
+variable "os_login" {
+  description = "Log in with OS Login (the users' Google identities) instead of the ssh-keys metadata key."
+  type        = bool
+  default     = false
+}
+
 variable "resource_policy" {
   description = "Compact placement policy self link (null: none)."
   type        = string
@@ -90,8 +106,9 @@ variable "ssh_user" {
 }
 
 variable "ssh_public_key" {
-  description = "OpenSSH public key (content) for ssh_user."
+  description = "OpenSSH public key (content) for ssh_user; unused with os_login."
   type        = string
+  default     = ""
 }
 
 variable "allowed_cidrs" {

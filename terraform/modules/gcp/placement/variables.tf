@@ -18,15 +18,6 @@ variable "labels" {
   default     = {}
 }
 
-variable "nodes" {
-  description = "Number of nodes (node rank = index)."
-  type        = number
-  validation {
-    condition     = var.nodes >= 1 && floor(var.nodes) == var.nodes
-    error_message = "nodes must be a whole number >= 1."
-  }
-}
-
 variable "region" {
   description = "Region of the zone."
   type        = string

@@ -42,7 +42,7 @@ variable "max_price" {
 }
 
 variable "image" {
-  description = "AMI id (null: latest Ubuntu 22.04)."
+  description = "AMI id (null: latest AWS Deep Learning Base AMI, Ubuntu 22.04)."
   type        = string
   default     = null
 }
@@ -59,8 +59,8 @@ variable "subnet_id" {
   default     = null
 }
 
-variable "efa" {
-  description = "Attach an EFA interface."
+variable "detailed_monitoring" {
+  description = "CloudWatch detailed monitoring."
   type        = bool
 }
 
@@ -69,8 +69,8 @@ variable "ssh_user" {
   type        = string
 }
 
-variable "ssh_public_key_path" {
-  description = "Public key file installed for ssh_user."
+variable "ssh_public_key" {
+  description = "OpenSSH public key installed for ssh_user (from ssh.public_key)."
   type        = string
 }
 

@@ -8,6 +8,21 @@ data "terraform_remote_state" "disks" {
   }
 }
 
+resource "google_compute_network" "this" {
+  name                    = "${var.cluster_name}-net"
+  project                 = var.project
+  auto_create_subnetworks = false
+}
+
+resource "google_compute_subnetwork" "this" {
+  name                     = "${var.cluster_name}-subnet"
+  project                  = var.project
+  region                   = var.region
+  network                  = google_compute_network.this.id
+  ip_cidr_range            = var.subnet_cidr
+  private_ip_google_access = true
+}
+
 module "placement" {
   source = "../modules/gcp/placement"
 
@@ -30,11 +45,13 @@ module "instances" {
   market            = var.market
   guest_accelerator = var.guest_accelerator
   image             = var.image
-  network           = var.network
-  subnetwork        = var.subnetwork
+  network           = google_compute_network.this.id
+  subnetwork        = google_compute_subnetwork.this.id
   resource_policy   = module.placement.self_link
   ssh_user          = var.ssh_user
-  ssh_public_key    = file(pathexpand(var.ssh_public_key_path))
+  ssh_public_key    = var.ssh_public_key
+  os_login          = var.os_login
+  nic_type          = var.nic_type
   allowed_cidrs     = var.allowed_cidrs
   disk_ids          = data.terraform_remote_state.disks.outputs.disk_ids
   labels            = var.labels

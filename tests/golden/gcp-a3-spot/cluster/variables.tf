@@ -51,15 +51,20 @@ variable "image" {
   type        = string
 }
 
-variable "network" {
-  description = "Existing network."
-  type        = string
-}
-
-variable "subnetwork" {
-  description = "Existing subnetwork (null: auto)."
+variable "nic_type" {
+  description = "GVNIC where the machine type needs it (null: provider default)."
   type        = string
   default     = null
+}
+
+variable "os_login" {
+  description = "Log in with OS Login instead of the ssh-keys metadata key."
+  type        = bool
+}
+
+variable "subnet_cidr" {
+  description = "Range of the created subnetwork."
+  type        = string
 }
 
 variable "ssh_user" {
@@ -67,8 +72,8 @@ variable "ssh_user" {
   type        = string
 }
 
-variable "ssh_public_key_path" {
-  description = "Public key file installed for ssh_user."
+variable "ssh_public_key" {
+  description = "OpenSSH public key installed for ssh_user (from ssh.public_key)."
   type        = string
 }
 
