@@ -103,7 +103,10 @@ def installed(tmp_path_factory, wheel) -> dict:
     work.mkdir()
     log = base / "checkout-reads.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KIT_", "PYTHON", "VIRTUAL_ENV"))}
+    from conftest import make_home
+
     env.update({"PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", "COLUMNS": "160",
+                "HOME": str(make_home(base / "home")),  # the examples' ~/.ssh/id_ed25519.pub
                 "KIT_TEST_FORBIDDEN_ROOT": str(REPO), "KIT_TEST_READ_LOG": str(log),
                 "KIT_TEST_ALLOWED": os.pathsep.join(str(REPO / d) + os.sep for d in (".venv", ".tools"))})
     return {"wheel": wheel, "venv": venv, "python": python, "cwd": work, "env": env, "log": log}
