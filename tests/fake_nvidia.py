@@ -41,6 +41,8 @@ if loaded != installed():
 args = sys.argv[1:]
 if args == ["-L"]:
     print("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-1111-2222-3333-444444444444)")
+elif args[:1] == ["--query-gpu=driver_version"]:
+    print(loaded)
 elif args[:1] == ["--query-gpu=persistence_mode"]:
     print("Enabled" if flag("persistence") else "Disabled")
 elif args == ["-q"]:
@@ -130,6 +132,11 @@ if cmd == "enable":
     db["enabled"].append(unit)
 elif cmd == "start":
     start(unit)
+elif cmd == "stop":  # as a package's prerm does before it is removed
+    db["active"] = [u for u in db["active"] if u != unit]
+    for f in ("persistence",) if unit == "nvidia-persistenced" else ("fabricmanager-running",):
+        if os.path.exists(os.path.join(S, f)):
+            os.unlink(os.path.join(S, f))
 elif cmd == "restart":
     db["active"] = [u for u in db["active"] if u != unit]
     for f in ("persistence",) if unit == "nvidia-persistenced" else ("fabricmanager-running",):

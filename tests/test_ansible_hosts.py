@@ -292,6 +292,29 @@ def test_driver_role_on_a_fake_gpu_stack(tmp_path):
             third = bootstrap_nodes(inventory, private_data_dir=tmp_path / "run3")
             assert third.ok, third.failures
             assert third.stats[h.name].get("changed", 0) == 0
+
+            # A working driver the image brought (GCP's accelerator images, the AWS DLAMI) is kept, but on
+            # an NVSwitch system fabricmanager is still installed for it, pinned, started and checked;
+            # a driver outside the pinned branch is reported.
+            cluster.ssh(h, "systemctl stop nvidia-fabricmanager && apt-mark unhold nvidia-fabricmanager-570 >/dev/null && "
+                           "DEBIAN_FRONTEND=noninteractive apt-get -y -q purge nvidia-fabricmanager-570 >/dev/null")
+            assert not (state / "fabricmanager-running").exists()
+            messages: list[str] = []
+
+            def debug_messages(event: dict) -> None:
+                res = (event.get("event_data") or {}).get("res") or {}
+                if event.get("event") == "runner_on_ok" and isinstance(res.get("msg"), str):
+                    messages.append(res["msg"])
+
+            inventory["all"]["vars"]["nvidia_driver_branch"] = "580"
+            fourth = bootstrap_nodes(inventory, private_data_dir=tmp_path / "run4", on_event=debug_messages)
+            assert fourth.ok, fourth.failures
+            fm = cluster.ssh(h, "dpkg-query -W -f='${Version}' nvidia-fabricmanager-570").stdout
+            assert fm == f"{fake_nvidia.DRIVER}-1", f"fabricmanager {fm} does not match the running driver"
+            assert (state / "fabricmanager-running").exists(), "fabricmanager not started next to a working driver"
+            assert any(f"running driver {fake_nvidia.DRIVER} is not of the pinned branch 580" in m
+                       for m in messages), messages
+            assert "cuda-drivers-580" not in cluster.ssh(h, "dpkg -l").stdout, "a working driver is not replaced"
         finally:
             server.shutdown()
             server.server_close()
