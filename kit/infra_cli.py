@@ -91,9 +91,11 @@ def plan(
     market: Annotated[str | None, typer.Option(help="spot or on-demand (default: the spec's)")] = None,
     fmt: Annotated[str, typer.Option("--format", help="text or markdown (for PR comments)")] = "text",
 ) -> None:
-    """Render, init and plan; saves the plan (tfplan) and prints adds/changes/destroys per type."""
+    """Render, init and plan; saves the plans and prints every resource change, replacements with
+    their reasons, and the cost per hour now and after. `kit apply` applies exactly these plans."""
     from kit import terraform
     from kit.errors import InputError, KitError
+    from kit.plan_summary import hourly_cost
     from kit.spec import check_ssh_key, load_spec
 
     try:
@@ -107,6 +109,7 @@ def plan(
         warn_about(s)
         r.render(s, out_dir, market=market)
         summary = terraform.plan(out_dir)
+        summary.cost = hourly_cost(s, market or s.market, terraform.deployed_nodes(out_dir))
     except KitError as error:
         _fail(error)
         return

@@ -103,7 +103,9 @@ def _variables(spec, root: str, market: str) -> list[dict[str, Any]]:
               _var(tag_name, "map(string)", "Tags/labels on every resource.", _tags(spec))]
         return v
     itype = spec.instance
-    v += [_var("instance_type", "string", "Instance / machine type.", spec.instance_type),
+    v += [_var("read_disks_state", "bool", "Read the disk ids from the disks root's state (kit plan sets false "
+               "before that root's first apply: the ids are pending).", True),
+          _var("instance_type", "string", "Instance / machine type.", spec.instance_type),
           _var("market", "string", "spot or on-demand (the only value a market switch changes).", market),
           _var("placement", "string", "cluster or none.", spec.placement)]
     if aws:

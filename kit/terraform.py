@@ -3,10 +3,14 @@
 A deployment (see kit.render) has two root modules, ``disks/`` and ``cluster/``; callers pass the
 deployment directory and this module hides the split:
 
-* ``plan(deploy_dir)``: init + plan both roots (saved plans ``<root>/tfplan``) and summarise adds /
-  changes / destroys per resource type. The cluster root reads the disk ids from the disks state, so
-  on a first deployment (no disks state yet) its plan is made by ``apply`` right after the disks exist.
-* ``apply(deploy_dir)``: applies the saved disks plan, then the cluster plan.
+* ``plan(deploy_dir)``: init + plan both roots (saved plans ``<root>/tfplan``) and list every resource
+  each will create, update, replace or destroy (kit.plan_summary). The cluster root reads the disk ids
+  from the disks state; while the disks plan creates disks (first deployment, more nodes) those ids do
+  not exist yet, so the cluster plan is a *preview* with the ids pending: it is shown, its changes are
+  recorded (``cluster/tfplan.shown.json``), and it is never applied.
+* ``apply(deploy_dir)``: applies the saved disks plan, then the cluster plan: the saved one, or, after a
+  preview, a new plan made once the disks exist, applied only when it makes exactly the changes the
+  preview showed. Nothing is applied that ``kit plan`` did not show.
 * ``destroy(deploy_dir, with_disks=False)``: destroys the cluster root; the disks only with ``with_disks``.
 
 Disk guard: a plan that would delete or replace a data disk (``aws_ebs_volume``, ``google_compute_disk``)
@@ -24,11 +28,10 @@ import json
 import os
 import subprocess
 import sys
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from kit.errors import KitError
+from kit.plan_summary import PlanSummary, changes_of
 
 DISK_TYPES = ("aws_ebs_volume", "google_compute_disk")
 ROOTS = ("disks", "cluster")
@@ -83,55 +86,6 @@ def run_terraform(args: list[str], cwd: str | Path, *, timeout: float = 1800,
     return proc.returncode, proc.stdout, proc.stderr
 
 
-@dataclass
-class PlanSummary:
-    """Changes per root and resource type: ``{root: {type: Counter(add=, change=, destroy=)}}``."""
-
-    roots: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
-    deferred: list[str] = field(default_factory=list)  # roots planned at apply time (first deployment)
-
-    @property
-    def totals(self) -> dict[str, int]:
-        total = Counter()
-        for types in self.roots.values():
-            for counts in types.values():
-                total.update(counts)
-        return {k: total.get(k, 0) for k in ("add", "change", "destroy")}
-
-    def rows(self) -> list[tuple[str, str, int, int, int]]:
-        return [(root, rtype, c.get("add", 0), c.get("change", 0), c.get("destroy", 0))
-                for root, types in self.roots.items() for rtype, c in sorted(types.items())]
-
-    def text(self) -> str:
-        lines = [f"{root:8} {rtype:45} +{a} ~{c} -{d}" for root, rtype, a, c, d in self.rows()]
-        t = self.totals
-        lines.append(f"Plan: {t['add']} to add, {t['change']} to change, {t['destroy']} to destroy.")
-        lines += [f"{root}: planned at apply time, after the disk changes above are applied" for root in self.deferred]
-        return "\n".join(lines)
-
-    def markdown(self) -> str:
-        lines = ["| root | resource type | add | change | destroy |", "| --- | --- | ---: | ---: | ---: |"]
-        lines += [f"| {root} | `{rtype}` | {a} | {c} | {d} |" for root, rtype, a, c, d in self.rows()]
-        t = self.totals
-        lines += ["", f"**Plan:** {t['add']} to add, {t['change']} to change, {t['destroy']} to destroy."]
-        lines += [f"\n_{root}: planned at apply time, after the disk changes are applied._" for root in self.deferred]
-        return "\n".join(lines)
-
-
-def summarize(plan_json: dict) -> dict[str, dict[str, int]]:
-    types: dict[str, dict[str, int]] = {}
-    for change in plan_json.get("resource_changes") or []:
-        actions = change.get("change", {}).get("actions") or []
-        counts = types.setdefault(change.get("type", "?"), {"add": 0, "change": 0, "destroy": 0})
-        if "create" in actions:
-            counts["add"] += 1
-        if "delete" in actions:
-            counts["destroy"] += 1
-        if "update" in actions:
-            counts["change"] += 1
-    return {k: v for k, v in types.items() if any(v.values())}
-
-
 def disk_losses(plan_json: dict) -> list[str]:
     """Addresses of data disks the plan would delete or replace."""
     return [c.get("address", "?") for c in plan_json.get("resource_changes") or []
@@ -163,18 +117,14 @@ def init(deploy_dir: str | Path, root: str) -> None:
 
 
 def _has_state(path: Path) -> bool:
-    state = path / "terraform.tfstate"
-    if state.is_file():
-        try:
-            return bool(json.loads(state.read_text()).get("resources"))
-        except (OSError, ValueError):
-            return False
+    """Whether a root has been applied (its state lists resources)."""
     rc, out, _ = run_terraform(["state", "list"], path, timeout=300)
     return rc == 0 and bool(out.strip())
 
 
-def _plan_root(path: Path, out: str, *, destroy: bool = False, allow_disk_loss: bool = False) -> dict:
-    args = ["plan", "-input=false", "-no-color", f"-out={out}"] + (["-destroy"] if destroy else [])
+def _plan_root(path: Path, out: str, *, destroy: bool = False, allow_disk_loss: bool = False,
+               extra: tuple[str, ...] = ()) -> dict:
+    args = ["plan", "-input=false", "-no-color", f"-out={out}", *extra] + (["-destroy"] if destroy else [])
     rc, stdout, err = run_terraform(args, path, timeout=1800)
     _check(rc, stdout, err, "plan", path)
     rc, shown, err = run_terraform(["show", "-json", out], path, timeout=300)
@@ -191,39 +141,72 @@ def _plan_root(path: Path, out: str, *, destroy: bool = False, allow_disk_loss: 
     return plan_json
 
 
+SHOWN = "tfplan.shown.json"  # the changes of a preview plan, as shown by `kit plan`
+
+
 def plan(deploy_dir: str | Path, out: str = "tfplan") -> PlanSummary:
-    """Plan both roots. The cluster root reads the disk ids from the disks root's *state*, so when
-    the disks plan adds disks (first deployment, more nodes) the cluster is planned at apply time,
-    right after those disks exist: planning it now would index disk ids that are not there yet."""
+    """Plan both roots and list their changes. A cluster plan made while the disks plan still
+    creates disks is a preview (see the module docstring): shown and recorded, never applied."""
     summary = PlanSummary()
+    disks_created = False
     for root in ROOTS:
         path = _root(deploy_dir, root)
         init(deploy_dir, root)
-        disks_pending = summary.roots.get("disks") and any(
-            c.get("add", 0) for c in summary.roots["disks"].values())
-        if root == "cluster" and (disks_pending or not _has_state(Path(deploy_dir) / "disks")):
-            (path / out).unlink(missing_ok=True)
-            summary.deferred.append(root)
-            continue
-        summary.roots[root] = summarize(_plan_root(path, out))
+        (path / SHOWN).unlink(missing_ok=True)
+        extra = () if root == "disks" or _has_state(Path(deploy_dir) / "disks") else ("-var=read_disks_state=false",)
+        changes = changes_of(root, _plan_root(path, out, extra=extra))
+        summary.changes += changes
+        if root == "disks":
+            disks_created = any("create" in c.actions for c in changes)
+        elif disks_created:
+            (path / out).unlink(missing_ok=True)  # its disk ids are placeholders: never apply it
+            (path / SHOWN).write_text(json.dumps(_actions(changes), indent=1, sort_keys=True) + "\n")
+            summary.previews.append(root)
     return summary
 
 
+def _actions(changes) -> dict[str, list[str]]:
+    return {c.address: list(c.actions) for c in changes}
+
+
+def _plan_previewed(path: Path, plan_file: str) -> None:
+    """Plan a root whose preview `kit plan` showed, now that its disks exist; refuse the plan
+    unless it makes exactly the changes the preview showed."""
+    shown = json.loads((path / SHOWN).read_text())
+    now = _actions(changes_of(path.name, _plan_root(path, plan_file)))
+    if now != shown:
+        (path / plan_file).unlink(missing_ok=True)
+        differ = sorted(a for a in set(now) | set(shown) if now.get(a) != shown.get(a))
+        raise KitError(f"the {path.name} plan is no longer the one `kit plan` showed ({len(differ)} resource(s) differ: "
+                       f"{', '.join(differ[:5])}{' ...' if len(differ) > 5 else ''}); nothing of it was applied",
+                       where=str(path), fix="run `kit plan SPEC` again, review it, then `kit apply SPEC`")
+    (path / SHOWN).unlink()
+
+
 def apply(deploy_dir: str | Path, plan_file: str = "tfplan", parallelism: int = 10) -> None:
-    """Apply the saved plans. ``parallelism`` >= the node count for GCP compact placement: all VMs
-    of a COLLOCATED policy must be created together, and Terraform's default of 10 concurrent
-    operations deadlocks above 10 nodes (the Cluster Toolkit's vm-instance README says the same)."""
+    """Apply the plans `kit plan` saved (and showed). ``parallelism`` >= the node count: all VMs of a
+    gang start together (Terraform's default is 10 concurrent operations)."""
     for root in ROOTS:
         path = _root(deploy_dir, root)
         if not (path / plan_file).is_file():
-            if root == "disks":
+            if not (path / SHOWN).is_file():
                 raise KitError("no saved plan to apply", where=str(path / plan_file), fix="run `kit plan SPEC` first")
             init(deploy_dir, root)
-            _plan_root(path, plan_file)  # deferred at plan time: the disks exist now
+            _plan_previewed(path, plan_file)
         rc, out, err = run_terraform(["apply", "-input=false", "-no-color", "-auto-approve",
                                       f"-parallelism={max(10, int(parallelism))}", plan_file], path)
         (path / plan_file).unlink(missing_ok=True)  # a saved plan applies once
         _check(rc, out, err, "apply", path)
+
+
+def deployed_nodes(deploy_dir: str | Path) -> list[dict]:
+    """The cluster's ``nodes`` output as it stands (each with the market it really runs on), or []
+    before the first apply."""
+    try:
+        nodes = output(deploy_dir).get("nodes") or []
+    except KitError:
+        return []
+    return [n for n in nodes if isinstance(n, dict)]
 
 
 def output(deploy_dir: str | Path) -> dict:

@@ -25,8 +25,11 @@ CHECKOV_SKIPS = {
                   "encrypted with Google-managed keys, CMEK is available via the disks module's kms_key_self_link",
     "CKV_GCP_40": "nodes need a public IP so kit's Ansible can reach them over SSH; SSH is firewalled to "
                   "ssh.allowed_cidrs and the world-open CIDR is refused by the spec",
-    "CKV_GCP_34": "OS Login is off on purpose: kit installs its own per-cluster key via ssh-keys metadata and "
-                  "blocks project-wide keys (block-project-ssh-keys); OS Login needs per-user IAM setup",
+    "CKV_GCP_34": "OS Login is a spec option (ssh.os_login), off by default: kit then installs its own "
+                  "per-cluster key via ssh-keys metadata and blocks project-wide keys (block-project-ssh-keys)",
+    "CKV_AWS_126": "detailed monitoring is billed per instance: on only when the spec asks (monitoring: true)",
+    "CKV_GCP_26": "flow logs on the cluster's own subnetwork would log every NCCL flow between the nodes "
+                  "(billed per GB); enable them on the subnetwork if your policy requires",
 }
 
 pytestmark = [pytest.mark.slow,

@@ -239,7 +239,9 @@ def test_modules_carry_the_required_settings():
     assert disk["lifecycle"][0]["prevent_destroy"] is True
     assert gcp["lifecycle"][0]["replace_triggered_by"] == ["${terraform_data.market}", "${terraform_data.placement}"]
     assert gcp["network_interface"][0]["nic_type"] == "${var.nic_type}"
-    assert "enable-oslogin" in gcp["metadata"] and "var.os_login" in gcp["metadata"]
+    meta = gcp["metadata"]
+    assert meta["enable-oslogin"] == '${var.os_login ? "TRUE" : "FALSE"}' and meta["block-project-ssh-keys"] == '"true"'
+    assert meta["ssh-keys"].startswith("${var.os_login ? \"\" :")  # no metadata key with OS Login
     policy = resources(M / "gcp" / "placement" / "main.tf")["google_compute_resource_policy.this"]
     assert policy["group_placement_policy"][0]["collocation"] == '"COLLOCATED"'
     # no vm_count: with it GCP takes the policy only for exactly that many VMs created together,

@@ -106,18 +106,30 @@ def test_provider_download_failure_is_one_clear_paragraph(deploy, tmp_path, monk
 
 
 def test_plan_summary_text_and_markdown(deploy, fake_tf, monkeypatch):
+    """Every resource with its action; a replacement says what forces it; Terraform's totals."""
     monkeypatch.setenv("FAKE_STATE_disks", "module.disks.aws_ebs_volume.this[0]")
+    replaced = _change("aws_instance", ["delete", "create"], "node[0]")
+    replaced["action_reason"] = "replace_by_triggers"
+    attachment = _change("aws_volume_attachment", ["delete", "create"])
+    attachment["change"]["replace_paths"] = [["instance_id"]]
     monkeypatch.setenv("FAKE_PLANS", json.dumps({
         "disks": {"resource_changes": [_change("aws_ebs_volume", ["no-op"])]},
-        "cluster": {"resource_changes": [_change("aws_instance", ["create"], "a"), _change("aws_instance", ["create"], "b"),
-                                         _change("aws_security_group", ["update"]),
-                                         _change("aws_volume_attachment", ["delete", "create"])]}}))
+        "cluster": {"resource_changes": [_change("aws_instance", ["create"], "node[1]"), replaced,
+                                         _change("aws_security_group", ["update"]), attachment,
+                                         {**_change("aws_ami", ["read"]), "mode": "data"}]}}))
     summary = terraform.plan(deploy)
-    assert summary.totals == {"add": 3, "change": 1, "destroy": 1}
-    assert summary.roots["cluster"]["aws_instance"] == {"add": 2, "change": 0, "destroy": 0}
-    assert "Plan: 3 to add, 1 to change, 1 to destroy." in summary.text()
+    assert summary.totals == {"add": 3, "change": 1, "destroy": 2}
+    assert [c.address for c in summary.changes] == ["module.x.aws_instance.node[0]", "module.x.aws_instance.node[1]",
+                                                    "module.x.aws_security_group.this",
+                                                    "module.x.aws_volume_attachment.this"]
+    text = summary.text()
+    assert "-/+ cluster  module.x.aws_instance.node[0]  (forced by lifecycle.replace_triggered_by)" in text
+    assert "-/+ cluster  module.x.aws_volume_attachment.this  (forced by instance_id)" in text
+    assert "  + cluster  module.x.aws_instance.node[1]" in text and "Plan: 3 to add, 1 to change, 2 to destroy." in text
+    assert "1 instance(s) replaced" in text
     md = summary.markdown()
-    assert "| cluster | `aws_instance` | 2 | 0 | 0 |" in md and md.startswith("| root |")
+    assert md.startswith("| action | root | resource | why |")
+    assert "| replace | cluster | `module.x.aws_volume_attachment.this` | forced by instance_id |" in md
     calls = fake_tf()
     assert [c[:2] for c in calls if c[1] in ("init", "plan")] == [["disks", "init"], ["disks", "plan"],
                                                                   ["cluster", "init"], ["cluster", "plan"]]
@@ -129,27 +141,49 @@ def test_plan_summary_text_and_markdown(deploy, fake_tf, monkeypatch):
     assert terraform.output(deploy) == {"nodes": [{"name": "n0", "market": "spot"}], "zone": "z"}
 
 
-def test_first_deployment_defers_cluster_plan_to_apply(deploy, fake_tf, monkeypatch):
-    monkeypatch.setenv("FAKE_PLANS", json.dumps({"disks": {"resource_changes": [_change("aws_ebs_volume", ["create"])]}}))
-    summary = terraform.plan(deploy)
-    assert summary.deferred == ["cluster"] and "planned at apply time" in summary.text()
-    terraform.apply(deploy)
-    assert [c[:2] for c in fake_tf() if c[0] == "cluster" and c[1] in ("plan", "apply")] == [
-        ["cluster", "plan"], ["cluster", "apply"]]
+FIRST = {"disks": {"resource_changes": [_change("aws_ebs_volume", ["create"], "this[0]")]},
+         "cluster": {"resource_changes": [_change("aws_instance", ["create"], "node[0]"),
+                                          _change("aws_volume_attachment", ["create"], "data[0]")]}}
 
 
-def test_more_nodes_defers_cluster_plan_until_the_new_disks_exist(deploy, fake_tf, monkeypatch):
-    """Scale-up: the disks state exists but the plan adds disks; the cluster root would index disk ids
-    that are not in that state yet, so it is planned at apply time, after the disks."""
-    monkeypatch.setenv("FAKE_STATE_disks", "module.disks.aws_ebs_volume.this[0]")
-    monkeypatch.setenv("FAKE_PLANS", json.dumps({"disks": {"resource_changes": [
-        _change("aws_ebs_volume", ["no-op"], "this[0]"), _change("aws_ebs_volume", ["create"], "this[1]")]}}))
+def test_first_deployment_shows_the_cluster_plan_and_applies_only_that(deploy, fake_tf, monkeypatch):
+    """Reviewers see what apply will create on a first deployment too: the cluster is planned with
+    its disk ids pending (a preview, never applied); apply plans it again once the disks exist and
+    applies that plan because it makes exactly the changes shown."""
+    monkeypatch.setenv("FAKE_PLANS", json.dumps(FIRST))
     summary = terraform.plan(deploy)
-    assert summary.deferred == ["cluster"] and not (deploy / "cluster" / "tfplan").exists()
+    assert summary.previews == ["cluster"] and "ids show as pending" in summary.text()
+    assert {c.address for c in summary.changes} == {"module.x.aws_ebs_volume.this[0]", "module.x.aws_instance.node[0]",
+                                                    "module.x.aws_volume_attachment.data[0]"}
+    cluster_plan = [c for c in fake_tf() if c[:2] == ["cluster", "plan"]]
+    assert "-var=read_disks_state=false" in cluster_plan[0]  # no disks state yet: the ids are placeholders
+    assert not (deploy / "cluster" / "tfplan").exists() and (deploy / "cluster" / "tfplan.shown.json").is_file()
     terraform.apply(deploy, parallelism=16)
     cluster = [c for c in fake_tf() if c[0] == "cluster" and c[1] in ("plan", "apply")]
-    assert [c[1] for c in cluster] == ["plan", "apply"]
-    assert "-parallelism=16" in cluster[1]  # every VM of a compact placement policy at once
+    assert [c[1] for c in cluster] == ["plan", "plan", "apply"]
+    assert "-var=read_disks_state=false" not in cluster[1] and "-parallelism=16" in cluster[2]
+    assert not (deploy / "cluster" / "tfplan.shown.json").exists()
+
+
+def test_a_cluster_plan_that_differs_from_the_shown_preview_is_not_applied(deploy, fake_tf, monkeypatch):
+    monkeypatch.setenv("FAKE_PLANS", json.dumps(FIRST))
+    terraform.plan(deploy)
+    changed = {**FIRST, "cluster": {"resource_changes": FIRST["cluster"]["resource_changes"] + [
+        _change("aws_security_group", ["delete"])]}}
+    monkeypatch.setenv("FAKE_PLANS", json.dumps(changed))
+    with pytest.raises(KitError, match="no longer the one `kit plan` showed") as error:
+        terraform.apply(deploy)
+    assert "aws_security_group" in error.value.what and "kit plan SPEC" in error.value.fix
+    assert [c[0] for c in fake_tf() if c[1] == "apply"] == ["disks"], "the cluster plan was not applied"
+    assert not (deploy / "cluster" / "tfplan").exists()
+
+
+def test_apply_without_a_shown_plan_is_refused(deploy, fake_tf, monkeypatch):
+    monkeypatch.setenv("FAKE_STATE_disks", "module.disks.aws_ebs_volume.this[0]")
+    terraform.plan(deploy)
+    (deploy / "cluster" / "tfplan").unlink()
+    with pytest.raises(KitError, match="no saved plan"):
+        terraform.apply(deploy)
 
 
 def test_apply_parallelism_is_at_least_terraforms_default(deploy, fake_tf, monkeypatch):
@@ -217,7 +251,9 @@ def test_cli_plan_markdown_apply_destroy(tmp_path, fake_tf, monkeypatch):
     spec = str(EXAMPLES_DIR / "aws-g5-spot.yaml")
     result = CliRunner().invoke(app, ["plan", spec, "--format", "markdown", "--market", "on-demand"])
     assert result.exit_code == 0, result.output
-    assert "| cluster | `aws_instance` | 1 | 0 | 0 |" in result.output
+    assert "| create | cluster | `module.x.aws_instance.this` |  |" in result.output
+    # the cost per hour now (the deployed nodes as the outputs report them: 1 spot) and after (4 on-demand)
+    assert "now $0.65/h (1 spot), after $6.50/h (4 on-demand)" in result.output
     assert 'market              = "on-demand"' in (tmp_path / "d" / "g5-spot" / "cluster" / "terraform.tfvars").read_text()
     assert CliRunner().invoke(app, ["plan", spec, "--format", "html"]).exit_code == 2
     result = CliRunner().invoke(app, ["apply", spec])

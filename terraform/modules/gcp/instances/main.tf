@@ -104,17 +104,17 @@ resource "google_compute_instance" "node" {
     instance_termination_action = local.spot ? "STOP" : null
   }
 
-  # OS Login (os_login = true): the user's own Google identity and the keys registered with it;
-  # no metadata key. Works under the organisation policy compute.requireOsLogin, which ignores
-  # metadata keys. Without it: the cluster's one key for ssh_user, project-wide keys blocked.
-  metadata = merge({
-    enable-oslogin     = var.os_login ? "TRUE" : "FALSE"
-    serial-port-enable = "false"
-    shutdown-script    = file("${path.module}/shutdown.sh")
-    }, var.os_login ? {} : {
-    ssh-keys               = "${var.ssh_user}:${trimspace(var.ssh_public_key)}"
+  # OS Login (os_login = true): the users' own Google identities and the keys registered with them;
+  # no metadata key (OS Login ignores them). Works under the organisation policy
+  # compute.requireOsLogin. Without it: the cluster's one key for ssh_user. Project-wide keys are
+  # blocked either way.
+  metadata = {
+    enable-oslogin         = var.os_login ? "TRUE" : "FALSE"
+    ssh-keys               = var.os_login ? "" : "${var.ssh_user}:${trimspace(var.ssh_public_key)}"
     block-project-ssh-keys = "true"
-  })
+    serial-port-enable     = "false"
+    shutdown-script        = file("${path.module}/shutdown.sh")
+  }
 
   shielded_instance_config {
     enable_integrity_monitoring = true

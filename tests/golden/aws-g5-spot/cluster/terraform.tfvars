@@ -4,6 +4,7 @@ cluster_name        = "g5-spot"
 region              = "us-east-1"
 zone                = "us-east-1a"
 nodes               = 4
+read_disks_state    = true
 instance_type       = "g5.4xlarge"
 market              = "spot"
 placement           = "cluster"

@@ -20,6 +20,11 @@ variable "nodes" {
   type        = number
 }
 
+variable "read_disks_state" {
+  description = "Read the disk ids from the disks root's state (kit plan sets false before that root's first apply: the ids are pending)."
+  type        = bool
+}
+
 variable "instance_type" {
   description = "Instance / machine type."
   type        = string

@@ -5,6 +5,7 @@ project           = "my-gcp-project"
 region            = "us-central1"
 zone              = "us-central1-a"
 nodes             = 4
+read_disks_state  = true
 instance_type     = "a3-highgpu-1g"
 market            = "spot"
 placement         = "cluster"
