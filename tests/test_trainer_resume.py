@@ -244,7 +244,10 @@ def test_e_two_nodes_one_empty_checkpoint_dir(tmp_path, tmp_path_factory):
     for node in (0, 1):
         # each node's worker exited 75 (torchrun's failure summary) and torchrun itself 1; each node's
         # launcher maps that back to 75 from its own node-local progress file
-        assert rcs[node] == 1 and re.search(r"exitcode\s*:\s*75", runs[node].output), runs[node].output
+        # (under load the non-host agent may find the host's c10d store already gone while it shuts
+        # down, and print that instead of the summary: the progress file below is what counts)
+        assert rcs[node] == 1 and (re.search(r"exitcode\s*:\s*75", runs[node].output) or (
+            node == 1 and "RendezvousConnectionError" in runs[node].output)), runs[node].output
         assert state(node)["state"] == "preempted" and state(node)["step"] == stop_step, out
         assert exit_status(rcs[node], str(progress[node]), started) == exitcodes.PREEMPTED
 
