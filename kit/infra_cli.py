@@ -94,6 +94,7 @@ def plan(
     """Render, init and plan; saves the plans and prints every resource change, replacements with
     their reasons, and the cost per hour now and after. `kit apply` applies exactly these plans."""
     from kit import terraform
+    from kit.backends.gcp_firewall import network_warnings
     from kit.errors import InputError, KitError
     from kit.plan_summary import hourly_cost
     from kit.spec import check_ssh_key, load_spec
@@ -110,6 +111,7 @@ def plan(
         r.render(s, out_dir, market=market)
         summary = terraform.plan(out_dir)
         summary.cost = hourly_cost(s, market or s.market, terraform.deployed_nodes(out_dir))
+        summary.warnings = network_warnings(s)
     except KitError as error:
         _fail(error)
         return

@@ -113,6 +113,7 @@ class PlanSummary:
     # with exactly these changes
     previews: list[str] = field(default_factory=list)
     cost: HourlyCost | None = None
+    warnings: list[str] = field(default_factory=list)  # what else the reviewer must know (e.g. wide SSH rules)
 
     @property
     def totals(self) -> dict[str, int]:
@@ -140,7 +141,7 @@ class PlanSummary:
         if instances:
             notes.append(f"{len(instances)} instance(s) replaced: the trainers save on shutdown and resume on the "
                          "new instances from the data disks, which are kept")
-        return notes + ([self.cost.text()] if self.cost else [])
+        return notes + ([self.cost.text()] if self.cost else []) + [f"warning: {w}" for w in self.warnings]
 
     def text(self) -> str:
         lines = [f"{c.symbol:>3} {c.root:8} {c.address}" + (f"  ({c.why})" if c.why else "") for c in self.changes]

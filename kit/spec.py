@@ -161,6 +161,13 @@ class ClusterSpec(_Model):
         return "gp3" if self.cloud == "aws" else "pd-balanced"
 
     @property
+    def existing_network(self) -> str | None:
+        """GCP: the existing network the spec names (an explicit opt-in), else None."""
+        if self.cloud != "gcp" or self.creates_network:
+            return None
+        return self.network.name or "default"
+
+    @property
     def creates_network(self) -> bool:
         """GCP: the cluster gets a network of its own (its only SSH rule is ssh.allowed_cidrs) unless
         the spec names an existing one."""
