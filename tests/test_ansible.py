@@ -324,3 +324,38 @@ def test_gcp_shutdown_script_calls_the_hook_bootstrap_installs():
     assert f"touch {stop_file}" in script, f"fallback must write the trainer's stop file {stop_file}"
     # the hook writes the preempted marker only when told the VM is preempted (or it is going down)
     assert '"$hook" "$preempted"' in script
+
+
+def _tasks(node):
+    """Every task dict in a tasks file, blocks included."""
+    if isinstance(node, list):
+        for item in node:
+            yield from _tasks(item)
+    elif isinstance(node, dict):
+        yield node
+        for key in ("block", "rescue", "always"):
+            if key in node:
+                yield from _tasks(node[key])
+
+
+def test_apt_waits_for_the_lock_and_torch_comes_only_from_its_index():
+    """A first boot holds the dpkg lock (unattended-upgrades) for minutes: every apt task waits for it,
+    and the driver role waits for cloud-init first. torch/torchvision are installed with --index-url
+    (no PyPI package of the same name can take their place) and pinned as a pair."""
+    import yaml
+
+    apt_tasks = []
+    for path in ANSIBLE.glob("roles/*/tasks/*.yml"):
+        for task in _tasks(yaml.safe_load(path.read_text())):
+            if "ansible.builtin.apt" in task:
+                apt_tasks.append((path.name, task["name"], task["ansible.builtin.apt"]))
+    assert len(apt_tasks) >= 6
+    missing = [f"{f}: {n}" for f, n, args in apt_tasks if "lock_timeout" not in args]
+    assert not missing, "apt tasks without lock_timeout: " + ", ".join(missing)
+    ready = (ANSIBLE / "roles/nvidia_driver/tasks/apt-ready.yml").read_text()
+    assert "cloud-init status --wait" in ready
+    pip = yaml.safe_load((ANSIBLE / "roles/python_env/tasks/main.yml").read_text())
+    torch = next(t for t in _tasks(pip) if t.get("name", "").startswith("Install torch"))
+    args = torch["ansible.builtin.pip"]
+    assert "'--index-url'" in args["extra_args"] and "extra-index-url" not in args["extra_args"]
+    assert any(n.startswith("torchvision==") for n in args["name"])

@@ -18,7 +18,7 @@ from kit.paths import EXAMPLES_DIR
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 from kit.render import ROOTS, hcl, render, render_texts
-from kit.spec import load_spec
+from kit.spec import load_spec, parse_spec
 from kit.terraform import run_terraform
 
 pytestmark = pytest.mark.usefixtures("example_key_home")  # the examples' ~/.ssh/id_ed25519.pub
@@ -279,3 +279,15 @@ def test_rendered_roots_pin_provider_versions(rendered):
         text = (directory / "cluster" / "versions.tf").read_text()
         assert 'required_version = "~> 1.10"' in text
         assert ('version = "~> 6.47"' in text) if name.startswith("aws") else ('version = "~> 7.9"' in text)
+
+
+def test_a3_gets_gvnic_and_g2_none():
+    """A3 machine types need gVNIC for their bandwidth; others keep the provider's default."""
+    import yaml
+
+    a3 = render_texts(load_spec(EXAMPLES_DIR / "gcp-a3-spot.yaml"))["cluster/terraform.tfvars"]
+    assert 'nic_type = "GVNIC"' in " ".join(a3.split())
+    data = yaml.safe_load((EXAMPLES_DIR / "gcp-a3-spot.yaml").read_text())
+    data["instance_type"] = "g2-standard-8"
+    g2 = render_texts(parse_spec(data))["cluster/terraform.tfvars"]
+    assert "nic_type = null" in " ".join(g2.split())
