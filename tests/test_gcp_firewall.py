@@ -11,15 +11,15 @@ It is not GCP: it proves kit reads the documented fields and pages, nothing abou
 from __future__ import annotations
 
 import copy
-import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
 
 pytest.importorskip("google.cloud.compute_v1")
+from gcp_api_fake import ComputeHandler
 from google.auth.credentials import AnonymousCredentials
 
 from kit.backends.gcp_firewall import network_warnings, wider_ssh_rules
@@ -54,27 +54,17 @@ RULES = [
 def fake():
     state = {"rules": copy.deepcopy(RULES), "requests": []}
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
+    class Handler(ComputeHandler):
         def do_GET(self):
             url = urlparse(self.path)
             state["requests"].append(url.path)
             if url.path != f"/compute/v1/projects/{PROJECT}/global/firewalls":
-                body, status = {"error": {"code": 404, "message": "not found"}}, 404
-            else:
-                start = int(parse_qs(url.query).get("pageToken", ["0"])[0])
-                items = state["rules"][start:start + 3]  # small pages: the client must follow nextPageToken
-                body, status = {"kind": "compute#firewallList", "items": items}, 200
-                if start + 3 < len(state["rules"]):
-                    body["nextPageToken"] = str(start + 3)
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+                return self.error(404, f"The resource '{url.path}' was not found", "notFound")
+            start = int(parse_qs(url.query).get("pageToken", ["0"])[0])
+            body = {"kind": "compute#firewallList", "items": state["rules"][start:start + 3]}  # small pages
+            if start + 3 < len(state["rules"]):
+                body["nextPageToken"] = str(start + 3)  # the client must follow it
+            return self.reply(200, body)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()

@@ -12,16 +12,16 @@ fails the test. google-cloud-compute's real REST transport talks to it through
 
 from __future__ import annotations
 
-import json
 import random
 import re
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 
 pytest.importorskip("google.cloud.compute_v1")
+from gcp_api_fake import ComputeHandler
 from google.auth.credentials import AnonymousCredentials
 from watch_fakes import FakeSpec, Obs, ScriptedPolicy
 
@@ -79,22 +79,7 @@ def make_handler(state: FakeCompute):
     label_filter = re.compile(r'^labels\.kit-cluster\s*=\s*"([^"]+)"$')
     op_filter = 'operationType="compute.instances.preempted"'
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def reply(self, status: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def error(self, status: int, message: str, reason: str) -> None:
-            self.reply(status, {"error": {"code": status, "message": message,
-                                          "errors": [{"message": message, "domain": "global", "reason": reason}]}})
-
+    class Handler(ComputeHandler):
         def do_GET(self):
             url = urlparse(self.path)
             state.requests.append(self.path)
