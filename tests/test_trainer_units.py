@@ -85,6 +85,51 @@ def test_corrupt_newest_falls_back_with_warning(tmp_path, damage):
     assert newest_loadable(tmp_path)[0] == 2
 
 
+BAD_MARKERS = {
+    "bytes missing": lambda m: m["files"]["state.pt"].pop("bytes"),
+    "step a string": lambda m: m.update(step=str(m["step"])),
+    "files a list": lambda m: m.update(files=[m["files"]]),
+    "files empty": lambda m: m.update(files={}),
+    "state.pt not listed": lambda m: m.update(files={"other.pt": m["files"]["state.pt"]}),
+    "step of another checkpoint": lambda m: m.update(step=1),
+    "sha256 not hex": lambda m: m["files"]["state.pt"].update(sha256="x" * 64),
+    "bytes negative": lambda m: m["files"]["state.pt"].update(bytes=-1),
+    "path in a file name": lambda m: m.update(files={"../state.pt": m["files"]["state.pt"]}),
+    "unknown format": lambda m: m.update(format=99),
+    "not an object": lambda m: m.clear(),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(BAD_MARKERS))
+def test_a_marker_that_parses_but_is_wrong_is_an_incomplete_checkpoint(tmp_path, damage):
+    """Valid JSON with a missing or wrong-typed key (or no files at all) fails the marker's schema:
+    the checkpoint counts as incomplete, is moved aside, and the resume falls back to the previous
+    one, on every restart alike (no KeyError/AttributeError on every rank)."""
+    import json
+
+    ck = Checkpointer(tmp_path, keep=3)
+    for s in (1, 2):
+        ck.save(s, _state(s), sync=True)
+    marker_file = tmp_path / "step-00000002" / "COMPLETE"
+    marker = json.loads(marker_file.read_text())
+    BAD_MARKERS[damage](marker)
+    marker_file.write_text(json.dumps(marker))
+    with pytest.raises(CorruptCheckpoint, match="marker"):
+        read_verified(tmp_path / "step-00000002")
+    warnings = []
+    step, _, st = newest_loadable(tmp_path, log=warnings.append)
+    assert step == 1 and st["step"] == 1 and "falling back" in warnings[0]
+    assert any(p.name.startswith("corrupt-step-00000002") for p in tmp_path.iterdir())
+
+
+def test_the_writer_and_the_reader_share_the_marker_schema(tmp_path):
+    from training.checkpoint import Marker
+
+    Checkpointer(tmp_path, keep=2).save(3, _state(3), sync=True)
+    marker = Marker.model_validate_json((tmp_path / "step-00000003" / "COMPLETE").read_bytes())
+    assert marker.step == 3 and set(marker.files) == {"state.pt"} and marker.files["state.pt"].bytes > 0
+
+
 def test_marker_less_and_tmp_dirs_are_ignored_and_cleaned(tmp_path):
     Checkpointer(tmp_path, keep=2).save(1, _state(1), sync=True)
     (tmp_path / "step-00000009").mkdir()  # no marker: never considered
@@ -293,7 +338,7 @@ TINY_ARGS = ["--model", "vit_tiny_patch16_224", "--image-size", "32", "--num-cla
              "--device", "cpu", "--steps", "1", "--ckpt-every", "0", "--log-every", "1"]
 
 
-@pytest.mark.parametrize("how", ["unloadable", "all_corrupt"])
+@pytest.mark.parametrize("how", ["unloadable", "all_corrupt", "markers_deleted"])
 def test_trainer_refuses_to_start_fresh_over_existing_checkpoints(tmp_path, monkeypatch, capsys, how,
                                                                   restore_signals):
     from training import checkpoint
@@ -308,6 +353,9 @@ def test_trainer_refuses_to_start_fresh_over_existing_checkpoints(tmp_path, monk
             raise RuntimeError("Weights only load failed (simulated torch upgrade)")
 
         monkeypatch.setattr(checkpoint.torch, "load", broken_load)
+    elif how == "markers_deleted":  # intact state files without their markers: never a silent step 0
+        for s in (3, 6):
+            (ckpt_dir / f"step-{s:08d}" / "COMPLETE").unlink()
     else:
         for s in (3, 6):
             with open(ckpt_dir / f"step-{s:08d}" / "state.pt", "r+b") as f:
@@ -321,8 +369,10 @@ def test_trainer_refuses_to_start_fresh_over_existing_checkpoints(tmp_path, monk
     err = capsys.readouterr().err
     assert "refusing to start from step 0" in err
     after = sorted(os.listdir(ckpt_dir))
-    if how == "unloadable":
+    if how in ("unloadable", "markers_deleted"):
         assert after == before  # nothing moved, nothing deleted
+        if how == "markers_deleted":
+            assert "hold state.pt but no COMPLETE marker" in err and "step-00000006" in err
     else:  # both moved aside (kept), nothing trained or written
         assert len(after) == 2 and all(n.startswith("corrupt-step-") for n in after)
         assert main([*TINY_ARGS, "--ckpt-dir", str(ckpt_dir)]) == exitcodes.CHECKPOINT_ERROR  # still refuses

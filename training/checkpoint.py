@@ -20,7 +20,6 @@ that cannot be loaded (e.g. a newer torch rejects it, MemoryError) is *not* corr
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -30,11 +29,49 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 MARKER = "COMPLETE"
 STATE_FILE = "state.pt"
 FORMAT = 1
 _STEP_RE = re.compile(r"^step-(\d{8,})$")
+
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bytes: StrictInt = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class Marker(BaseModel):
+    """The ``COMPLETE`` marker, written last by the checkpointer and validated before any resume:
+    one model for both sides, so a marker that parses as JSON but lacks a key, has a key of the
+    wrong type, or lists no files is an incomplete checkpoint (fallen back past), never a crash."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: StrictInt
+    step: StrictInt = Field(ge=0)
+    time: float = Field(allow_inf_nan=False)
+    files: dict[str, FileEntry] = Field(min_length=1)
+
+    @field_validator("format")
+    @classmethod
+    def _known_format(cls, value: int) -> int:
+        if value != FORMAT:
+            raise ValueError(f"format {value} is not {FORMAT}")
+        return value
+
+    @field_validator("files")
+    @classmethod
+    def _plain_names_with_state(cls, files: dict[str, FileEntry]) -> dict[str, FileEntry]:
+        bad = [name for name in files if not name or "/" in name or name in (".", "..")]
+        if bad:
+            raise ValueError(f"file names must be plain names in the checkpoint directory, not {bad}")
+        if STATE_FILE not in files:
+            raise ValueError(f"{STATE_FILE} is not listed")
+        return files
 
 
 class CorruptCheckpoint(Exception):
@@ -102,25 +139,40 @@ def list_complete(directory: Path) -> list[tuple[int, Path]]:
     return out
 
 
-def verify(path: Path) -> dict:
-    """Check the marker and every file's size and sha256; return the marker. Raises CorruptCheckpoint."""
+def read_marker(path: Path) -> Marker:
+    """The checkpoint's marker, validated (:class:`Marker`) and consistent with its directory name.
+    Raises CorruptCheckpoint: the checkpoint is incomplete, whatever the marker says."""
     try:
-        marker = json.loads((path / MARKER).read_text())
-        files = marker["files"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        marker = Marker.model_validate_json((path / MARKER).read_bytes())
+    except OSError as e:
         raise CorruptCheckpoint(f"{path}: unreadable marker ({e})") from e
-    for name, meta in files.items():
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "marker"
+        raise CorruptCheckpoint(f"{path}: the marker fails its schema ({e.error_count()} problem(s); "
+                                f"{where}: {first.get('msg')})") from None
+    named = _STEP_RE.match(path.name)
+    if named and int(named.group(1)) != marker.step:
+        raise CorruptCheckpoint(f"{path}: the marker says step {marker.step}")
+    return marker
+
+
+def verify(path: Path) -> dict:
+    """Check the marker and every file's size and sha256; return the marker (as a dict). Raises
+    CorruptCheckpoint."""
+    marker = read_marker(path)
+    for name, meta in marker.files.items():
         f = path / name
         try:
             size = f.stat().st_size
         except OSError as e:
             raise CorruptCheckpoint(f"{f}: missing ({e})") from e
-        if size != meta["bytes"]:
-            raise CorruptCheckpoint(f"{f}: {size} bytes, marker says {meta['bytes']} (truncated?)")
+        if size != meta.bytes:
+            raise CorruptCheckpoint(f"{f}: {size} bytes, marker says {meta.bytes} (truncated?)")
         digest, _ = sha256_file(f)
-        if digest != meta["sha256"]:
+        if digest != meta.sha256:
             raise CorruptCheckpoint(f"{f}: sha256 mismatch")
-    return marker
+    return marker.model_dump()
 
 
 def read_verified(path: Path) -> dict:
@@ -136,10 +188,21 @@ def read_verified(path: Path) -> dict:
         saved_step = int(state.get("step", -1))
     except (AttributeError, TypeError, ValueError) as e:
         raise UnloadableCheckpoint(f"{path}: sha256 verified but the state has no step ({e})") from e
-    if saved_step != int(marker["step"]):
+    if saved_step != marker["step"]:
         raise UnloadableCheckpoint(
             f"{path}: sha256 verified but state step {saved_step} != marker {marker['step']}")
     return state
+
+
+def unmarked(directory: Path) -> list[Path]:
+    """``step-N`` directories that hold a state file but no marker. A save never leaves one (the
+    directory is renamed into place after its marker is written), so the marker was lost or
+    deleted: the files are kept, and the trainer refuses to start from step 0 over them."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if _STEP_RE.match(p.name) and not (p / MARKER).exists()
+                  and (p / STATE_FILE).exists())
 
 
 def quarantined(directory: Path) -> list[Path]:
@@ -311,10 +374,10 @@ class Checkpointer:
                 os.fsync(f.fileno())
             if self.write_delay_s:  # ... and with state.pt written but no marker yet
                 time.sleep(self.write_delay_s)
-            marker = {"format": FORMAT, "step": step, "time": time.time(),
-                      "files": {STATE_FILE: {"bytes": w.n, "sha256": w.h.hexdigest()}}}
+            marker = Marker(format=FORMAT, step=step, time=time.time(),
+                            files={STATE_FILE: FileEntry(bytes=w.n, sha256=w.h.hexdigest())})
             with open(tmp / MARKER, "w") as f:
-                json.dump(marker, f)
+                f.write(marker.model_dump_json())
                 f.flush()
                 os.fsync(f.fileno())
             _fsync_dir(tmp)

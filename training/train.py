@@ -160,7 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from . import distributed as D
-    from .checkpoint import Checkpointer, UnloadableCheckpoint, list_complete, newest_loadable, quarantined
+    from .checkpoint import (
+        Checkpointer,
+        UnloadableCheckpoint,
+        list_complete,
+        newest_loadable,
+        quarantined,
+        unmarked,
+    )
     from .data import ImageFolderData, SyntheticData
     from .metrics import mfu, peak_flops, train_flops_per_sample
     from .optim import make_optimizer, make_scheduler
@@ -224,7 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     found, error, history = None, None, False
     if info.is_node_writer:
         ckpt_dir = Path(args.ckpt_dir)
-        history = bool(list_complete(ckpt_dir) or quarantined(ckpt_dir))
+        lost_markers = unmarked(ckpt_dir)
+        history = bool(list_complete(ckpt_dir) or quarantined(ckpt_dir) or lost_markers)
+        if lost_markers:
+            warn(f"WARNING {ckpt_dir}: {', '.join(p.name for p in lost_markers)} hold state.pt but no COMPLETE "
+                 "marker (lost or deleted): kept, not trusted, and no fresh start over them")
         try:
             found = newest_loadable(ckpt_dir, log=warn)
         except UnloadableCheckpoint as e:
@@ -235,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     newest = max(d["step"] for d in everywhere)
     errors = [f"rank {r}: {d['error']}" for r, d in enumerate(everywhere) if d["error"]]
     if not errors and newest < 0 and any(d["history"] for d in everywhere):
-        errors = [f"rank {r}: {args.ckpt_dir} holds checkpoints (or corrupt-* ones moved aside) but none "
-                  "verifies and loads" for r, d in enumerate(everywhere) if d["history"]]
+        errors = [f"rank {r}: {args.ckpt_dir} holds checkpoints (or corrupt-* ones moved aside, or state files "
+                  "whose marker is gone) but none verifies and loads" for r, d in enumerate(everywhere)
+                  if d["history"]]
     if errors:
         # Never start from step 0 over existing checkpoints, never discard intact ones: stop loudly.
         if info.is_main:
