@@ -226,8 +226,9 @@ def run_ckpt_io(a) -> dict:
 
     sys.path.insert(0, str(REPO))
     from training.checkpoint import Checkpointer, newest_loadable
+    from training.model import create_model
     from training.optim import make_optimizer, make_scheduler
-    from training.train import create_model, rng_state
+    from training.train import rng_state
 
     model = create_model(a.model, a.num_classes, a.image_size)
     opt = make_optimizer(model, 1e-3)

@@ -129,8 +129,7 @@ def write_final_checkpoint(directory: Path, step: int) -> str:
     import torch
 
     from training.checkpoint import Checkpointer
-    from training.export import parameter_names, params_sha256_of
-    from training.train import create_model
+    from training.model import create_model, parameter_names, params_sha256_of
 
     args = {"model": "vit_tiny_patch16_224", "num_classes": 10, "image_size": 32, "steps": step}
     model = create_model(args["model"], 10, 32)

@@ -19,7 +19,6 @@ The parameters' digest is recomputed from the checkpoint and compared with the t
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -30,29 +29,11 @@ from pathlib import Path
 import torch
 
 from training import checkpoint as ckpt
+from training.model import parameter_names, params_sha256_of
 
 
 class ExportError(Exception):
     pass
-
-
-def parameter_names(args: dict) -> set[str]:
-    """Names of the model's parameters (not buffers), from the args saved in the checkpoint; the
-    model is built on the meta device, so this costs no memory whatever its size."""
-    from training.train import create_model
-
-    with torch.device("meta"):
-        model = create_model(args["model"], int(args["num_classes"]), int(args["image_size"]))
-    return {name for name, _ in model.named_parameters()}
-
-
-def params_sha256_of(state_dict: dict, names: set[str]) -> str:
-    """training.train.params_sha256 over a state_dict: parameters in state_dict order, raw bytes."""
-    h = hashlib.sha256()
-    for key, value in state_dict.items():
-        if key in names:
-            h.update(value.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
 
 
 def newest_verified(ckpt_dir: Path, log=print) -> tuple[int, Path, dict]:

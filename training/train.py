@@ -7,14 +7,15 @@ Exit codes: :mod:`training.exitcodes` (0 done, 75 stopped for a preemption after
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import exitcodes
+from .model import create_model, params_sha256
 
 
 def process_start_time() -> float:
@@ -113,36 +114,368 @@ def set_rng_state(st: dict, cuda: bool) -> None:
         torch.cuda.set_rng_state(st["cuda"])
 
 
-def params_sha256(model) -> str:
-    import torch
-
-    names = {n for n, _ in model.named_parameters()}
-    h = hashlib.sha256()
-    with torch.no_grad():
-        for k, v in model.state_dict().items():
-            if k in names:
-                h.update(v.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def create_model(name: str, num_classes: int, image_size: int, drop_path_rate: float = 0.0):
-    import timm
-
-    extra = {"drop_path_rate": drop_path_rate} if drop_path_rate else {}
-    try:
-        return timm.create_model(name, pretrained=False, num_classes=num_classes, img_size=image_size, **extra)
-    except TypeError:  # models without an img_size argument (CNNs)
-        return timm.create_model(name, pretrained=False, num_classes=num_classes, **extra)
-
-
 def inductor_cache_dir(ckpt_dir: str) -> str:
     """torch.compile cache on the persistent disk (next to the checkpoint directory), so the first
     step after a resume reuses the compiled kernels instead of recompiling from scratch."""
     return str(Path(ckpt_dir).resolve().parent / "torchinductor-cache")
 
 
+@dataclass
+class Resume:
+    """Where the run continues: the newest step saved anywhere, who holds it, and whether every
+    node's writer holds it (a replaced node that got the state by broadcast does not)."""
+
+    step: int = -1
+    source_rank: int = -1
+    path: str | None = None
+    saved_everywhere: bool = False
+
+
+class Trainer:
+    """One start of the resumable DDP trainer, in named steps: :meth:`setup` (device, process
+    group, model, optimizer, data, checkpointer), :meth:`resume` (agree on the newest checkpoint
+    anywhere, load it), :meth:`run` (train until ``--steps`` or a stop request, saving
+    periodically, on a stop, and at the end). ``main`` only wires them."""
+
+    def __init__(self, args: argparse.Namespace, stop, started_at: float):
+        self.args = args
+        self.stop = stop
+        self.started_at = started_at
+        self.step = 0
+        self.last_saved = -1
+        self.last_save_time = time.monotonic()
+        self.step_time: float | None = None
+        self.window = (time.perf_counter(), 0)  # (start, steps) of the throughput window
+        self.first_step_logged = False
+
+    # ------------------------------------------------------------------ logging
+    def log(self, msg: str) -> None:
+        if self.info.is_main:
+            print(msg, flush=True)
+
+    def warn(self, msg: str) -> None:
+        print(f"[rank {self.info.rank}] {msg}", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------ setup
+    def setup(self) -> int | None:
+        """Everything before the first step; an exit code when the flags cannot work here."""
+        import torch
+
+        from . import distributed as D
+
+        args = self.args
+        self.device_kind = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device_kind == "cuda" and not torch.cuda.is_available():
+            print("error: --device cuda but no CUDA device is visible", file=sys.stderr)
+            return exitcodes.USAGE
+        self.cuda = self.device_kind == "cuda"
+        self.info = D.init_distributed(self.device_kind, timeout_s=args.dist_timeout_s)
+        self._set_kernels_and_seeds()
+        return self._build_model() or self._build_data() or self._build_checkpointer()
+
+    def _set_kernels_and_seeds(self) -> None:
+        import numpy as np
+        import torch
+
+        if self.args.deterministic:
+            torch.use_deterministic_algorithms(True)
+            torch.backends.cudnn.deterministic = True
+            torch.backends.cudnn.benchmark = False
+        elif self.cuda:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+            torch.backends.cudnn.benchmark = True
+        random.seed(self.args.seed + self.info.rank)
+        np.random.seed((self.args.seed + self.info.rank) % (2**32))
+        torch.manual_seed(self.args.seed)  # same initial weights on every rank
+
+    def _build_model(self) -> int | None:
+        import torch
+
+        from .metrics import peak_flops, train_flops_per_sample
+        from .optim import make_optimizer, make_scheduler
+
+        args = self.args
+        try:
+            self.raw_model = create_model(args.model, args.num_classes, args.image_size, args.drop_path)
+        except RuntimeError as e:
+            print(f"error: --model {args.model}: {e}", file=sys.stderr)
+            return exitcodes.USAGE
+        self.raw_model.to(self.info.device).train()
+        torch.manual_seed(args.seed * 7919 + self.info.rank)
+        self.flops_per_sample = train_flops_per_sample(self.raw_model, args.model, args.image_size, self.device_kind)
+        self.peak = peak_flops(self.device_kind, args.peak_tflops)
+        self.optimizer = make_optimizer(self.raw_model, args.lr, args.weight_decay, self.device_kind)
+        self.scheduler = make_scheduler(self.optimizer, args.warmup_steps, args.steps)
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+        return None
+
+    def _build_data(self) -> int | None:
+        from .data import ImageFolderData, SyntheticData
+
+        args, info = self.args, self.info
+        if args.data == "synthetic":
+            self.data = SyntheticData(args.batch_size, args.image_size, args.num_classes, args.seed, info.rank,
+                                      info.device)
+            return None
+        self.data = ImageFolderData(args.data, args.batch_size, args.image_size, args.seed, info.rank,
+                                    info.world_size, info.device, args.workers)
+        if self.data.num_classes > args.num_classes:
+            print(f"error: --data {args.data} has {self.data.num_classes} classes but --num-classes is "
+                  f"{args.num_classes}", file=sys.stderr)
+            return exitcodes.USAGE
+        return None
+
+    def _build_checkpointer(self) -> None:
+        from .checkpoint import Checkpointer
+        from .progress import ProgressWriter
+
+        args = self.args
+        self.ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, writer=self.info.is_node_writer, log=self.warn,
+                                 write_delay_s=args.ckpt_write_delay_s)
+        # Every node's writer keeps its node-local progress file (launch.exit_status reads it to map
+        # torchrun's 1 back to 75 on that node); all nodes write the same content.
+        self.progress = ProgressWriter(args.progress_file, args.steps, enabled=self.info.is_node_writer)
+        self.saved_args = {"model": args.model, "batch_size": args.batch_size, "seed": args.seed,
+                           "image_size": args.image_size, "num_classes": args.num_classes, "steps": args.steps}
+
+    # ------------------------------------------------------------------ resume
+    def _local_view(self) -> tuple[dict, tuple | None]:
+        """What this rank knows: {step, path, writer, history, error}, and the loaded state."""
+        from .checkpoint import UnloadableCheckpoint, list_complete, newest_loadable, quarantined, unmarked
+
+        found, error, history = None, None, False
+        if self.info.is_node_writer:
+            ckpt_dir = Path(self.args.ckpt_dir)
+            lost_markers = unmarked(ckpt_dir)
+            history = bool(list_complete(ckpt_dir) or quarantined(ckpt_dir) or lost_markers)
+            if lost_markers:
+                self.warn(f"WARNING {ckpt_dir}: {', '.join(p.name for p in lost_markers)} hold state.pt but no "
+                          "COMPLETE marker (lost or deleted): kept, not trusted, and no fresh start over them")
+            try:
+                found = newest_loadable(ckpt_dir, log=self.warn)
+            except UnloadableCheckpoint as e:
+                error = str(e)
+        mine = {"step": found[0] if found else -1, "path": str(found[1]) if found else None,
+                "writer": self.info.is_node_writer, "history": history, "error": error}
+        return mine, found
+
+    def _resume_errors(self, everywhere: list[dict], newest: int) -> list[str]:
+        errors = [f"rank {r}: {d['error']}" for r, d in enumerate(everywhere) if d["error"]]
+        if not errors and newest < 0 and any(d["history"] for d in everywhere):
+            errors = [f"rank {r}: {self.args.ckpt_dir} holds checkpoints (or corrupt-* ones moved aside, or state "
+                      "files whose marker is gone) but none verifies and loads" for r, d in enumerate(everywhere)
+                      if d["history"]]
+        return errors
+
+    def resume(self) -> int | None:
+        """Every rank contributes what it holds; all decide from the same list; the holder of the
+        newest step broadcasts it. CHECKPOINT_ERROR instead of a fresh start over checkpoints
+        that exist but cannot be resumed from (never discard intact ones)."""
+        from . import distributed as D
+
+        mine, found = self._local_view()
+        everywhere = D.all_gather_object(mine, self.info)
+        newest = max(d["step"] for d in everywhere)
+        errors = self._resume_errors(everywhere, newest)
+        if errors:
+            if self.info.is_main:
+                for e in errors:
+                    print(f"error: cannot resume: {e}", file=sys.stderr, flush=True)
+                print("error: refusing to start from step 0 while checkpoints exist. Fix the environment (e.g. "
+                      "the torch version) or move the checkpoint directory aside to start fresh.",
+                      file=sys.stderr, flush=True)
+            D.destroy()
+            return exitcodes.CHECKPOINT_ERROR
+        if newest >= 0:
+            src = min(r for r, d in enumerate(everywhere) if d["step"] == newest)
+            point = Resume(step=newest, source_rank=src, path=everywhere[src]["path"],
+                           saved_everywhere=all(d["step"] == newest for d in everywhere if d["writer"]))
+            self._load(D.broadcast_state(found[2] if self.info.rank == src else None, src, self.info), point)
+        return None
+
+    def _load(self, state: dict, point: Resume) -> None:
+        args, info = self.args, self.info
+        self.raw_model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        # this step is saved everywhere only if every node's writer holds it; otherwise the
+        # stop/final/periodic save of this step is not skipped
+        self.last_saved = self.step if point.saved_everywhere else -1
+        key = f"rank_{info.rank}"
+        same_world = int(state.get("world_size", info.world_size)) == info.world_size
+        if not same_world:
+            self.warn(f"WARNING checkpoint world size {state.get('world_size')} != {info.world_size}: "
+                      "per-rank RNG/data positions do not carry over; the run continues but is not bit-exact")
+        if key in state.get("rng", {}):
+            set_rng_state(state["rng"][key], self.cuda)
+        if same_world and key in state.get("data", {}):
+            self.data.load_state_dict(state["data"][key])
+        else:
+            self.data.load_state_dict({"kind": "step", "step": self.step})
+        for k in ("model", "batch_size", "seed", "image_size", "num_classes"):
+            saved = state.get("args", {}).get(k)
+            if saved is not None and saved != getattr(args, k):
+                self.warn(f"WARNING checkpoint was made with --{k.replace('_', '-')} {saved}, now {getattr(args, k)}")
+        self.log(f"resumed step={self.step} from {point.path}")
+
+    # ------------------------------------------------------------------ saving
+    def full_state(self, at_step: int) -> dict:
+        from . import distributed as D
+
+        rngs = D.all_gather_object(rng_state(self.cuda), self.info)
+        datas = D.all_gather_object(self.data.state_dict(at_step), self.info)
+        return {"format": 1, "step": at_step, "world_size": self.info.world_size, "args": self.saved_args,
+                "model": self.raw_model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "rng": {f"rank_{r}": s for r, s in enumerate(rngs)},
+                "data": {f"rank_{r}": s for r, s in enumerate(datas)}}
+
+    def note_finished(self, stats) -> None:
+        """A background write that finished: logged, or (failed) the step counts as unsaved."""
+        if stats is None:
+            return
+        if stats.error:
+            self.last_saved = -1
+        elif stats.path and stats.write_s is not None:
+            self.log(f"ckpt_written step={stats.step} write_s={stats.write_s:.3f} bytes={stats.bytes}")
+
+    def save_periodic(self, time_due: bool) -> None:
+        args, step = self.args, self.step
+        periodic = args.ckpt_every > 0 and step > 0 and step % args.ckpt_every == 0
+        if step != self.last_saved and (periodic or (time_due and step > 0)):
+            stats = self.ckpt.save(step, self.full_state(step), sync=False, if_missing=True)
+            self.note_finished(stats.previous)
+            self.last_saved, self.last_save_time = step, time.monotonic()
+            self.log(f"ckpt step={step} stall_s={stats.stall_s:.4f} wait_s={stats.wait_s:.4f}")
+
+    def save_for_stop(self) -> int:
+        """A stop request all ranks agreed on: finish an in-flight write, save this step
+        synchronously (unless every node holds it), and report the run as preempted."""
+        from . import distributed as D
+
+        t0 = time.perf_counter()
+        reason = self.stop.reason()
+        self.note_finished(self.ckpt.wait())  # an in-flight periodic write finishes first
+        wait_s = time.perf_counter() - t0
+        if self.last_saved != self.step:
+            self.ckpt.save(self.step, self.full_state(self.step), sync=True, if_missing=True)
+            self.last_saved = self.step
+        D.barrier(self.info)
+        save_s = time.perf_counter() - t0
+        if self.info.is_node_writer:
+            self.stop.consume_stop_file()
+        self.log(f"stop step={self.step} reason={reason.replace(' ', '_')} emergency_save_s={save_s:.3f} "
+                 f"wait_s={wait_s:.3f}")
+        self.progress.write(self.step, state="preempted", step_time_s=self.step_time, force=True)
+        return exitcodes.PREEMPTED
+
+    def finish(self) -> None:
+        """``--steps`` reached: the final checkpoint on every node, then ``done`` and the digest."""
+        from . import distributed as D
+
+        self.note_finished(self.ckpt.wait())
+        if self.last_saved != self.step:
+            self.ckpt.save(self.step, self.full_state(self.step), sync=True, if_missing=True)
+        D.barrier(self.info)  # every node's final copy is on disk before any node reports "done"
+        digest = params_sha256(self.raw_model) if (self.info.is_main or self.info.is_node_writer) else None
+        self.progress.write(self.step, state="done", step_time_s=self.step_time, params_sha256=digest, force=True)
+        self.log(f"params_sha256={digest}")
+
+    # ------------------------------------------------------------------ training
+    def wrap_model(self) -> None:
+        import torch
+
+        self.model = self.raw_model
+        if self.info.is_distributed:
+            self.model = torch.nn.parallel.DistributedDataParallel(
+                self.raw_model, device_ids=[self.info.local_rank] if self.cuda else None)
+        if self.args.compile:
+            self.model = torch.compile(self.model)
+
+    def train_step(self):
+        import torch
+
+        x, y = self.data.batch(self.step)
+        with torch.autocast(self.device_kind, dtype=torch.bfloat16, enabled=self.cuda):
+            loss = self.loss_fn(self.model(x), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step += 1
+        self.window = (self.window[0], self.window[1] + 1)
+        if self.args.throttle_s:
+            time.sleep(self.args.throttle_s)
+        return loss
+
+    def _first_step_done(self) -> None:
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.first_step_logged = True
+        self.log(f"first_step_done step={self.step} since_process_start_s={time.time() - self.started_at:.3f}")
+        if self.cuda:  # pinned staging buffers now, not inside the first periodic save's stall
+            self.note_finished(self.ckpt.prepare({"model": self.raw_model.state_dict(),
+                                                  "optimizer": self.optimizer.state_dict()}))
+        self.window = (time.perf_counter(), 0)
+
+    def log_step(self, loss) -> None:
+        from .metrics import mfu
+
+        args, info = self.args, self.info
+        loss_v = loss.item()  # synchronises
+        now = time.perf_counter()
+        start, steps = self.window
+        if steps:
+            self.step_time = (now - start) / steps
+            sps = args.batch_size * info.world_size / self.step_time
+            m = mfu(sps, self.flops_per_sample, self.peak, info.world_size)
+            self.log(f"step={self.step} loss={loss_v:.4f} samples_per_s={sps:.1f} "
+                     f"mfu={'n/a' if m is None else f'{m:.3f}'} lr={self.scheduler.get_last_lr()[0]:.3e}")
+        self.window = (now, 0)
+        self.note_finished(self.ckpt.poll())
+
+    def run(self) -> int:
+        """Train until ``--steps`` (DONE) or an agreed stop request (PREEMPTED)."""
+        from .stop import agree
+
+        args = self.args
+        self.wrap_model()
+        self.last_save_time = time.monotonic()
+        self.window = (time.perf_counter(), 0)
+        self.progress.write(self.step, force=True)
+        while True:
+            time_due = (args.ckpt_every_seconds is not None
+                        and time.monotonic() - self.last_save_time >= args.ckpt_every_seconds)
+            stop_now, time_due = agree([self.stop.local_request(), time_due], self.info.control_group,
+                                       self.info.world_size)
+            if self.step >= args.steps:
+                self.finish()
+                return exitcodes.DONE
+            if stop_now:
+                return self.save_for_stop()
+            self.save_periodic(time_due)
+            loss = self.train_step()
+            if not self.first_step_logged:
+                self._first_step_done()
+            if self.step % args.log_every == 0 or self.step == args.steps:
+                self.log_step(loss)
+            self.progress.write(self.step, step_time_s=self.step_time)
+
+    def close(self) -> None:
+        from . import distributed as D
+
+        self.ckpt.close()
+        self.data.close()
+        D.barrier(self.info)
+        D.destroy()
+
+
 def main(argv: list[str] | None = None) -> int:
-    t_start = process_start_time()
+    started_at = process_start_time()
     args = build_parser().parse_args(argv)
     err = validate(args)
     if err:
@@ -156,254 +489,12 @@ def main(argv: list[str] | None = None) -> int:
     from .stop import StopMonitor
 
     stop = StopMonitor(args.stop_file)  # before the heavy imports: a SIGTERM now is remembered, not fatal
-
-    import torch
-
-    from . import distributed as D
-    from .checkpoint import (
-        Checkpointer,
-        UnloadableCheckpoint,
-        list_complete,
-        newest_loadable,
-        quarantined,
-        unmarked,
-    )
-    from .data import ImageFolderData, SyntheticData
-    from .metrics import mfu, peak_flops, train_flops_per_sample
-    from .optim import make_optimizer, make_scheduler
-    from .progress import ProgressWriter
-    from .stop import agree
-
-    device_kind = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device_kind == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda but no CUDA device is visible", file=sys.stderr)
-        return exitcodes.USAGE
-    cuda = device_kind == "cuda"
-    info = D.init_distributed(device_kind, timeout_s=args.dist_timeout_s)
-
-    def log(msg: str) -> None:
-        if info.is_main:
-            print(msg, flush=True)
-
-    def warn(msg: str) -> None:
-        print(f"[rank {info.rank}] {msg}", file=sys.stderr, flush=True)
-
-    if args.deterministic:
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-    elif cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cudnn.benchmark = True
-
-    random.seed(args.seed + info.rank)
-    import numpy as np
-
-    np.random.seed((args.seed + info.rank) % (2**32))
-    torch.manual_seed(args.seed)  # same initial weights on every rank
-    try:
-        raw_model = create_model(args.model, args.num_classes, args.image_size, args.drop_path)
-    except RuntimeError as e:
-        print(f"error: --model {args.model}: {e}", file=sys.stderr)
-        return exitcodes.USAGE
-    raw_model.to(info.device).train()
-    torch.manual_seed(args.seed * 7919 + info.rank)
-    flops_per_sample = train_flops_per_sample(raw_model, args.model, args.image_size, device_kind)
-    peak = peak_flops(device_kind, args.peak_tflops)
-    optimizer = make_optimizer(raw_model, args.lr, args.weight_decay, device_kind)
-    scheduler = make_scheduler(optimizer, args.warmup_steps, args.steps)
-    if args.data == "synthetic":
-        data = SyntheticData(args.batch_size, args.image_size, args.num_classes, args.seed, info.rank, info.device)
-    else:
-        data = ImageFolderData(args.data, args.batch_size, args.image_size, args.seed, info.rank,
-                               info.world_size, info.device, args.workers)
-        if data.num_classes > args.num_classes:
-            print(f"error: --data {args.data} has {data.num_classes} classes but --num-classes is "
-                  f"{args.num_classes}", file=sys.stderr)
-            return exitcodes.USAGE
-
-    ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, writer=info.is_node_writer, log=warn,
-                        write_delay_s=args.ckpt_write_delay_s)
-
-    # ---- resume: agree on the newest complete step anywhere; a holder broadcasts it ------------
-    # Every rank contributes {step, path, writer, history, error}; all ranks decide from the same list.
-    found, error, history = None, None, False
-    if info.is_node_writer:
-        ckpt_dir = Path(args.ckpt_dir)
-        lost_markers = unmarked(ckpt_dir)
-        history = bool(list_complete(ckpt_dir) or quarantined(ckpt_dir) or lost_markers)
-        if lost_markers:
-            warn(f"WARNING {ckpt_dir}: {', '.join(p.name for p in lost_markers)} hold state.pt but no COMPLETE "
-                 "marker (lost or deleted): kept, not trusted, and no fresh start over them")
-        try:
-            found = newest_loadable(ckpt_dir, log=warn)
-        except UnloadableCheckpoint as e:
-            error = str(e)
-    mine = {"step": found[0] if found else -1, "path": str(found[1]) if found else None,
-            "writer": info.is_node_writer, "history": history, "error": error}
-    everywhere = D.all_gather_object(mine, info)
-    newest = max(d["step"] for d in everywhere)
-    errors = [f"rank {r}: {d['error']}" for r, d in enumerate(everywhere) if d["error"]]
-    if not errors and newest < 0 and any(d["history"] for d in everywhere):
-        errors = [f"rank {r}: {args.ckpt_dir} holds checkpoints (or corrupt-* ones moved aside, or state files "
-                  "whose marker is gone) but none verifies and loads" for r, d in enumerate(everywhere)
-                  if d["history"]]
-    if errors:
-        # Never start from step 0 over existing checkpoints, never discard intact ones: stop loudly.
-        if info.is_main:
-            for e in errors:
-                print(f"error: cannot resume: {e}", file=sys.stderr, flush=True)
-            print("error: refusing to start from step 0 while checkpoints exist. Fix the environment (e.g. "
-                  "the torch version) or move the checkpoint directory aside to start fresh.",
-                  file=sys.stderr, flush=True)
-        D.destroy()
-        return exitcodes.CHECKPOINT_ERROR
-    # This step is saved everywhere only if every node's writer holds it; otherwise (a replaced node
-    # that received the state by broadcast) the stop/final/periodic save of this step is not skipped.
-    resume_saved_everywhere = newest >= 0 and all(d["step"] == newest for d in everywhere if d["writer"])
-    step = 0
-    if newest >= 0:
-        src = min(r for r, d in enumerate(everywhere) if d["step"] == newest)
-        src_path = everywhere[src]["path"]
-        state = D.broadcast_state(found[2] if info.rank == src else None, src, info)
-        raw_model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        step = int(state["step"])
-        key = f"rank_{info.rank}"
-        same_world = int(state.get("world_size", info.world_size)) == info.world_size
-        if not same_world:
-            warn(f"WARNING checkpoint world size {state.get('world_size')} != {info.world_size}: "
-                 "per-rank RNG/data positions do not carry over; the run continues but is not bit-exact")
-        if key in state.get("rng", {}):
-            set_rng_state(state["rng"][key], cuda)
-        if same_world and key in state.get("data", {}):
-            data.load_state_dict(state["data"][key])
-        else:
-            data.load_state_dict({"kind": "step", "step": step})
-        for k in ("model", "batch_size", "seed", "image_size", "num_classes"):
-            saved = state.get("args", {}).get(k)
-            if saved is not None and saved != getattr(args, k):
-                warn(f"WARNING checkpoint was made with --{k.replace('_', '-')} {saved}, now {getattr(args, k)}")
-        del state
-        log(f"resumed step={step} from {src_path}")
-    found = None
-
-    model = raw_model
-    if info.is_distributed:
-        model = torch.nn.parallel.DistributedDataParallel(
-            raw_model, device_ids=[info.local_rank] if cuda else None)
-    if args.compile:
-        model = torch.compile(model)
-
-    # Every node's writer keeps its node-local progress file (launch.exit_status reads it to map
-    # torchrun's 1 back to 75 on that node); all nodes write the same content.
-    progress = ProgressWriter(args.progress_file, args.steps, enabled=info.is_node_writer)
-    saved_args = {"model": args.model, "batch_size": args.batch_size, "seed": args.seed,
-                  "image_size": args.image_size, "num_classes": args.num_classes, "steps": args.steps}
-
-    def full_state(at_step: int) -> dict:
-        rngs = D.all_gather_object(rng_state(cuda), info)
-        datas = D.all_gather_object(data.state_dict(at_step), info)
-        return {"format": 1, "step": at_step, "world_size": info.world_size, "args": saved_args,
-                "model": raw_model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "rng": {f"rank_{r}": s for r, s in enumerate(rngs)},
-                "data": {f"rank_{r}": s for r, s in enumerate(datas)}}
-
-    def note_finished(stats) -> None:
-        nonlocal last_saved
-        if stats is None:
-            return
-        if stats.error:
-            last_saved = -1
-        elif stats.path and stats.write_s is not None:
-            log(f"ckpt_written step={stats.step} write_s={stats.write_s:.3f} bytes={stats.bytes}")
-
-    loss_fn = torch.nn.CrossEntropyLoss()
-    last_saved = step if resume_saved_everywhere else -1
-    last_save_time = time.monotonic()
-    window_t, window_steps = time.perf_counter(), 0
-    step_time = None
-    first_step_logged = False
-    progress.write(step, force=True)
-
-    code = exitcodes.DONE
-    while True:
-        time_due = (args.ckpt_every_seconds is not None
-                    and time.monotonic() - last_save_time >= args.ckpt_every_seconds)
-        stop_now, time_due = agree([stop.local_request(), time_due], info.control_group, info.world_size)
-        if step >= args.steps:
-            break
-        if stop_now:
-            t0 = time.perf_counter()
-            reason = stop.reason()
-            note_finished(ckpt.wait())  # an in-flight periodic write finishes first
-            wait_s = time.perf_counter() - t0
-            if last_saved != step:
-                ckpt.save(step, full_state(step), sync=True, if_missing=True)
-                last_saved = step
-            D.barrier(info)
-            save_s = time.perf_counter() - t0
-            if info.is_node_writer:
-                stop.consume_stop_file()
-            log(f"stop step={step} reason={reason.replace(' ', '_')} emergency_save_s={save_s:.3f} "
-                f"wait_s={wait_s:.3f}")
-            progress.write(step, state="preempted", step_time_s=step_time, force=True)
-            code = exitcodes.PREEMPTED
-            break
-        periodic = args.ckpt_every > 0 and step > 0 and step % args.ckpt_every == 0
-        if step != last_saved and (periodic or (time_due and step > 0)):
-            stats = ckpt.save(step, full_state(step), sync=False, if_missing=True)
-            note_finished(stats.previous)
-            last_saved, last_save_time = step, time.monotonic()
-            log(f"ckpt step={step} stall_s={stats.stall_s:.4f} wait_s={stats.wait_s:.4f}")
-
-        x, y = data.batch(step)
-        with torch.autocast(device_kind, dtype=torch.bfloat16, enabled=cuda):
-            loss = loss_fn(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        step += 1
-        window_steps += 1
-        if args.throttle_s:
-            time.sleep(args.throttle_s)
-        if not first_step_logged:
-            if cuda:
-                torch.cuda.synchronize()
-            first_step_logged = True
-            log(f"first_step_done step={step} since_process_start_s={time.time() - t_start:.3f}")
-            if cuda:  # pinned staging buffers now, not inside the first periodic save's stall
-                note_finished(ckpt.prepare({"model": raw_model.state_dict(), "optimizer": optimizer.state_dict()}))
-            window_t, window_steps = time.perf_counter(), 0
-        if step % args.log_every == 0 or step == args.steps:
-            loss_v = loss.item()  # synchronises
-            now = time.perf_counter()
-            if window_steps:
-                step_time = (now - window_t) / window_steps
-                sps = args.batch_size * info.world_size / step_time
-                m = mfu(sps, flops_per_sample, peak, info.world_size)
-                log(f"step={step} loss={loss_v:.4f} samples_per_s={sps:.1f} "
-                    f"mfu={'n/a' if m is None else f'{m:.3f}'} lr={scheduler.get_last_lr()[0]:.3e}")
-            window_t, window_steps = now, 0
-            note_finished(ckpt.poll())
-        progress.write(step, step_time_s=step_time)
-
-    if code == exitcodes.DONE:
-        note_finished(ckpt.wait())
-        if last_saved != step:
-            ckpt.save(step, full_state(step), sync=True, if_missing=True)
-        D.barrier(info)  # every node's final copy is on disk before any node reports "done"
-        digest = params_sha256(raw_model) if (info.is_main or info.is_node_writer) else None
-        progress.write(step, state="done", step_time_s=step_time, params_sha256=digest, force=True)
-        log(f"params_sha256={digest}")
-    ckpt.close()
-    data.close()
-    D.barrier(info)
-    D.destroy()
+    trainer = Trainer(args, stop, started_at)
+    code = trainer.setup() or trainer.resume()
+    if code is not None:
+        return code
+    code = trainer.run()
+    trainer.close()
     return code
 
 
