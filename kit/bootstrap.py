@@ -30,16 +30,6 @@ class BootstrapResult:
     rc: int = 0
 
 
-def _data_device(cloud: str, node: dict) -> str:
-    """The by-id path of the node's data disk (AWS NVMe serial = volume id without the dash; GCP device_name)."""
-    disk_id = node.get("disk_id") or ""
-    if cloud == "aws" and disk_id:
-        return "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_" + disk_id.replace("-", "")
-    if cloud == "gcp":
-        return "/dev/disk/by-id/google-kit-data"
-    return ""
-
-
 # Where the trainer writes its progress on a node (on the data disk: survives a restart); kit
 # train reads it over SSH, the agent heartbeats it.
 NODE_PROGRESS_FILE = "/mnt/kit-disk/progress.json"
@@ -73,7 +63,7 @@ def inventory_from_spec(spec, outputs: dict, role_vars: dict | None = None) -> d
                            fix="wait until the instance is running, then retry")
         hosts[name] = {"ansible_host": address, "node_rank": rank, "private_ip": node.get("private_ip") or address,
                        "instance_id": node.get("instance_id") or name, "zone": node.get("zone"),
-                       "market": node.get("market"), "trainer_data_device": _data_device(spec.cloud, node)}
+                       "market": node.get("market"), "trainer_data_device": spec.cloud_facts.data_device(node)}
     first = nodes[0]
     endpoint = f"{first.get('private_ip') or first.get('public_ip')}:{RDZV_PORT}"
     group_vars = {

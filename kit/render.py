@@ -23,6 +23,7 @@ from typing import Any
 
 import jinja2
 
+from kit.clouds.base import Variable
 from kit.errors import InputError, KitError
 from kit.paths import RESOURCES_DIR, TEMPLATES_DIR, TERRAFORM_MODULES_DIR, deploy_root
 
@@ -76,79 +77,44 @@ def _var(name: str, type_: str, description: str, value: Any, nullable: bool = F
             "nullable": nullable}
 
 
+def _vars(variables: list[Variable]) -> list[dict[str, Any]]:
+    return [_var(v.name, v.type, v.description, v.value, v.nullable) for v in variables]
+
+
 def _backend(spec) -> dict[str, Any]:
     b = spec.backend
     return {"type": b.type, "bucket": b.bucket, "prefix": b.prefix or f"kit/{spec.name}",
             "region": b.region or spec.region}
 
 
-def _tags(spec) -> dict[str, str]:
-    if spec.cloud == "aws":
-        return {**spec.labels, "kit:cluster": spec.name, "kit:managed-by": "kit"}
-    return {**spec.labels, "kit-cluster": spec.name, "kit-managed-by": "kit"}
-
-
 def _variables(spec, root: str, market: str) -> list[dict[str, Any]]:
-    aws = spec.cloud == "aws"
-    v = [_var("cluster_name", "string", "kit cluster name.", spec.name)]
-    if not aws:
-        v.append(_var("project", "string", "GCP project id.", spec.project))
-    v += [_var("region", "string", "Region.", spec.region),
-          _var("zone", "string", "The cluster's one zone (nodes and disks).", spec.zone),
-          _var("nodes", "number", "Number of nodes.", spec.nodes)]
-    tag_name = "tags" if aws else "labels"
+    """The root module's variables with their values; the cloud adds its own (kit.clouds)."""
+    cloud = spec.cloud_facts
+    tags = _var(cloud.tags_variable, "map(string)", "Tags/labels on every resource.", cloud.tags(spec))
+    v = [_var("cluster_name", "string", "kit cluster name.", spec.name), *_vars(cloud.identity_variables(spec)),
+         _var("region", "string", "Region.", spec.region),
+         _var("zone", "string", "The cluster's one zone (nodes and disks).", spec.zone),
+         _var("nodes", "number", "Number of nodes.", spec.nodes)]
     if root == "disks":
-        v += [_var("disk_size_gb", "number", "Data disk size per node (GB).", spec.disk.size_gb),
-              _var("disk_type", "string", "Data disk type.", spec.disk_type),
-              _var(tag_name, "map(string)", "Tags/labels on every resource.", _tags(spec))]
-        return v
-    itype = spec.instance
+        return v + [_var("disk_size_gb", "number", "Data disk size per node (GB).", spec.disk.size_gb),
+                    _var("disk_type", "string", "Data disk type.", spec.disk_type), tags]
     v += [_var("read_disks_state", "bool", "Read the disk ids from the disks root's state (kit plan sets false "
                "before that root's first apply: the ids are pending).", True),
           _var("instance_type", "string", "Instance / machine type.", spec.instance_type),
           _var("market", "string", "spot or on-demand (the only value a market switch changes).", market),
-          _var("placement", "string", "cluster or none.", spec.placement)]
-    if aws:
-        v += [_var("max_price", "number", "Spot price cap, $/h per node.", spec.max_price, nullable=True),
-              _var("image", "string", "AMI id (null: latest AWS Deep Learning Base AMI, Ubuntu 22.04).", spec.image,
-                   nullable=True),
-              _var("vpc_id", "string", "Existing VPC (null: default VPC).", spec.network.vpc_id, nullable=True),
-              _var("subnet_id", "string", "Existing subnet (null: default subnet of the zone).",
-                   spec.network.subnet_id, nullable=True),
-              _var("detailed_monitoring", "bool", "CloudWatch detailed monitoring.", spec.monitoring)]
-    else:
-        accel = ({"type": itype.guest_accelerator, "count": itype.gpus}
-                 if itype is not None and itype.guest_accelerator else None)
-        v += [_var("guest_accelerator", "object({ type = string, count = number })",
-                   "GPU to attach for N1 types (null: the machine type carries its GPUs).", accel, nullable=True),
-              _var("image", "string", "Boot image.", spec.image or
-                   "projects/ubuntu-os-accelerator-images/global/images/family/"
-                   "ubuntu-accelerator-2204-amd64-with-nvidia-550"),
-              _var("nic_type", "string", "GVNIC where the machine type needs it (null: provider default).",
-                   itype.nic_type if itype is not None else None, nullable=True),
-              _var("os_login", "bool", "Log in with OS Login instead of the ssh-keys metadata key.",
-                   spec.ssh.os_login)]
-        if spec.creates_network:
-            v.append(_var("subnet_cidr", "string", "Range of the created subnetwork.", spec.network.cidr))
-        else:
-            v += [_var("network", "string", "Existing network.", spec.network.name or "default"),
-                  _var("subnetwork", "string", "Existing subnetwork (null: auto).", spec.network.subnetwork,
-                       nullable=True)]
-    v += [_var("ssh_user", "string", "Login user.", spec.ssh.user),
+          _var("placement", "string", "cluster or none.", spec.placement), *_vars(cloud.instance_variables(spec)),
+          _var("ssh_user", "string", "Login user.", spec.ssh.user),
           _var("ssh_public_key", "string", "OpenSSH public key installed for ssh_user (from ssh.public_key).",
                read_public_key(spec)),
-          _var("allowed_cidrs", "list(string)", "CIDRs allowed to reach SSH.", list(spec.ssh.allowed_cidrs))]
-    if aws:
-        v.append(_var("egress_cidrs", "list(string)", "CIDRs the nodes may reach on every port.",
-                      list(spec.network.egress_cidrs)))
-    v += [_var(tag_name, "map(string)", "Tags/labels on every resource.", _tags(spec))]
-    return v
+          _var("allowed_cidrs", "list(string)", "CIDRs allowed to reach SSH.", list(spec.ssh.allowed_cidrs)),
+          *_vars(cloud.access_variables(spec))]
+    return v + [tags]
 
 
 def read_public_key(spec) -> str:
     """The public key's content: it goes into the rendered tfvars, so a plan depends on the spec
     alone, not on the home directory of whoever plans it. With OS Login no key is installed."""
-    if spec.ssh.os_login:
+    if getattr(spec.ssh, "os_login", False):
         return ""
     from kit.spec import check_ssh_key
 
@@ -163,7 +129,7 @@ def _env() -> jinja2.Environment:
 def render_texts(spec, market: str | None = None) -> dict[str, str]:
     """Relative path -> file text (before fmt) for the whole deployment."""
     market = market or spec.market
-    if spec.cloud not in ("aws", "gcp"):
+    if not spec.cloud_facts.renders_terraform:
         raise InputError(f"cloud {spec.cloud!r} has no Terraform", where="spec.cloud",
                          fix="kit render is for aws and gcp; local clusters need no rendering")
     if market not in ("spot", "on-demand"):

@@ -220,6 +220,7 @@ def test_injector_replays_trace(backend, tmp_path):
     wall = Wall()
     clock = VirtualClock(1000.0, 600, wall)  # one trace tick per wall second
     injector = Injector(backend, nodes=2, clock=clock, origin=1000.0, trace=str(trace), grace_seconds=0.5, wall=wall)
+    backend.injector = injector  # the backend asks its injector whether spot capacity is there
     backend.apply(backend.spec, "spot")
     injector.step()
     assert injector.spot_available() and not injector.preemptions

@@ -194,7 +194,6 @@ def test_watcher_wiring_builds_our_policies_and_observations():
     observation = _default_observation(now_h=0.0, progress_h=0.0, job_h=1.0, deadline_h=None, changeover_h=0.2,
                                        market=SPOT, spot_available=True, preempted=True, tick_h=15 / 3600)
     assert isinstance(observation, Observation)
-    assert make_policy_for(SimpleNamespace(policy=None)).name == "default"
 
 
 def test_replaying_the_same_ticks_gives_the_same_decisions():

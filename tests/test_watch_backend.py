@@ -9,7 +9,8 @@ import pytest
 from watch_fakes import FakeSpec
 
 import kit
-from kit.backends.base import CapacityError, is_capacity_error, rendezvous_endpoint
+from kit import clouds
+from kit.backends.base import CapacityError, rendezvous_endpoint
 from kit.backends.cloud import TerraformBackend
 from kit.errors import KitError
 
@@ -79,4 +80,4 @@ def test_capacity_errors_are_told_apart(parts, tmp_path, message, capacity):
     with pytest.raises(KitError) as raised:
         backend.apply(FakeSpec(cloud=cloud), "spot")
     assert isinstance(raised.value, CapacityError) == capacity
-    assert is_capacity_error(cloud, message) == capacity
+    assert clouds.get(cloud).is_capacity_error(message) == capacity

@@ -139,6 +139,7 @@ def test_kit_watch_runs_server_and_loop_until_the_trainer_reports_done(tmp_path,
     import urllib.request
 
     import kit.backends.cloud
+    import kit.watch.session
     import kit.watch.sources
     from kit.watch.server import cluster_token
 
@@ -148,7 +149,7 @@ def test_kit_watch_runs_server_and_loop_until_the_trainer_reports_done(tmp_path,
     backend.calls.clear()
     policy = ScriptedPolicy(["spot"])
     monkeypatch.setattr(commands, "_load", lambda path: (spec, tmp_path))
-    monkeypatch.setattr(commands, "make_policy_for", lambda s: policy)
+    monkeypatch.setattr(kit.watch.session, "make_policy_for", lambda s: policy)
     monkeypatch.setattr(commands, "observation_type", lambda: Obs)
     monkeypatch.setattr(kit.backends.cloud, "backend_for", lambda s, d, **kw: backend)
     monkeypatch.setattr(kit.watch.sources, "source_for", lambda s, d: BackendSource(backend))

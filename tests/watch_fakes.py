@@ -40,6 +40,12 @@ class FakeSpec:
     def with_market(self, market: str) -> FakeSpec:
         return dataclasses.replace(self, market=market)
 
+    @property
+    def cloud_facts(self):
+        from kit import clouds
+
+        return clouds.get(self.cloud)
+
 
 @dataclass(frozen=True)
 class Obs:

@@ -134,16 +134,16 @@ class LocalProbe:
         return []
 
 
+PROBES = {"aws": AwsProbe, "gcp": GcpProbe, "local": LocalProbe}  # one notice reader per cloud
+
+
 def make_probe(cloud: str, metadata_url: str | None):
-    if cloud == "aws":
-        return AwsProbe(metadata_url or DEFAULT_METADATA["aws"])
-    if cloud == "gcp":
-        return GcpProbe(metadata_url or DEFAULT_METADATA["gcp"])
-    if cloud == "local":
-        if not metadata_url:
-            raise ValueError("--cloud local needs --metadata-url <node_dir>/metadata/preempted")
-        return LocalProbe(metadata_url)
-    raise ValueError(f"unknown cloud {cloud!r}")
+    if cloud not in PROBES:
+        raise ValueError(f"unknown cloud {cloud!r}")
+    url = metadata_url or DEFAULT_METADATA.get(cloud)
+    if not url:
+        raise ValueError(f"--cloud {cloud} needs --metadata-url (the local node's metadata/preempted file)")
+    return PROBES[cloud](url)
 
 
 def read_progress(path: str | None) -> dict:

@@ -9,8 +9,9 @@ removes instances while keeping the data disks unless told otherwise.
 
 from __future__ import annotations
 
-import re
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -48,7 +49,40 @@ class CapacityError(KitError):
 
 
 class Backend(ABC):
+    """What the watcher acts through. Besides apply/nodes/bootstrap/destroy, the hooks below let
+    ``kit train`` and ``kit watch`` run one loop for every cloud: a backend whose nodes are not real
+    instances (the local one) keeps its own clock, starts its preemption injector, restarts crashed
+    trainers and lets them save on an interrupt, through these hooks alone."""
+
     cloud: str = "?"
+    tick_interval_s: float = 15.0   # seconds between watcher ticks unless told otherwise
+    progress_every_s: float = 15.0  # seconds between reads of the nodes' progress files
+
+    # ------------------------------------------------------------------ the run's life cycle
+    def attach(self, ledger) -> Callable[[], float]:
+        """The clock the ledger, the policy and the cost report use for this deployment."""
+        return time.time
+
+    @property
+    def time_scale(self) -> float:
+        """Clock seconds per wall second (1 for real clouds)."""
+        return 1.0
+
+    def start(self) -> None:
+        """The loop is about to run."""
+
+    def on_tick(self) -> None:
+        """Once per watcher tick, after the progress was read."""
+
+    def settle(self) -> None:
+        """The trainers reported done: wait until they have written their last files."""
+
+    def interrupted(self, announce: Callable[[str], None]) -> None:
+        """The loop stopped early (Ctrl-C, a failure). Cloud nodes keep running (kit train or kit
+        watch again picks them up); ``announce`` tells the user about anything that takes time."""
+
+    def close(self) -> None:
+        """The run is over (done or not)."""
 
     @abstractmethod
     def apply(self, spec, market: str) -> list[Node]:
@@ -97,19 +131,3 @@ def rendezvous_endpoint(nodes: list[Node], port: int = RENDEZVOUS_PORT) -> str:
     master = min(nodes, key=lambda n: n.rank)
     host = master.private_ip or master.public_ip or master.name
     return f"{host}:{port}"
-
-
-# Provider error texts that mean "no capacity right now" (retry later or elsewhere), not a bug.
-CAPACITY_PATTERNS = {
-    "aws": (r"InsufficientInstanceCapacity", r"InsufficientCapacity", r"capacity-not-available",
-            r"capacity-oversubscribed", r"SpotMaxPriceTooLow", r"price-too-low", r"MaxSpotInstanceCountExceeded",
-            r"UnfulfillableCapacity", r"There is no Spot capacity available"),
-    "gcp": (r"ZONE_RESOURCE_POOL_EXHAUSTED", r"does not have enough resources available", r"STOCKOUT",
-            r"resource pool exhausted"),
-}
-
-
-def is_capacity_error(cloud: str, message: str) -> bool:
-    patterns = CAPACITY_PATTERNS.get(cloud, ()) + (CAPACITY_PATTERNS["aws"] + CAPACITY_PATTERNS["gcp"]
-                                                   if cloud not in CAPACITY_PATTERNS else ())
-    return any(re.search(p, message, re.IGNORECASE) for p in patterns)

@@ -1,7 +1,7 @@
 """AWS and GCP through Terraform (kit.render / kit.terraform) and Ansible (kit.bootstrap).
 
 The clouds differ only in their Terraform modules and in which error texts mean "no capacity"
-(``base.CAPACITY_PATTERNS``); everything here is shared. Other parts' modules are imported at
+(``kit.clouds.<cloud>``); everything here is shared. Other parts' modules are imported at
 the point of use so the watcher does not pull Terraform or Ansible in until it acts.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kit.backends.base import Backend, CapacityError, Node, is_capacity_error
+from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
 
 
@@ -34,7 +34,7 @@ class TerraformBackend(Backend):
             terraform.plan(self.deploy_dir)
             terraform.apply(self.deploy_dir, parallelism=spec.nodes)
         except KitError as error:
-            if is_capacity_error(self.cloud, str(error)):
+            if spec.cloud_facts.is_capacity_error(str(error)):
                 raise CapacityError(f"no {market} capacity for {spec.nodes} x "
                                     f"{getattr(spec, 'instance_type', None) or 'nodes'}: {error.what}",
                                     where=str(self.deploy_dir), fix="kit watch retries with backoff") from error
@@ -105,11 +105,4 @@ class TerraformBackend(Backend):
 
 
 def backend_for(spec, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None) -> Backend:
-    if spec.cloud in ("aws", "gcp"):
-        return TerraformBackend(spec, deploy_dir, watcher_url=watcher_url, watcher_token=watcher_token)
-    try:
-        from kit.backends import local  # issue 6: the process-based local backend
-    except ImportError as error:
-        raise KitError("the local backend is not installed in this kit", where="spec.cloud = local",
-                       fix="use cloud aws or gcp, or a kit with kit/backends/local.py") from error
-    return local.LocalBackend(spec, deploy_dir, watcher_url=watcher_url, watcher_token=watcher_token)
+    return spec.cloud_facts.backend(spec, deploy_dir, watcher_url=watcher_url, watcher_token=watcher_token)

@@ -98,6 +98,9 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 class LocalBackend(Backend):
     cloud = "local"
+    tick_interval_s = 0.5   # local minutes pass in wall seconds
+    progress_every_s = 0.0  # the progress files are on this machine: read them every tick
+    max_restarts = 5        # trainers that keep exiting without finishing: a person has to look
 
     # how long live trainers get to save at a step boundary when asked through their stop files
     # (a node replaced by a market switch, Ctrl-C, a failed loop) before they are killed; a
@@ -116,12 +119,85 @@ class LocalBackend(Backend):
         self.watcher_token = watcher_token
         self.clock = clock
         self.node_command = node_command or LocalBackend.trainer_command
-        self.spot_available = spot_available  # set by the injector: False while spot capacity is low
+        self.spot_available = spot_available  # tests: a stand-in for the injector's capacity
+        self.injector = None  # replays preemptions from the trace (attach)
+        self._crashed_since: float | None = None
+        self._restarts = 0
         self.use_agent = use_agent
         self.procs: dict[int, list[subprocess.Popen]] = {}
         self.endpoint: str | None = None
         self.lock = threading.RLock()
         _LIVE.add(self)
+
+    def _spot_capacity(self) -> bool:
+        if self.spot_available is not None:
+            return self.spot_available()
+        return self.injector is None or self.injector.spot_available()
+
+    # ------------------------------------------------------------------ the run's life cycle
+    @property
+    def time_scale(self) -> float:
+        return float(self.spec.local.time_scale)
+
+    def attach(self, ledger) -> Callable[[], float]:
+        """The compressed clock (its origin kept in the ledger, so a continued run continues the
+        clock) and the injector that replays preemptions on it."""
+        from kit.local.injector import Injector, VirtualClock
+
+        origin = float(ledger.get_meta("local_clock_origin") or 0) or time.time()
+        ledger.set_meta("local_clock_origin", repr(origin))
+        self.clock = VirtualClock(origin, self.time_scale)
+        local = self.spec.local
+        self.injector = Injector(self, nodes=self.spec.nodes, clock=self.clock, origin=origin, trace=local.trace,
+                                 preempt_every=local.preempt_every_seconds, grace_seconds=local.grace_seconds,
+                                 enabled=local.preemptions)
+        return self.clock
+
+    def start(self) -> None:
+        if self.injector is not None:
+            self.injector.start()
+
+    def on_tick(self) -> None:
+        """Every trainer exited without done and without a preemption in flight (e.g. a rendezvous
+        timeout): restart training on the same nodes after 5 s, as a node's systemd unit would."""
+        if not self._all_crashed():
+            self._crashed_since = None
+            return
+        if self._crashed_since is None:
+            self._crashed_since = time.time()
+            return
+        if time.time() - self._crashed_since <= 5:
+            return
+        self._crashed_since = None
+        self._restarts += 1
+        if self._restarts > self.max_restarts:
+            raise KitError("the trainers keep exiting without finishing", where=str(self.root / "run"),
+                           fix="see train.log of each node")
+        log.warning("trainers exited without finishing; restarting them (%d)", self._restarts)
+        self.bootstrap(self.nodes())
+
+    def _all_crashed(self) -> bool:
+        if not self.procs or (self.injector and self.injector.pending):
+            return False
+        if any(self.trainer_exit(r) is None for r in self.procs) or (self.progress() or {}).get("state") == "done":
+            return False
+        return all((self.read_state(r) or {}).get("state") == "running" for r in range(self.spec.nodes))
+
+    def settle(self, timeout_s: float = 60.0) -> None:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline and any(self.trainer_exit(r) is None for r in list(self.procs)):
+            time.sleep(0.2)
+
+    def interrupted(self, announce) -> None:
+        """The trainers save first (their stop files, as a preemption notice asks), then the nodes stop."""
+        if self.injector is not None:
+            self.injector.close()
+        announce(f"the trainers save and stop (up to {self.save_grace_s:g} s; Ctrl-C again kills them)")
+        self.stop_all(grace_s=self.save_grace_s)
+
+    def close(self) -> None:
+        if self.injector is not None:
+            self.injector.close()
 
     # ------------------------------------------------------------------ paths
     def state_dir(self) -> Path:
@@ -169,7 +245,7 @@ class LocalBackend(Backend):
     def apply(self, spec, market: str) -> list[Node]:
         with self.lock:
             self.spec = spec
-            if market == SPOT and self.spot_available is not None and not self.spot_available():
+            if market == SPOT and not self._spot_capacity():
                 raise CapacityError(f"no spot capacity for {spec.nodes} local nodes (the injector's trace is low)",
                                     where=str(self.root), fix="kit retries with backoff or moves to on-demand")
             self._save_before_replacing(spec, market)

@@ -68,7 +68,6 @@ class Injector:
         self.preemptions: list[dict] = []
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
-        backend.spot_available = self.spot_available
 
     # ------------------------------------------------------------------ capacity
     def capacity(self, now: float | None = None) -> int | None:

@@ -263,6 +263,10 @@ class Ledger:
             self._query("SELECT * FROM progress ORDER BY id DESC LIMIT 1")
         return dict(rows[0]) if rows else None
 
+    def progress_history(self) -> list[tuple[float, int]]:
+        """Every recorded (time, step), oldest first: the job's path, setbacks included."""
+        return [(row["time"], row["step"]) for row in self._query("SELECT time, step FROM progress ORDER BY id")]
+
     def recent_step_times(self, limit: int | None = 20) -> list[float]:
         """Measured step times (seconds of the ledger's clock), newest first; all of them when
         ``limit`` is None."""

@@ -21,6 +21,7 @@ import re
 import time
 from calendar import timegm
 
+from kit.clouds.aws import Aws
 from kit.errors import KitError
 from kit.watch.events import CAPACITY_ERROR, NOTICE, Event
 from kit.watch.sources.base import (
@@ -35,7 +36,7 @@ from kit.watch.sources.base import (
     SourceError,
 )
 
-CLUSTER_TAG = "kit:cluster"
+CLUSTER_TAG = Aws.cluster_tag
 STATES = {
     "pending": PENDING, "running": RUNNING, "shutting-down": TERMINATED, "terminated": TERMINATED,
     "stopping": STOPPING, "stopped": STOPPED,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
+from kit.clouds.gcp import Gcp
 from kit.errors import KitError
 from kit.watch.events import PREEMPTION, Event
 from kit.watch.sources.base import (
@@ -38,7 +39,7 @@ from kit.watch.sources.base import (
     SourceError,
 )
 
-CLUSTER_LABEL = "kit-cluster"
+CLUSTER_LABEL = Gcp.cluster_tag
 PREEMPTED_OPERATION = "compute.instances.preempted"
 STATES = {
     "PROVISIONING": PENDING, "STAGING": PENDING, "RUNNING": RUNNING, "REPAIRING": PENDING,

@@ -1,0 +1,130 @@
+"""AWS: the spec, the instance catalog, tags, capacity errors, the data disk and the event source."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import Field, StrictBool, field_validator, model_validator
+
+from kit.clouds.base import Cloud, InstanceType, Variable
+from kit.spec import CloudSpec, Finite, SpecProblem, _Model
+
+AMI_RE = re.compile(r"ami-[0-9a-f]{8,17}")
+EBS_TYPES = ("gp3", "gp2", "io1", "io2", "st1")  # every EBS volume type attaches to every instance type
+
+
+class AwsNetwork(_Model):
+    vpc_id: str | None = None       # existing VPC (default: the region's default VPC)
+    subnet_id: str | None = None    # existing subnet in the zone (default: the zone's default subnet)
+    egress_cidrs: list[str] = Field(default_factory=lambda: ["0.0.0.0/0"])  # outbound, every port
+
+    @field_validator("egress_cidrs")
+    @classmethod
+    def _canonical(cls, cidrs: list[str]) -> list[str]:
+        for i, cidr in enumerate(cidrs):
+            try:
+                ipaddress.IPv4Network(cidr, strict=True)
+            except ValueError as error:
+                raise SpecProblem(f"network.egress_cidrs[{i}]", f"not an IPv4 CIDR: {cidr!r} ({error})",
+                                  "write it as a network, e.g. 0.0.0.0/0 or 10.0.0.0/8") from None
+        return [str(ipaddress.IPv4Network(c)) for c in cidrs]
+
+
+class AwsSpec(CloudSpec):
+    cloud: Literal["aws"]
+    max_price: Finite | None = None  # spot cap, $/h per node (unset: the region's on-demand price)
+    network: AwsNetwork = Field(default_factory=AwsNetwork)
+    efa: StrictBool = False
+    monitoring: StrictBool = False   # CloudWatch detailed monitoring (billed per instance)
+
+    @model_validator(mode="after")
+    def _aws_rules(self) -> AwsSpec:
+        if self.max_price is not None and self.max_price <= 0:
+            raise SpecProblem("max_price", f"max_price must be positive (got {self.max_price})",
+                              "remove it (default: the on-demand price) or set a positive $/h")
+        if self.image is not None and not AMI_RE.fullmatch(self.image):
+            raise SpecProblem("image", f"{self.image!r} is not an AMI id",
+                              "use an AMI id of the region (ami-0123456789abcdef0), or leave image out for the AWS "
+                              "Deep Learning Base AMI (Ubuntu 22.04)")
+        if self.efa:
+            # An EFA interface is only useful with the EFA installer, aws-ofi-nccl, the NCCL environment
+            # and every interface the type has; kit does not set those up yet, so it refuses rather than
+            # create an interface nothing uses.
+            raise SpecProblem("efa", "EFA is not supported by kit yet (it needs the EFA installer, aws-ofi-nccl "
+                              "and one interface per network card, which kit does not set up)",
+                              "remove efa (NCCL then uses TCP sockets over the ENA interface)")
+        return self
+
+
+def _t(*args, **kw) -> InstanceType:
+    return InstanceType(*args, disk_types=EBS_TYPES, **kw)
+
+
+class Aws(Cloud):
+    name = "aws"
+    spec_model = AwsSpec
+    cluster_tag = "kit:cluster"
+    tags_variable = "tags"
+    disk_types = EBS_TYPES
+    # EC2 error texts that mean "no capacity right now" (retry later or elsewhere), not a bug.
+    capacity_patterns = (r"InsufficientInstanceCapacity", r"InsufficientCapacity", r"capacity-not-available",
+                         r"capacity-oversubscribed", r"SpotMaxPriceTooLow", r"price-too-low",
+                         r"MaxSpotInstanceCountExceeded", r"UnfulfillableCapacity",
+                         r"There is no Spot capacity available")
+    # G5: A10G 24 GB; cluster placement groups for all; EFA only on the large sizes. Prices: us-east-1.
+    instance_types = (
+        _t("g5.xlarge", 1, "A10G", 1.006, 0.40),
+        _t("g5.2xlarge", 1, "A10G", 1.212, 0.48),
+        _t("g5.4xlarge", 1, "A10G", 1.624, 0.65),
+        _t("g5.8xlarge", 1, "A10G", 2.448, 0.98, efa=True),
+        _t("g5.12xlarge", 4, "A10G", 5.672, 2.27, efa=True),
+        _t("g5.16xlarge", 1, "A10G", 4.096, 1.64, efa=True),
+        _t("g5.24xlarge", 4, "A10G", 8.144, 3.26, efa=True),
+        _t("g5.48xlarge", 8, "A10G", 16.288, 6.52, efa=True),
+        _t("p4d.24xlarge", 8, "A100-40GB", 32.7726, 13.11, efa=True),
+        _t("p5.48xlarge", 8, "H100-80GB", 55.04, 22.02, efa=True),
+    )
+    zones: ClassVar[dict[str, tuple[str, ...]]] = {
+        "us-east-1": ("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d", "us-east-1f"),
+        "us-east-2": ("us-east-2a", "us-east-2b", "us-east-2c"),
+        "us-west-2": ("us-west-2a", "us-west-2b", "us-west-2c", "us-west-2d"),
+        "eu-west-1": ("eu-west-1a", "eu-west-1b", "eu-west-1c"),
+    }
+
+    def tags(self, spec) -> dict[str, str]:
+        return {**spec.labels, self.cluster_tag: spec.name, "kit:managed-by": "kit"}
+
+    def instance_variables(self, spec) -> list[Variable]:
+        return [Variable("max_price", "number", "Spot price cap, $/h per node.", spec.max_price, nullable=True),
+                Variable("image", "string", "AMI id (null: latest AWS Deep Learning Base AMI, Ubuntu 22.04).",
+                         spec.image, nullable=True),
+                Variable("vpc_id", "string", "Existing VPC (null: default VPC).", spec.network.vpc_id, nullable=True),
+                Variable("subnet_id", "string", "Existing subnet (null: default subnet of the zone).",
+                         spec.network.subnet_id, nullable=True),
+                Variable("detailed_monitoring", "bool", "CloudWatch detailed monitoring.", spec.monitoring)]
+
+    def access_variables(self, spec) -> list[Variable]:
+        return [Variable("egress_cidrs", "list(string)", "CIDRs the nodes may reach on every port.",
+                         list(spec.network.egress_cidrs))]
+
+    def data_device(self, node: dict) -> str:
+        """An EBS volume on a Nitro instance is an NVMe device whose serial is the volume id without
+        its dash (EC2 docs, "Amazon EBS and NVMe")."""
+        disk_id = node.get("disk_id") or ""
+        return "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_" + disk_id.replace("-", "") if disk_id else ""
+
+    def event_source(self, spec, deploy_dir: Path):
+        from kit.watch.sources.aws import AwsSource
+
+        return AwsSource(cluster=spec.name, region=spec.region)
+
+    def backend(self, spec, deploy_dir: Path, *, watcher_url=None, watcher_token=None):
+        from kit.backends.cloud import TerraformBackend
+
+        return TerraformBackend(spec, deploy_dir, watcher_url=watcher_url, watcher_token=watcher_token)
+
+
+CLOUD = Aws()

@@ -1,0 +1,142 @@
+"""GCP: the spec, the machine-type catalog, labels, capacity errors, the data disk and the event source."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import Field, StrictBool, model_validator
+
+from kit.clouds.base import Cloud, InstanceType, Variable
+from kit.spec import CloudSpec, SpecProblem, SshSection, _Model
+
+ACCELERATOR_IMAGE = ("projects/ubuntu-os-accelerator-images/global/images/family/"
+                     "ubuntu-accelerator-2204-amd64-with-nvidia-550")
+# Data-disk types per machine family: A3 High and G2 take no Standard PD, N1 takes no Hyperdisk (GCP
+# docs, "Accelerator-optimized machine family" and "General-purpose machine family").
+PD_TYPES = ("pd-balanced", "pd-ssd", "pd-standard", "hyperdisk-balanced")
+_A3 = {"disk_types": ("pd-balanced", "pd-ssd", "hyperdisk-balanced"), "nic_type": "GVNIC"}
+_A2 = {"disk_types": ("pd-balanced", "pd-ssd", "pd-standard")}
+_G2 = {"disk_types": ("pd-balanced", "pd-ssd")}
+_N1 = {"disk_types": ("pd-balanced", "pd-ssd", "pd-standard"), "placement": False,
+       "guest_accelerator": "nvidia-tesla-t4", "note": "GPU attached as guest_accelerator nvidia-tesla-t4 x1"}
+_A3_SPOT_ONLY = {"on_demand": False, "note": "GCP sells a3-highgpu-1g/2g/4g only as Spot or Flex-start VMs: "
+                                             "on-demand needs a3-highgpu-8g"}
+
+
+class GcpSsh(SshSection):
+    os_login: StrictBool = False  # log in with OS Login (users' Google identities) instead of a metadata key
+
+
+class GcpNetwork(_Model):
+    create: StrictBool | None = None  # a network of the cluster's own (default unless name/subnetwork is given)
+    name: str | None = None           # an existing network (an explicit opt-in)
+    subnetwork: str | None = None     # an existing subnetwork of it
+    cidr: str = "10.42.0.0/20"        # the created subnetwork's range
+
+    @model_validator(mode="after")
+    def _one_or_the_other(self) -> GcpNetwork:
+        if self.create and (self.name or self.subnetwork):
+            raise SpecProblem("network.create", "create: true makes a new network; name/subnetwork name an existing one",
+                              "use one or the other")
+        if self.create is False and not self.name:
+            raise SpecProblem("network.create", "create: false needs the existing network to use",
+                              "name it (network.name: default, for the project's default network), or leave create out")
+        try:
+            self.cidr = str(ipaddress.IPv4Network(self.cidr, strict=True))
+        except ValueError:
+            raise SpecProblem("network.cidr", f"not a CIDR: {self.cidr!r}", "use e.g. 10.42.0.0/20") from None
+        return self
+
+
+class GcpSpec(CloudSpec):
+    cloud: Literal["gcp"]
+    project: str
+    ssh: GcpSsh = Field(default_factory=GcpSsh)
+    network: GcpNetwork = Field(default_factory=GcpNetwork)
+
+    @property
+    def creates_network(self) -> bool:
+        net = self.network
+        return net.create if net.create is not None else not (net.name or net.subnetwork)
+
+    @property
+    def existing_network(self) -> str | None:
+        return None if self.creates_network else (self.network.name or "default")
+
+
+class Gcp(Cloud):
+    name = "gcp"
+    spec_model = GcpSpec
+    cluster_tag = "kit-cluster"
+    tags_variable = "labels"
+    disk_types = PD_TYPES
+    capacity_patterns = (r"ZONE_RESOURCE_POOL_EXHAUSTED", r"does not have enough resources available", r"STOCKOUT",
+                         r"resource pool exhausted")
+    # Accelerator-optimized types carry their GPUs. Compact placement: A2, A3 and G2 (GCP docs,
+    # "Compact placement policy and workload policy overview"), not N1. a3-highgpu-1g/2g/4g are sold
+    # only as Spot (or Flex-start) VMs (GCP "consumption option availability by machine type";
+    # dstack's gpuhunt PR #176): their on-demand price is the 8g's per GPU, the baseline.
+    instance_types = (
+        InstanceType("a3-highgpu-1g", 1, "H100-80GB", 11.06, 2.95, **_A3_SPOT_ONLY, **_A3),
+        InstanceType("a3-highgpu-2g", 2, "H100-80GB", 22.12, 5.90, **_A3_SPOT_ONLY, **_A3),
+        InstanceType("a3-highgpu-4g", 4, "H100-80GB", 44.24, 11.80, **_A3_SPOT_ONLY, **_A3),
+        InstanceType("a3-highgpu-8g", 8, "H100-80GB", 88.49, 23.60, **_A3),
+        InstanceType("a2-highgpu-1g", 1, "A100-40GB", 3.67, 1.47, **_A2),
+        InstanceType("a2-highgpu-8g", 8, "A100-40GB", 29.39, 11.76, **_A2),
+        InstanceType("g2-standard-4", 1, "L4", 0.71, 0.28, **_G2),
+        InstanceType("g2-standard-8", 1, "L4", 0.85, 0.34, **_G2),
+        InstanceType("g2-standard-16", 1, "L4", 1.15, 0.46, **_G2),
+        InstanceType("g2-standard-48", 4, "L4", 4.00, 1.60, **_G2),
+        InstanceType("n1-standard-8", 1, "T4", 0.73, 0.25, **_N1),
+        InstanceType("n1-standard-16", 1, "T4", 1.11, 0.38, **_N1),
+    )
+    zones: ClassVar[dict[str, tuple[str, ...]]] = {
+        "us-central1": ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"),
+        "us-east4": ("us-east4-a", "us-east4-b", "us-east4-c"),
+        "us-east5": ("us-east5-a", "us-east5-b", "us-east5-c"),
+        "us-west1": ("us-west1-a", "us-west1-b", "us-west1-c"),
+        "europe-west4": ("europe-west4-a", "europe-west4-b", "europe-west4-c"),
+        "asia-northeast1": ("asia-northeast1-a", "asia-northeast1-b", "asia-northeast1-c"),
+    }
+
+    def tags(self, spec) -> dict[str, str]:
+        return {**spec.labels, self.cluster_tag: spec.name, "kit-managed-by": "kit"}
+
+    def identity_variables(self, spec) -> list[Variable]:
+        return [Variable("project", "string", "GCP project id.", spec.project)]
+
+    def instance_variables(self, spec) -> list[Variable]:
+        itype = spec.instance
+        accel = ({"type": itype.guest_accelerator, "count": itype.gpus}
+                 if itype is not None and itype.guest_accelerator else None)
+        out = [Variable("guest_accelerator", "object({ type = string, count = number })",
+                        "GPU to attach for N1 types (null: the machine type carries its GPUs).", accel, nullable=True),
+               Variable("image", "string", "Boot image.", spec.image or ACCELERATOR_IMAGE),
+               Variable("nic_type", "string", "GVNIC where the machine type needs it (null: provider default).",
+                        itype.nic_type if itype is not None else None, nullable=True),
+               Variable("os_login", "bool", "Log in with OS Login instead of the ssh-keys metadata key.",
+                        spec.ssh.os_login)]
+        if spec.creates_network:
+            return out + [Variable("subnet_cidr", "string", "Range of the created subnetwork.", spec.network.cidr)]
+        return out + [Variable("network", "string", "Existing network.", spec.network.name or "default"),
+                      Variable("subnetwork", "string", "Existing subnetwork (null: auto).", spec.network.subnetwork,
+                               nullable=True)]
+
+    def data_device(self, node: dict) -> str:
+        """The attached disk's device_name (``kit-data``, in the instances module) under by-id."""
+        return "/dev/disk/by-id/google-kit-data"
+
+    def event_source(self, spec, deploy_dir: Path):
+        from kit.watch.sources.gcp import GcpSource
+
+        return GcpSource(cluster=spec.name, project=spec.project, zone=spec.zone)
+
+    def backend(self, spec, deploy_dir: Path, *, watcher_url=None, watcher_token=None):
+        from kit.backends.cloud import TerraformBackend
+
+        return TerraformBackend(spec, deploy_dir, watcher_url=watcher_url, watcher_token=watcher_token)
+
+
+CLOUD = Gcp()

@@ -1,0 +1,90 @@
+"""The local "cloud": node processes on this machine, preemptions replayed from a capacity trace."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, StrictBool, ValidationInfo, model_validator
+
+from kit.clouds.base import Cloud
+from kit.errors import InputError
+from kit.spec import Finite, SpecBase, SpecProblem, _Model, spec_path
+
+DEFAULT_PRICES = (1.0, 4.0)  # spot, on-demand $/h per node when the trace says none
+
+
+class LocalSection(_Model):
+    trace: str | None = None
+    time_scale: Annotated[Finite, Field(gt=0)] = 3600.0
+    preempt_every_seconds: Annotated[Finite, Field(gt=0)] | None = None
+    grace_seconds: Annotated[Finite, Field(ge=0)] = 5.0
+    preemptions: StrictBool = True
+
+
+class LocalSpec(SpecBase):
+    cloud: Literal["local"]
+    gpus_per_node: int = Field(1, ge=1)  # processes per node
+    local: LocalSection = Field(default_factory=LocalSection)
+
+    def with_run_options(self, *, time_scale: float | None = None, preempt_every: float | None = None,
+                         no_preemptions: bool = False) -> LocalSpec:
+        """``kit train --time-scale/--preempt-every/--no-preemptions`` over the spec's local section."""
+        update: dict = {}
+        for flag, name, value in (("--time-scale", "time_scale", time_scale),
+                                  ("--preempt-every", "preempt_every_seconds", preempt_every)):
+            if value is not None:
+                if not (math.isfinite(value) and value > 0):
+                    raise InputError(f"{flag} {value} must be a finite number > 0", where=flag,
+                                     fix=f"e.g. {flag} 20")
+                update[name] = float(value)
+        if no_preemptions:
+            update["preemptions"] = False
+        return self.model_copy(update={"local": self.local.model_copy(update=update)}) if update else self
+
+    @model_validator(mode="after")
+    def _trace_and_prices(self, info: ValidationInfo) -> LocalSpec:
+        """``local.trace`` as an absolute path (a file from the current directory or the spec's, or
+        a trace bundled with kit), refused here when missing or invalid; prices from its metadata."""
+        from kit.traces import load_trace, resolve
+
+        meta: dict = {}
+        if self.local.trace:
+            path = spec_path(info)
+            found = resolve(self.local.trace, relative_to=Path(path).parent, where=f"{path}: local.trace")
+            if not found.is_file():
+                raise SpecProblem("local.trace", f"{self.local.trace!r} is a directory; local mode replays one zone's "
+                                  "file", f"name one file of the set, e.g. {self.local.trace.rstrip('/')}/<zone>.json")
+            meta = load_trace(found).metadata  # a bad file is refused with its own where/fix
+            self.local = self.local.model_copy(update={"trace": str(found)})
+        self.prices = self.prices.model_copy(update={
+            "spot_per_hour": self.prices.spot_per_hour or float(meta.get("spot_price_per_hour") or DEFAULT_PRICES[0]),
+            "on_demand_per_hour": self.prices.on_demand_per_hour
+            or float(meta.get("on_demand_price_per_hour") or DEFAULT_PRICES[1])})
+        return self
+
+
+class Local(Cloud):
+    name = "local"
+    spec_model = LocalSpec
+    renders_terraform = False
+
+    def agent_url(self, advertise_url, server_url, listening_on_all) -> str | None:
+        return None  # the local agents relay notices to their trainers only (docs/local.md)
+
+    def listen_default(self, advertise_url) -> str:
+        return "127.0.0.1:0"
+
+    def event_source(self, spec, deploy_dir: Path):
+        from kit.watch.sources.local import LocalSource
+
+        return LocalSource(cluster=spec.name, state_dir=LocalSource.state_dir_for(deploy_dir))
+
+    def backend(self, spec, deploy_dir: Path, *, watcher_url=None, watcher_token=None):
+        from kit.backends.local import LocalBackend
+
+        return LocalBackend(spec, deploy_dir, watcher_url=watcher_url, watcher_token=watcher_token)
+
+
+CLOUD = Local()

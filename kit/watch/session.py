@@ -1,0 +1,109 @@
+"""What ``kit train`` and ``kit watch`` share for one cluster: one session object.
+
+``with Session(spec) as session``: the deployment directory's lock (one watcher per cluster) and
+its ledger. ``session.start(...)`` then brings up the rest, in this order: the agents' token, the
+policy, the backend (with its clock: the local backend's runs compressed), the agents' endpoint,
+the event source, the actor and the watcher, and the progress puller. Leaving the block stops
+the endpoint, closes the backend and releases the lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from kit.watch.ledger import Ledger, WatcherLock
+
+LEDGER_FILE = "ledger.sqlite"
+LOCK_FILE = "watcher.lock"
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    from kit.errors import InputError
+
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InputError(f"--listen {listen!r} is not HOST:PORT", where="--listen",
+                         fix="e.g. --listen 0.0.0.0:8787 (port 0 picks a free one)")
+    return host or "127.0.0.1", int(port)
+
+
+def make_policy_for(spec):
+    """The spec's ``policy`` section -> a kit.policy Policy."""
+    from kit.policy import make_policy
+
+    section = spec.policy
+    params = {}
+    if section.name == "threshold":
+        t = section.threshold
+        params = {"k": t.k, "window_hours": t.window_hours, "cooldown_hours": t.cooldown_hours}
+    return make_policy(section.name, **params)
+
+
+class Session:
+    def __init__(self, spec, deploy_dir: Path):
+        self.spec = spec
+        self.deploy_dir = Path(deploy_dir)
+        self.wake = threading.Event()  # an agent's notice or "done" ends the wait for the next tick
+        self._lock: WatcherLock | None = None
+        self._server = None
+        self.backend = None
+
+    # ------------------------------------------------------------------ lock and ledger
+    def __enter__(self) -> Session:  # noqa: PYI034
+        self.deploy_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = WatcherLock(self.deploy_dir / LOCK_FILE)
+        self._lock.__enter__()
+        self.ledger = Ledger(self.deploy_dir / LEDGER_FILE)
+        return self
+
+    def reopen_ledger(self) -> None:
+        """After the ledger file was moved aside (a fresh run of a finished job)."""
+        self.ledger.close()
+        self.ledger = Ledger(self.deploy_dir / LEDGER_FILE)
+
+    def __exit__(self, *exc) -> None:
+        try:
+            if self._server is not None:
+                self._server.stop()
+            if self.backend is not None:
+                self.backend.close()
+        finally:
+            if self._lock is not None:
+                self._lock.__exit__(*exc)
+
+    # ------------------------------------------------------------------ the rest
+    def start(self, *, listen: str | None = None, advertise_url: str | None = None,
+              interval_s: float | None = None) -> None:
+        from kit.backends.cloud import backend_for
+        from kit.watch import sources
+        from kit.watch.acting import Actor
+        from kit.watch.commands import observation_type
+        from kit.watch.progress import ProgressPuller
+        from kit.watch.server import WatcherServer, cluster_token, ledger_sink
+        from kit.watch.watcher import Watcher
+
+        spec = self.spec
+        self.token = cluster_token(self.deploy_dir)
+        self.policy = make_policy_for(spec)
+        cloud = spec.cloud_facts
+        host, port = parse_listen(listen or cloud.listen_default(advertise_url))
+        self._server = WatcherServer({spec.name: self.token}, ledger_sink(self.ledger, self.wake), host=host,
+                                     port=port).start()
+        self.url = cloud.agent_url(advertise_url, self._server.url, host in ("0.0.0.0", "::"))
+        self.backend = backend_for(spec, self.deploy_dir, watcher_url=self.url, watcher_token=self.token)
+        self.clock = self.backend.attach(self.ledger)
+        self.interval_s = interval_s or self.backend.tick_interval_s
+        source = sources.source_for(spec, self.deploy_dir)
+        # The watcher's tick, in clock hours, is interval x scale, or longer when an apply +
+        # bootstrap takes longer (kit.watch.watcher.Watcher.tick_hours).
+        self.watcher = Watcher(spec, self.ledger, Actor(self.backend, self.ledger, spec, clock=self.clock, source=source),
+                               self.policy, source=source, interval_s=self.interval_s, clock=self.clock,
+                               observation=observation_type(), time_scale=self.backend.time_scale)
+        self.watcher.wake = self.wake
+        self.puller = ProgressPuller(self.backend, self.ledger, source=spec.cloud, clock=self.clock,
+                                     time_scale=self.backend.time_scale, every_s=self.backend.progress_every_s)
+
+    @property
+    def server_url(self) -> str:
+        return self._server.url
