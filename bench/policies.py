@@ -1,4 +1,4 @@
-"""Policy benchmark (issue 5): every policy and the omniscient bound on the shared GCP H100 traces,
+"""Policy benchmark: every policy and the omniscient bound on the shared GCP H100 traces,
 plus checks on traces the default policy was not tuned on.
 
     .venv/bin/python bench/policies.py [--out bench-policies.json] [--skip-synthetic]

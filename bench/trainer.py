@@ -1,4 +1,4 @@
-"""Trainer benchmark (issue 3): throughput/MFU vs a tutorial-style baseline in the same run,
+"""Trainer benchmark: throughput/MFU vs a tutorial-style baseline in the same run,
 periodic-checkpoint stall, emergency-save time, resume time.
 
 GPU (the reported configuration; an H100 is the target machine)::

@@ -1,4 +1,4 @@
-"""Ansible bootstrap of training nodes (COMMON interface 6, issue 4).
+"""Ansible bootstrap of training nodes (ansible/site.yml through ansible-runner).
 
 ``inventory_from_spec(spec, outputs, role_vars)`` builds an ansible inventory from ``terraform output``
 (``kit.terraform.output``); ``bootstrap_nodes(inventory, ...)`` runs ``ansible/site.yml`` with

@@ -1,4 +1,4 @@
-"""``kit bootstrap SPEC [--hosts inventory.yml] [--check] [-e k=v] [--limit] [-v]`` (issue 4)."""
+"""``kit bootstrap SPEC [--hosts inventory.yml] [--check] [-e k=v] [--limit] [-v]``."""
 from __future__ import annotations
 
 from pathlib import Path

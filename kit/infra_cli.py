@@ -1,4 +1,4 @@
-"""``kit validate``, ``kit render``, ``kit plan``, ``kit apply``, ``kit destroy`` (issue 2)."""
+"""``kit validate``, ``kit render``, ``kit plan``, ``kit apply``, ``kit destroy``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Replay spot capacity traces against the policies (issue 5's exact model) and an omniscient bound.
+"""Replay spot capacity traces against the policies (an exact model, documented in docs/policies.md) and an omniscient bound.
 
 Model (shared with other implementations, so results are comparable):
 

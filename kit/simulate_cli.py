@@ -1,4 +1,4 @@
-"""``kit simulate``: replay spot traces against the policies (issue 5's model, see kit/simulate.py)."""
+"""``kit simulate``: replay spot traces against the policies (the model in kit/simulate.py)."""
 
 from __future__ import annotations
 

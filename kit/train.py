@@ -1,4 +1,4 @@
-"""``kit train``: apply -> bootstrap -> watch -> cost report -> tear down, in one command (issue 6).
+"""``kit train``: apply -> bootstrap -> watch -> cost report -> tear down, in one command.
 
 The same loop for every cloud: the watcher (kit.watch) launches through the cloud's backend
 (aws/gcp: render, terraform apply, ansible bootstrap; local: node processes), polls the cloud,

@@ -207,7 +207,7 @@ def test_default_on_many_short_spot_runs():
 
 
 def test_default_holds_up_on_markov_markets():
-    """Synthetic on/off markets (issue 5 review): default is never worse than on-demand by more than
+    """Synthetic on/off markets (a review's finding): default is never worse than on-demand by more than
     its learning cost, and beats greedy and up where spot runs are long."""
     for p_up, mean_up in ((0.5, 12), (0.8, 12), (0.2, 40)):
         traces = [markov_trace(s, n=1200, p_up=p_up, mean_up=mean_up, nodes=4, gap_seconds=600) for s in range(2)]

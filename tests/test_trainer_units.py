@@ -293,7 +293,7 @@ def test_outcome_classification(tmp_path):
     assert outcome(-9, str(tmp_path / "missing.json")) == "crashed"
 
 
-# ---- review findings (issue 3) --------------------------------------------------------------------
+# ---- review findings -----------------------------------------------------------------------------
 def test_verified_but_unloadable_checkpoint_raises_and_moves_nothing(tmp_path, monkeypatch):
     """A load failure with a matching sha256 (MemoryError, a weights_only rejection after a torch
     upgrade) is not corruption: no fallback, nothing moved aside or deleted."""

@@ -229,7 +229,7 @@ def test_bootstrap_failure_retries_bootstrap_only_then_gives_up(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Review findings (issue 5/6 review): each test failed before its fix.
+# Review findings: each test failed before its fix.
 
 
 class SameIdBackend(RecordingBackend):

@@ -1,4 +1,4 @@
-"""The agents' HTTP endpoint (interface 4): auth, validation, recording, waking the loop."""
+"""The agents' HTTP endpoint: auth, validation, recording, waking the loop."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Harness for issue 3 (d): SIGKILL a checkpoint writer at random moments, check what loads.
+"""Harness: SIGKILL a checkpoint writer at random moments, check what loads.
 
 Run as ``python tests/trainer_ckpt_harness.py DIR REPS SEED [atomic|naive]`` (naive = negative
 control with a non-atomic writer, which must be caught). The parent imports torch once and

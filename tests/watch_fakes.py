@@ -1,6 +1,6 @@
 """Stand-ins for the parts the watcher consumes but does not own (spec, policy, backend).
 
-They follow COMMON interfaces 1, 2 and 5 closely enough for the watcher's tests, without
+They follow kit's spec, Backend and Policy interfaces closely enough for the watcher's tests, without
 importing kit.spec / kit.policy (written by other parts in parallel).
 """
 
@@ -49,7 +49,7 @@ class FakeSpec:
 
 @dataclass(frozen=True)
 class Obs:
-    """Field-for-field the Observation of interface 5."""
+    """Field-for-field kit.policy.Observation."""
 
     now_h: float
     progress_h: float

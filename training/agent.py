@@ -1,4 +1,4 @@
-"""Node agent (COMMON interface 4): watches the cloud's preemption notice, stops the trainer, reports.
+"""Node agent: watches the cloud's preemption notice, stops the trainer, reports.
 
 ``python -m training.agent --cloud aws|gcp|local --instance ID --node-rank N --stop-file P
 --progress-file P --event-dir DIR [--watcher-url U --watcher-token-file F --cluster NAME]

@@ -1,4 +1,4 @@
-"""Progress file (COMMON interface 3), rewritten atomically by rank 0.
+"""Progress file, rewritten atomically by rank 0.
 
 ``{"step": int, "total_steps": int, "step_time_s": float|null, "state": "running"|"done"|"preempted",
 "time": unix, "params_sha256": str|null}``

@@ -22,7 +22,7 @@ RENDEZVOUS_PORT = 29500
 
 @dataclass(frozen=True)
 class Node:
-    """One node as Terraform output ``nodes`` describes it (COMMON interface 2), plus its rank."""
+    """One node as Terraform output ``nodes`` describes it , plus its rank."""
 
     name: str
     instance_id: str

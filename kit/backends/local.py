@@ -1,4 +1,4 @@
-"""The local backend: N node processes on this machine, same interface as aws/gcp (issue 6).
+"""The local backend: N node processes on this machine, same interface as aws/gcp.
 
 A "node" is a process group: ``torchrun --nnodes N --node-rank r`` (c10d rendezvous at node 0's
 ``127.0.0.1:<free port>``, gloo on CPU or NCCL on CUDA as the trainer picks) plus, when the

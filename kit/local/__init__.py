@@ -1,1 +1,1 @@
-"""Local-cloud helpers: the spot preemption injector and the time-compressed clock (issue 6)."""
+"""Local-cloud helpers: the spot preemption injector and the time-compressed clock."""

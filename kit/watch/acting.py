@@ -7,7 +7,8 @@ A decision's action is one of:
 * ``recover``: same market, re-apply to recreate lost nodes, then bootstrap every node.
 * ``release``: delete the instances, keep the disks (the policy chose to wait).
 
-Retry timing follows SkyPilot's managed-job launcher (policy-anchors §1): exponential backoff
+Retry timing follows SkyPilot's managed-job launcher (sky/jobs/recovery_strategy.py with
+sky/utils/common_utils.py's Backoff): exponential backoff
 ×1.6 with ±40 % jitter, capped; here the first wait is 30 s and the cap 5 min by default. For
 capacity errors the exponent is the number of capacity failures on that market since its last
 successful apply, across decisions: while spot is blocked the policy may wait or take on-demand,

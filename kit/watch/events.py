@@ -1,4 +1,4 @@
-"""Event types the watcher reacts to, and the parsing of agent reports (COMMON interface 4).
+"""Event types the watcher reacts to, and the parsing of agent reports (training/agent.py posts them).
 
 Every source (cloud poller, local backend, node agent) turns what it saw into an ``Event``.
 ``dedup_key`` lets the ledger record the same fact once even when a poller sees it on every
@@ -32,7 +32,7 @@ KINDS = (PREEMPTION, NOTICE, REBALANCE, INSTANCE_LOST, CAPACITY_ERROR, PROGRESS,
 # Kinds that mean the running cluster lost a node and must be recovered.
 LOSS_KINDS = (PREEMPTION, INSTANCE_LOST)
 
-# Agent wire kinds (interface 4) -> event kinds.
+# Agent wire kinds -> event kinds.
 AGENT_KINDS = {
     "preemption-notice": PREEMPTION,
     "rebalance-recommendation": REBALANCE,
@@ -62,7 +62,7 @@ class Event:
 
 
 class BadReport(ValueError):
-    """An agent report that does not follow interface 4 (answered with HTTP 400)."""
+    """An agent report that does not follow the agent's message format (answered with HTTP 400)."""
 
 
 def _optional(body: dict, key: str, types: tuple[type, ...], *, minimum: float | None = None) -> Any:
@@ -80,7 +80,7 @@ def _optional(body: dict, key: str, types: tuple[type, ...], *, minimum: float |
 
 
 def event_from_agent(body: Any) -> Event:
-    """Validate one agent POST body (interface 4) and turn it into an Event. Raises BadReport."""
+    """Validate one agent POST body and turn it into an Event. Raises BadReport."""
     if not isinstance(body, dict):
         raise BadReport("body must be a JSON object")
     kind = body.get("kind")

@@ -1,4 +1,4 @@
-"""The agents' endpoint (COMMON interface 4): ``POST /v1/clusters/{cluster}/events``.
+"""The agents' endpoint: ``POST /v1/clusters/{cluster}/events``.
 
 Each cluster has its own bearer token (``cluster_token``), written once to
 ``<deploy_dir>/watcher/token`` (mode 0600) and handed to the agents by bootstrap. Answers:

@@ -35,7 +35,7 @@ from kit.watch.status import changeover_of, prices_of
 
 log = logging.getLogger("kit.watch")
 
-# The policy vocabulary (COMMON interface 5); the values are fixed, so no import is needed here.
+# The policy vocabulary (kit/policy.py); the values are fixed, so no import is needed here.
 SPOT, ON_DEMAND, WAIT = "spot", "on-demand", "wait"
 
 

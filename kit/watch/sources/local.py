@@ -1,4 +1,4 @@
-"""Local backend: node state files written by the local backend (issue 6).
+"""Local backend: node state files written by the local backend .
 
 Contract (the local backend writes, this source reads): one JSON file per node at
 ``<deploy_dir>/local/nodes/<node name>.json``, rewritten atomically (write + rename)::
