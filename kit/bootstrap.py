@@ -114,7 +114,7 @@ def _parse_value(text: str):
     return text
 
 
-def _parse_extra_vars(items: list[str] | None) -> dict:
+def parse_extra_vars(items: list[str] | None) -> dict:
     out = {}
     for item in items or []:
         if "=" not in item:

@@ -231,6 +231,10 @@ class SpecBase(_Model):
         return self._source
 
     @property
+    def summary(self) -> str:
+        return f"{self.nodes} x local node ({self.gpus_per_node} GPU each) on {self.cloud} {self.market}"
+
+    @property
     def cloud_facts(self):
         """This spec's cloud (kit.clouds): catalog, tags, Terraform variables, event source, backend."""
         from kit import clouds
@@ -287,6 +291,11 @@ class CloudSpec(SpecBase):
     @property
     def instance(self):
         return self.cloud_facts.instance(self.instance_type)
+
+    @property
+    def summary(self) -> str:
+        return (f"{self.nodes} x {self.instance_type} ({self.gpus_per_node} GPU each) on {self.cloud} {self.zone} "
+                f"{self.market}")
 
     @property
     def disk_type(self) -> str:

@@ -264,11 +264,11 @@ def test_inventory_from_spec(tmp_path):
 
 
 def test_extra_vars_parsing():
-    from kit.bootstrap import _parse_extra_vars
+    from kit.bootstrap import parse_extra_vars
     from kit.errors import InputError
 
-    assert _parse_extra_vars(["a=1", "b=x=y"]) == {"a": 1, "b": "x=y"}
-    got = _parse_extra_vars(["nvidia_driver_allow_reboot=false", "python_env_install_torch=No", "x=on",
+    assert parse_extra_vars(["a=1", "b=x=y"]) == {"a": 1, "b": "x=y"}
+    got = parse_extra_vars(["nvidia_driver_allow_reboot=false", "python_env_install_torch=No", "x=on",
                              "nvidia_driver_branch=565", "mode=0755", "v=2.10", "e=", "s=hello world",
                              "trainer_flags=[--steps, '10']", "m={a: 1}", "n=-3"])
     assert got == {"nvidia_driver_allow_reboot": False, "python_env_install_torch": False, "x": True,
@@ -276,7 +276,7 @@ def test_extra_vars_parsing():
                    "trainer_flags": ["--steps", "10"], "m": {"a": 1}, "n": -3}
     for bad in (["novalue"], ["=x"], ["f=[unclosed"]):
         with pytest.raises(InputError):
-            _parse_extra_vars(bad)
+            parse_extra_vars(bad)
 
 
 def test_cli_bad_inventory_exits_2(tmp_path):

@@ -1,4 +1,4 @@
-"""``kit train`` command registration."""
+"""``kit train``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ from typing import Annotated
 
 import typer
 
-from kit.errors import KitError
+from kit.cli.app import App
+
+app = App()
 
 
+@app.command("train")
 def train(
     spec: Annotated[Path | None, typer.Argument(help="cluster.yaml (default: the built-in examples/local.yaml)")] = None,
     cloud: Annotated[str | None, typer.Option(help="local|aws|gcp (must match the spec)")] = None,
@@ -27,22 +30,11 @@ def train(
              "reads progress over SSH)")] = None,
 ) -> None:
     """Train on spot nodes: apply, bootstrap, watch, recover, report cost, tear down."""
-    from kit.cli import fail
+    from kit.errors import InputError
     from kit.train import run_train
 
     if cloud is not None and cloud not in ("local", "aws", "gcp"):
-        from kit.errors import InputError
-
-        fail(InputError(f"--cloud {cloud!r}", where="--cloud", fix="use local, aws or gcp"))
-    try:
-        run_train(spec, cloud=cloud, time_scale=time_scale, preempt_every=preempt_every,
-                  no_preemptions=no_preemptions, json_report=json_report, plot=plot, keep_disks=keep_disks,
-                  listen=listen, advertise_url=advertise_url, fresh=fresh)
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
-    except KitError as error:
-        fail(error)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("train")(train)
+        raise InputError(f"--cloud {cloud!r}", where="--cloud", fix="use local, aws or gcp")
+    run_train(spec, cloud=cloud, time_scale=time_scale, preempt_every=preempt_every,
+              no_preemptions=no_preemptions, json_report=json_report, plot=plot, keep_disks=keep_disks,
+              listen=listen, advertise_url=advertise_url, fresh=fresh)

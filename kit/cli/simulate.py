@@ -1,4 +1,4 @@
-"""``kit simulate``: replay spot traces against the policies (the model in kit/simulate.py)."""
+"""``kit simulate`` (replay spot traces against the policies; the model in kit/simulate.py) and ``kit traces``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,26 @@ from typing import Annotated
 
 import typer
 
+from kit.cli.app import App
 
+app = App()
+
+
+def _policies(policy: str) -> list[str]:
+    from kit.errors import InputError
+    from kit.simulate import ALL_POLICIES
+
+    if policy == "all":
+        return list(ALL_POLICIES)
+    names = [p.strip() for p in policy.split(",") if p.strip()]
+    bad = [p for p in names if p not in ALL_POLICIES]
+    if bad or not names:
+        raise InputError(f"unknown policy {', '.join(bad) or policy!r}", where="--policy",
+                         fix=f"use one of: {', '.join(ALL_POLICIES)}, all (or a comma-separated list)")
+    return names
+
+
+@app.command("simulate")
 def simulate_command(
     traces: Annotated[list[Path], typer.Argument(
         help="trace .json files, directories of them, or a bundled set by name (`kit traces` lists them)")],
@@ -25,46 +44,25 @@ def simulate_command(
     """Replay spot capacity traces: cost vs on-demand and deadline misses per policy (and opt)."""
     import json
 
-    from kit.errors import InputError, KitError
+    from kit.errors import InputError
+    from kit.simulate import DEFAULT_ON_DEMAND_PRICE, DEFAULT_SPOT_PRICE, Params, plot, simulate
+    from kit.traces import load_traces
 
-    try:
-        from kit.simulate import (
-            ALL_POLICIES,
-            DEFAULT_ON_DEMAND_PRICE,
-            DEFAULT_SPOT_PRICE,
-            Params,
-            plot,
-            simulate,
-        )
-        from kit.traces import load_traces
-
-        if policy == "all":
-            names = list(ALL_POLICIES)
-        else:
-            names = [p.strip() for p in policy.split(",") if p.strip()]
-            bad = [p for p in names if p not in ALL_POLICIES]
-            if bad or not names:
-                raise InputError(f"unknown policy {', '.join(bad) or policy!r}", where="--policy",
-                                 fix=f"use one of: {', '.join(ALL_POLICIES)}, all (or a comma-separated list)")
-        if plot_file is not None and plot_file.suffix.lower() != ".png":
-            raise InputError("the plot is written as PNG", where=f"--plot {plot_file}", fix="name the file *.png")
-        params = Params(nodes=nodes, job_h=job_hours, deadline_h=deadline_hours, changeover_h=changeover_hours,
-                        starts=starts, spot_price=spot_price if spot_price is not None else DEFAULT_SPOT_PRICE,
-                        on_demand_price=on_demand_price if on_demand_price is not None else DEFAULT_ON_DEMAND_PRICE)
-        params.check()
-        loaded = load_traces(traces)
-        summary = simulate(loaded, names, params)
-        if summary["runs"] == 0:
-            raise InputError(f"every trace is shorter than the deadline window ({deadline_hours} h)",
-                             where=", ".join(str(t) for t in traces), fix="use longer traces or a shorter --deadline-hours")
-        if plot_file is not None:
-            plot(loaded, names, params, summary, str(plot_file))
-            summary["plot"] = str(plot_file)
-    except KitError as error:
-        from kit.cli import fail
-
-        fail(error)
-        return
+    names = _policies(policy)
+    if plot_file is not None and plot_file.suffix.lower() != ".png":
+        raise InputError("the plot is written as PNG", where=f"--plot {plot_file}", fix="name the file *.png")
+    params = Params(nodes=nodes, job_h=job_hours, deadline_h=deadline_hours, changeover_h=changeover_hours,
+                    starts=starts, spot_price=spot_price if spot_price is not None else DEFAULT_SPOT_PRICE,
+                    on_demand_price=on_demand_price if on_demand_price is not None else DEFAULT_ON_DEMAND_PRICE)
+    params.check()
+    loaded = load_traces(traces)
+    summary = simulate(loaded, names, params)
+    if summary["runs"] == 0:
+        raise InputError(f"every trace is shorter than the deadline window ({deadline_hours} h)",
+                         where=", ".join(str(t) for t in traces), fix="use longer traces or a shorter --deadline-hours")
+    if plot_file is not None:
+        plot(loaded, names, params, summary, str(plot_file))
+        summary["plot"] = str(plot_file)
     if json_out:
         typer.echo(json.dumps(summary, separators=(",", ":")))
         return
@@ -86,6 +84,7 @@ def _print_table(summary: dict, names: list[str]) -> None:
         typer.echo(f"plot: {summary['plot']}")
 
 
+@app.command("traces")
 def traces_command(
     json_out: Annotated[bool, typer.Option("--json", help="print one line of JSON")] = False,
 ) -> None:
@@ -111,8 +110,3 @@ def traces_command(
             prices += f", on-demand ${s.on_demand_per_hour[0]:.2f}-{s.on_demand_per_hour[1]:.2f}/h"
         typer.echo(f"  {what}; {prices} per instance")
         typer.echo(f"  zones: {', '.join(s.zones)}")
-
-
-def register(app: typer.Typer) -> None:
-    app.command("simulate")(simulate_command)
-    app.command("traces")(traces_command)

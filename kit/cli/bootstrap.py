@@ -7,6 +7,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from kit.cli.app import App
+
+app = App()
 console = Console()
 
 
@@ -31,6 +34,30 @@ def _progress_printer(verbose: int):
     return on_event
 
 
+def _inventory(spec, hosts: Path | None) -> dict:
+    """The ansible inventory: the --hosts file, else the cluster's terraform output."""
+    import yaml
+
+    from kit import bootstrap as bs
+    from kit.errors import InputError
+
+    if hosts is None:
+        from kit import terraform
+        from kit.render import deployment_dir
+
+        return bs.inventory_from_spec(spec, terraform.output(deployment_dir(spec)))
+    try:
+        inventory = yaml.safe_load(hosts.read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise InputError(f"cannot read the inventory: {err}", where=str(hosts),
+                         fix="pass an ansible YAML inventory") from err
+    if not isinstance(inventory, dict) or "all" not in inventory:
+        raise InputError("inventory has no `all` group", where=str(hosts),
+                         fix="use the ansible YAML inventory shape: all: {hosts: ..., vars: ...}")
+    return inventory
+
+
+@app.command("bootstrap")
 def bootstrap(
     spec: Annotated[Path, typer.Argument(help="cluster.yaml")],
     hosts: Annotated[Path | None, typer.Option("--hosts", help="inventory YAML (default: from terraform output)")] = None,
@@ -40,37 +67,16 @@ def bootstrap(
     verbose: Annotated[int, typer.Option("-v", "--verbose", count=True)] = 0,
 ) -> None:
     """Install the driver, the trainer and the preemption agent on the cluster's nodes (ansible)."""
-    import yaml
-
     from kit import bootstrap as bs
-    from kit.cli import fail
-    from kit.errors import InputError, KitError
     from kit.spec import load_spec
 
-    try:
-        s = load_spec(spec)
-        extra_vars = bs._parse_extra_vars(extra)
-        if hosts is not None:
-            try:
-                inventory = yaml.safe_load(hosts.read_text())
-            except (OSError, yaml.YAMLError) as err:
-                raise InputError(f"cannot read the inventory: {err}", where=str(hosts),
-                                 fix="pass an ansible YAML inventory") from err
-            if not isinstance(inventory, dict) or "all" not in inventory:
-                raise InputError("inventory has no `all` group", where=str(hosts),
-                                 fix="use the ansible YAML inventory shape: all: {hosts: ..., vars: ...}")
-        else:
-            from kit import terraform
-            from kit.render import deployment_dir
-
-            inventory = bs.inventory_from_spec(s, terraform.output(deployment_dir(s)))
-        n = len((inventory.get("all") or {}).get("hosts") or {})
-        console.print(f"bootstrapping {n} host(s){' (check mode)' if check else ''}", highlight=False)
-        result = bs.bootstrap_nodes(inventory, check=check, limit=limit, extra_vars=extra_vars,
-                                    verbosity=verbose, on_event=_progress_printer(verbose))
-    except KitError as error:
-        fail(error)
-        return
+    s = load_spec(spec)
+    extra_vars = bs.parse_extra_vars(extra)
+    inventory = _inventory(s, hosts)
+    n = len((inventory.get("all") or {}).get("hosts") or {})
+    console.print(f"bootstrapping {n} host(s){' (check mode)' if check else ''}", highlight=False)
+    result = bs.bootstrap_nodes(inventory, check=check, limit=limit, extra_vars=extra_vars,
+                                verbosity=verbose, on_event=_progress_printer(verbose))
     for host, st in sorted(result.stats.items()):
         console.print(f"{host}: ok={st.get('ok', 0)} changed={st.get('changed', 0)} "
                       f"failed={st.get('failures', 0)} unreachable={st.get('dark', 0)}", highlight=False)
@@ -81,7 +87,3 @@ def bootstrap(
                 console.print(f"  - {msg}", highlight=False)
         raise typer.Exit(1)
     console.print("[green]bootstrap done[/green]")
-
-
-def register(app: typer.Typer) -> None:
-    app.command("bootstrap")(bootstrap)
