@@ -17,9 +17,9 @@ from pathlib import Path
 
 from kit.errors import InputError, KitError
 from kit.paths import ANSIBLE_DIR, TRAINING_PACKAGE_DIR
+from training.contract import DISK_MOUNT, PREEMPTED_MARKER, PROGRESS_FILE, RENDEZVOUS_PORT, STOP_FILE
 
 PLAYBOOK = ANSIBLE_DIR / "site.yml"
-RDZV_PORT = 29500
 
 
 @dataclass
@@ -30,9 +30,6 @@ class BootstrapResult:
     rc: int = 0
 
 
-# Where the trainer writes its progress on a node (on the data disk: survives a restart); kit
-# train reads it over SSH, the agent heartbeats it.
-NODE_PROGRESS_FILE = "/mnt/kit-disk/progress.json"
 
 
 def ssh_private_key(spec) -> str | None:
@@ -65,7 +62,7 @@ def inventory_from_spec(spec, outputs: dict, role_vars: dict | None = None) -> d
                        "instance_id": node.get("instance_id") or name, "zone": node.get("zone"),
                        "market": node.get("market"), "trainer_data_device": spec.cloud_facts.data_device(node)}
     first = nodes[0]
-    endpoint = f"{first.get('private_ip') or first.get('public_ip')}:{RDZV_PORT}"
+    endpoint = f"{first.get('private_ip') or first.get('public_ip')}:{RENDEZVOUS_PORT}"
     group_vars = {
         "ansible_user": spec.ssh.user,
         "trainer_cluster_name": spec.name,
@@ -73,7 +70,11 @@ def inventory_from_spec(spec, outputs: dict, role_vars: dict | None = None) -> d
         "trainer_rdzv_endpoint": endpoint,
         "trainer_nproc_per_node": int(spec.gpus_per_node or 1),
         "trainer_ckpt_dir": spec.training.ckpt_dir,
-        "trainer_progress_file": NODE_PROGRESS_FILE,  # kit train reads it over SSH
+        # the node contract (training/contract.py), so that the roles' paths are kit's
+        "trainer_mount_point": DISK_MOUNT,
+        "trainer_progress_file": PROGRESS_FILE,  # kit train reads it over SSH
+        "trainer_stop_file": STOP_FILE,
+        "trainer_preempted_marker": PREEMPTED_MARKER,
         "trainer_flags": training_args(spec),
         # the training package this kit runs (installed or checked out), not a path beside the playbook
         "trainer_source": str(TRAINING_PACKAGE_DIR),

@@ -24,8 +24,10 @@ from collections import deque
 from dataclasses import dataclass
 
 from kit.errors import InputError
+from training.contract import ON_DEMAND, SPOT
 
-SPOT, ON_DEMAND, WAIT = "spot", "on-demand", "wait"
+WAIT = "wait"  # the third answer: run nothing now (SPOT and ON_DEMAND are the markets)
+DEFAULT_CHANGEOVER_H = 0.2  # d: billed hours per launch without progress, unless the spec says
 POLICY_NAMES = ("on-demand", "spot", "threshold", "up", "greedy", "default")
 EPS = 1e-9
 

@@ -26,6 +26,7 @@ import jinja2
 from kit.clouds.base import Variable
 from kit.errors import InputError, KitError
 from kit.paths import RESOURCES_DIR, TEMPLATES_DIR, TERRAFORM_MODULES_DIR, deploy_root
+from training.contract import MARKETS
 
 ROOTS = ("disks", "cluster")
 ROOT_FILES = ("versions.tf", "variables.tf", "terraform.tfvars", "main.tf", "outputs.tf")
@@ -132,7 +133,7 @@ def render_texts(spec, market: str | None = None) -> dict[str, str]:
     if not spec.cloud_facts.renders_terraform:
         raise InputError(f"cloud {spec.cloud!r} has no Terraform", where="spec.cloud",
                          fix="kit render is for aws and gcp; local clusters need no rendering")
-    if market not in ("spot", "on-demand"):
+    if market not in MARKETS:
         raise InputError(f"unknown market {market!r}", where="--market", fix="use spot or on-demand")
     spec.with_market(market)  # refuses on-demand for types the cloud sells only as spot
     env = _env()

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kit.errors import InputError
-from kit.policy import ON_DEMAND, POLICY_NAMES, SPOT, WAIT, Observation, make_policy
+from kit.policy import DEFAULT_CHANGEOVER_H, ON_DEMAND, POLICY_NAMES, SPOT, WAIT, Observation, make_policy
 from kit.traces import Trace
 
 EPS = 1e-9
@@ -41,7 +41,7 @@ class Params:
     nodes: int = 16
     job_h: float = 48.0
     deadline_h: float = 60.0
-    changeover_h: float = 0.2
+    changeover_h: float = DEFAULT_CHANGEOVER_H
     starts: int = 8
     spot_price: float = DEFAULT_SPOT_PRICE  # used when a trace has no prices
     on_demand_price: float = DEFAULT_ON_DEMAND_PRICE

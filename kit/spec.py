@@ -35,6 +35,8 @@ from pydantic import (
 )
 
 from kit.errors import InputError
+from kit.policy import DEFAULT_CHANGEOVER_H, POLICY_NAMES
+from training.contract import CKPT_DIR, MARKETS
 
 NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,30}")
 LABEL_KEY_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
@@ -155,7 +157,7 @@ class TrainingSection(_Model):
     device: Literal["cpu", "cuda"] | None = None
     deterministic: StrictBool = False
     compile: StrictBool = False
-    ckpt_dir: str = "/mnt/kit-disk/ckpt"
+    ckpt_dir: str = CKPT_DIR
 
 
 class ThresholdSection(_Model):
@@ -167,14 +169,12 @@ class ThresholdSection(_Model):
 class PolicySection(_Model):
     name: str = "default"
     deadline_hours: Annotated[Finite, Field(gt=0)] | None = None
-    changeover_hours: Annotated[Finite, Field(ge=0)] = 0.2
+    changeover_hours: Annotated[Finite, Field(ge=0)] = DEFAULT_CHANGEOVER_H
     threshold: ThresholdSection = Field(default_factory=ThresholdSection)
 
     @field_validator("name")
     @classmethod
     def _known(cls, name: str) -> str:
-        from kit.policy import POLICY_NAMES
-
         if name not in POLICY_NAMES:
             raise SpecProblem("policy.name", f"unknown policy {name!r}", f"use one of {', '.join(POLICY_NAMES)}")
         return name
@@ -265,7 +265,7 @@ class SpecBase(_Model):
         return self
 
     def with_market(self, market: str) -> SpecBase:
-        if market not in ("spot", "on-demand"):
+        if market not in MARKETS:
             raise InputError(f"unknown market {market!r}", where="market", fix="use spot or on-demand")
         itype = self.instance
         if market == "on-demand" and itype is not None and not itype.on_demand:

@@ -216,7 +216,7 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
 
 
 def write_report(path: Path, report: dict) -> None:
-    from training.stop import write_atomic
+    from training.contract import write_atomic
 
     write_atomic(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
 

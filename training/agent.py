@@ -37,7 +37,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from training.stop import write_atomic
+from training.contract import read_json, write_atomic
 
 log = logging.getLogger("kit.agent")
 
@@ -146,17 +146,6 @@ def make_probe(cloud: str, metadata_url: str | None):
     return PROBES[cloud](url)
 
 
-def read_progress(path: str | None) -> dict:
-    if not path:
-        return {}
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-        return doc if isinstance(doc, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
 class Sender:
     """Delivers events to the watcher from a background thread, in order. Progress heartbeats are
     coalesced: a newer one replaces one that is still waiting."""
@@ -234,10 +223,15 @@ class Agent:
         self.sender = Sender(self.post)
 
     def event(self, kind: str, detail: dict | None = None) -> dict:
-        prog = read_progress(self.progress_file)
-        return {"kind": kind, "instance": self.instance, "node_rank": self.node_rank, "time": time.time(),
-                "cloud": self.cloud, "detail": detail or {}, "step": prog.get("step"),
-                "total_steps": prog.get("total_steps"), "step_time_s": prog.get("step_time_s")}
+        """A report as the watcher's endpoint validates it (training.messages.AgentReport)."""
+        from training.messages import AgentReport
+
+        prog = read_json(self.progress_file) or {}
+        numbers = {k: prog.get(k) for k in ("step", "total_steps", "step_time_s")}
+        if not all(isinstance(v, (int, float)) or v is None for v in numbers.values()):
+            numbers = {}  # a progress file from another version: report without progress
+        return AgentReport(kind=kind, instance=self.instance, node_rank=self.node_rank, time=time.time(),
+                           cloud=self.cloud, detail=detail or {}, **numbers).model_dump()
 
     def record(self, ev: dict) -> None:
         self.event_dir.mkdir(parents=True, exist_ok=True)
@@ -313,7 +307,7 @@ class Agent:
         now = time.monotonic()
         if self.watcher_url and now - self._last_heartbeat >= self.heartbeat_every:
             self._last_heartbeat = now
-            prog = read_progress(self.progress_file)
+            prog = (read_json(self.progress_file) or {})
             if prog:  # state "done" and the final digest let the watcher stop and verify the export
                 self.submit(self.event("progress", {k: prog[k] for k in ("state", "params_sha256") if prog.get(k)}),
                             retries=1)

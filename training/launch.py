@@ -34,12 +34,12 @@ import subprocess
 import sys
 import time
 
+from training.contract import PROGRESS_FILE, write_atomic
 from training.exitcodes import DONE, PREEMPTED, USAGE, outcome
-from training.stop import write_atomic
 
 DEFAULT_STOP_FILE = "/run/kit/stop"
 DEFAULT_MARKER = "/run/kit/preempted"
-DEFAULT_PROGRESS = "/mnt/kit-disk/progress.json"
+DEFAULT_PROGRESS = PROGRESS_FILE
 SIGNAL_GRACE_S = 60.0
 
 

@@ -1,4 +1,4 @@
-"""Progress file, rewritten atomically by rank 0.
+"""Progress file, rewritten atomically by each node's writer rank (training/contract.py's PROGRESS_FILE on a node).
 
 ``{"step": int, "total_steps": int, "step_time_s": float|null, "state": "running"|"done"|"preempted",
 "time": unix, "params_sha256": str|null}``
@@ -6,9 +6,10 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
+
+from training.contract import read_json, write_atomic
 
 
 class ProgressWriter:
@@ -29,19 +30,8 @@ class ProgressWriter:
         doc = {"step": int(step), "total_steps": int(self.total_steps),
                "step_time_s": None if step_time_s is None else float(step_time_s),
                "state": state, "time": now, "params_sha256": params_sha256}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w") as f:
-            json.dump(doc, f)
-            f.write("\n")
-            if state != "running":
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        # a final state (done, preempted) must survive the node going down right after
+        write_atomic(self.path, json.dumps(doc) + "\n", durable=state != "running")
 
 
-def read_progress(path: str | os.PathLike) -> dict | None:
-    try:
-        return json.loads(Path(path).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+read_progress = read_json  # the progress file is one of the node's small JSON state files

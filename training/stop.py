@@ -14,16 +14,6 @@ import time
 from pathlib import Path
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write a small request file (the stop file, the preempted marker) so that a reader polling it
-    never sees it half-written: a temporary file beside it, then a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 class StopMonitor:
     # torchrun forwards whichever of these it received (TORCHELASTIC_SIGNALS_TO_HANDLE's default)
     STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import exitcodes
+from .contract import CKPT_DIR
 from .model import create_model, params_sha256
 
 
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--warmup-steps", type=int, default=100)
-    p.add_argument("--ckpt-dir", default="/mnt/kit-disk/ckpt", help="this node's checkpoint directory")
+    p.add_argument("--ckpt-dir", default=CKPT_DIR, help="this node's checkpoint directory")
     p.add_argument("--ckpt-every", type=int, default=100, help="periodic save every N steps (0 = off)")
     p.add_argument("--ckpt-every-seconds", type=float, default=None, help="also save every S seconds")
     p.add_argument("--keep", type=int, default=3, help="complete checkpoints kept (>= 2)")

@@ -16,8 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kit.errors import KitError
-
-RENDEZVOUS_PORT = 29500
+from training.contract import RENDEZVOUS_PORT
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
+from training.contract import PROGRESS_FILE
 
 
 class TerraformBackend(Backend):
@@ -82,7 +83,7 @@ class TerraformBackend(Backend):
                 continue
             ssh = remote.ssh_base(host, self.spec.ssh.user, bootstrap.ssh_private_key(self.spec))
             try:
-                text = remote.read_file(ssh, bootstrap.NODE_PROGRESS_FILE, timeout=30)
+                text = remote.read_file(ssh, PROGRESS_FILE, timeout=30)
                 records.append(json.loads(text))
             except (KitError, ValueError):
                 continue  # node gone or trainer not started yet

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -34,10 +33,10 @@ from pathlib import Path
 
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
+from training.contract import SPOT, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
-SPOT = "spot"
 _LIVE: set[LocalBackend] = set()
 
 
@@ -87,13 +86,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(data, sort_keys=True))
-    os.replace(tmp, path)
 
 
 class LocalBackend(Backend):
@@ -223,10 +215,7 @@ class LocalBackend(Backend):
 
     # ------------------------------------------------------------------ state files
     def read_state(self, rank: int) -> dict | None:
-        try:
-            return json.loads(self.state_file(rank).read_text())
-        except (FileNotFoundError, ValueError):
-            return None
+        return read_json(self.state_file(rank))
 
     def write_state(self, rank: int, instance_id: str, market: str, state: str, reason: str | None = None) -> dict:
         data = {"name": f"node-{rank}", "instance_id": instance_id, "rank": rank, "market": market,
@@ -288,12 +277,7 @@ class LocalBackend(Backend):
 
     def progress(self) -> dict | None:
         """Rank 0 of the job writes it on its node; node 0 may have moved, so take the newest."""
-        records = []
-        for rank in range(self.spec.nodes):
-            try:
-                records.append(json.loads(self.progress_file(rank).read_text()))
-            except (FileNotFoundError, ValueError):
-                continue
+        records = [read_json(self.progress_file(rank)) for rank in range(self.spec.nodes)]
         return self.newest_progress(records)
 
     def checkpoint_dir(self, node: Node, scratch: Path) -> Path:
@@ -422,7 +406,7 @@ class LocalBackend(Backend):
     def request_stop(self, reason: str, grace_s: float, ranks: list[int] | None = None) -> bool:
         """Write the stop file of every running trainer (or of ``ranks``: their peers follow at the
         same step) and wait up to ``grace_s`` for all running trainers to exit. True when they did."""
-        from training.stop import write_atomic
+        from training.contract import write_atomic
 
         running = [rank for rank in list(self.procs) if self.trainer_exit(rank) is None]
         for rank in running if ranks is None else [r for r in ranks if r in running]:

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from kit.cli.app import App
+from kit.policy import DEFAULT_CHANGEOVER_H
 
 app = App()
 
@@ -34,7 +35,7 @@ def simulate_command(
     nodes: Annotated[int, typer.Option(help="gang size N: spot usable in a tick iff its count >= N")] = 16,
     job_hours: Annotated[float, typer.Option(help="compute the job needs, C0 (h)")] = 48.0,
     deadline_hours: Annotated[float, typer.Option(help="deadline R0 from the start (h)")] = 60.0,
-    changeover_hours: Annotated[float, typer.Option(help="billed setup per launch, d (h)")] = 0.2,
+    changeover_hours: Annotated[float, typer.Option(help="billed setup per launch, d (h)")] = DEFAULT_CHANGEOVER_H,
     starts: Annotated[int, typer.Option(help="start ticks per trace, K")] = 8,
     spot_price: Annotated[float | None, typer.Option(help="spot $/h per node when a trace has none")] = None,
     on_demand_price: Annotated[float | None, typer.Option(help="on-demand $/h per node when a trace has none")] = None,

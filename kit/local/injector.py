@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from kit.errors import InputError
+from training.contract import SPOT
 
 log = logging.getLogger("kit.local")
 
@@ -86,14 +87,14 @@ class Injector:
         out = []
         for rank in range(self.nodes):
             state = self.backend.read_state(rank)
-            if state and state["state"] == "running" and state["market"] == "spot" and rank not in self.pending:
+            if state and state["state"] == "running" and state["market"] == SPOT and rank not in self.pending:
                 out.append(rank)
         return out
 
     def _current(self, rank: int, instance: str) -> bool:
         """Is ``instance`` still the spot instance running at ``rank``?"""
         state = self.backend.read_state(rank) or {}
-        return (state.get("instance_id") == instance and state.get("market") == "spot"
+        return (state.get("instance_id") == instance and state.get("market") == SPOT
                 and state.get("state") == "running")
 
     def notice(self, rank: int) -> None:
@@ -101,7 +102,7 @@ class Injector:
         grace period, for that instance only (the clouds reclaim an instance, not a slot)."""
         state = self.backend.read_state(rank) or {}
         instance = state.get("instance_id")
-        if instance is None or state.get("market") != "spot":
+        if instance is None or state.get("market") != SPOT:
             return
         path = self.backend.notice_file(rank)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -129,7 +130,7 @@ class Injector:
             if wall >= kill_at:
                 del self.pending[rank]
                 if not self.backend.mark(rank, "preempted", "injected preemption", instance_id=instance,
-                                         market="spot"):
+                                         market=SPOT):
                     log.info("injector: node-%d's %s was replaced before its kill; the replacement keeps running",
                              rank, instance)
         if not self.enabled:

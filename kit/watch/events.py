@@ -8,8 +8,6 @@ it (the agent's notice and the cloud's preemption operation).
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,8 +37,6 @@ AGENT_KINDS = {
     "shutdown": SHUTDOWN,
     "progress": PROGRESS,
 }
-CLOUDS = ("aws", "gcp", "local")
-MAX_DETAIL_BYTES = 16_384
 
 
 @dataclass(frozen=True)
@@ -65,56 +61,28 @@ class BadReport(ValueError):
     """An agent report that does not follow the agent's message format (answered with HTTP 400)."""
 
 
-def _optional(body: dict, key: str, types: tuple[type, ...], *, minimum: float | None = None) -> Any:
-    value = body.get(key)
-    if value is None:
-        return None
-    # bool is an int in Python; a step of `true` is a bug in the sender, not a number.
-    if isinstance(value, bool) or not isinstance(value, types):
-        raise BadReport(f"field {key!r} must be {'/'.join(t.__name__ for t in types)} or null, got {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise BadReport(f"field {key!r} must be finite, got {value!r}")
-    if minimum is not None and value < minimum:
-        raise BadReport(f"field {key!r} must be >= {minimum}, got {value!r}")
-    return value
-
-
 def event_from_agent(body: Any) -> Event:
-    """Validate one agent POST body and turn it into an Event. Raises BadReport."""
+    """Validate one agent POST body (training.messages.AgentReport) and turn it into an Event.
+    Raises BadReport naming the field."""
+    from pydantic import ValidationError
+
+    from training.messages import AgentReport
+
     if not isinstance(body, dict):
         raise BadReport("body must be a JSON object")
-    kind = body.get("kind")
-    if kind not in AGENT_KINDS:
-        raise BadReport(f"field 'kind' must be one of {', '.join(AGENT_KINDS)}, got {kind!r}")
-    instance = body.get("instance")
-    if not isinstance(instance, str) or not instance.strip():
-        raise BadReport("field 'instance' must be a non-empty string")
-    rank = _optional(body, "node_rank", (int,), minimum=0)
-    if rank is None:
-        raise BadReport("field 'node_rank' is required (int >= 0)")
-    when = _optional(body, "time", (int, float), minimum=0)
-    if when is None:
-        raise BadReport("field 'time' is required (unix seconds)")
-    cloud = body.get("cloud")
-    if cloud not in CLOUDS:
-        raise BadReport(f"field 'cloud' must be one of {', '.join(CLOUDS)}, got {cloud!r}")
-    detail = body.get("detail") or {}
-    if not isinstance(detail, dict):
-        raise BadReport("field 'detail' must be an object")
-    if len(json.dumps(detail)) > MAX_DETAIL_BYTES:
-        raise BadReport(f"field 'detail' is larger than {MAX_DETAIL_BYTES} bytes")
-    step = _optional(body, "step", (int,), minimum=0)
-    total = _optional(body, "total_steps", (int,), minimum=1)
-    step_time = _optional(body, "step_time_s", (int, float), minimum=0)
-    event_kind = AGENT_KINDS[kind]
-    if event_kind == PROGRESS and (step is None) != (total is None):
-        raise BadReport("a 'progress' report needs both 'step' and 'total_steps' (or neither, before training starts)")
+    try:
+        report = AgentReport.model_validate(body)
+    except ValidationError as error:
+        first = error.errors()[0]
+        field = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        raise BadReport(f"field {field!r}: {first.get('msg')}") from None
+    event_kind = AGENT_KINDS[report.kind]
     # A notice is one fact per instance and kind, however often the agent retries the POST.
-    dedup = None if event_kind == PROGRESS else f"agent:{instance}:{event_kind}:{int(when)}"
+    dedup = None if event_kind == PROGRESS else f"agent:{report.instance}:{event_kind}:{int(report.time)}"
     return Event(
-        kind=event_kind, instance=instance.strip(), time=float(when), source="agent", node_rank=rank,
-        detail={**detail, "cloud": cloud}, step=step, total_steps=total,
-        step_time_s=None if step_time is None else float(step_time), dedup_key=dedup,
+        kind=event_kind, instance=report.instance, time=float(report.time), source="agent", node_rank=report.node_rank,
+        detail={**report.detail, "cloud": report.cloud}, step=report.step, total_steps=report.total_steps,
+        step_time_s=None if report.step_time_s is None else float(report.step_time_s), dedup_key=dedup,
     )
 
 

@@ -28,11 +28,10 @@ import statistics
 import time
 from typing import Any
 
+from kit.policy import DEFAULT_CHANGEOVER_H
 from kit.watch.events import CAPACITY_ERROR, NOTICE, PREEMPTION, REBALANCE
 from kit.watch.ledger import Ledger
-
-SPOT, ON_DEMAND = "spot", "on-demand"
-DEFAULT_CHANGEOVER_H = 0.2
+from training.contract import ON_DEMAND, SPOT
 
 
 def node_hours(ledger: Ledger, now: float) -> dict[str, float]:

@@ -27,16 +27,16 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, is_dataclass
 
+from kit.policy import WAIT
 from kit.watch.acting import Actor, Outcome
 from kit.watch.events import CAPACITY_ERROR, LOSS_KINDS, Event
 from kit.watch.ledger import Ledger
 from kit.watch.sources.base import EventSource, SourceError, loss_events
 from kit.watch.status import changeover_of, prices_of
+from training.contract import ON_DEMAND, SPOT
 
 log = logging.getLogger("kit.watch")
 
-# The policy vocabulary (kit/policy.py); the values are fixed, so no import is needed here.
-SPOT, ON_DEMAND, WAIT = "spot", "on-demand", "wait"
 
 
 @dataclass

@@ -1,0 +1,55 @@
+"""What kit and every node agree on: the node contract. Used by ``kit/`` (bootstrap, backends,
+watcher) and by ``training/`` (trainer, launcher, agent) alike, so each fact is written once.
+
+Paths on a node, the rendezvous port, the market names, and how small state files are written
+(atomically: a reader polling them never sees half a file) and read. Standard library only: the
+launcher imports it on hosts where nothing but Python is installed yet.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+DISK_MOUNT = "/mnt/kit-disk"                    # the node's data disk (checkpoints, progress, events)
+CKPT_DIR = f"{DISK_MOUNT}/ckpt"                 # the trainer's checkpoint directory on it
+PROGRESS_FILE = f"{DISK_MOUNT}/progress.json"   # the trainer's progress (kit reads it over SSH)
+EVENTS_DIR = f"{DISK_MOUNT}/events"             # what the agent and the shutdown hook record
+STOP_FILE = "/run/kit/stop"                     # its appearance asks the trainer to save and stop
+PREEMPTED_MARKER = "/run/kit/preempted"         # a node being preempted: the launcher does not restart
+RENDEZVOUS_PORT = 29500                         # torchrun's c10d store on node 0
+
+SPOT, ON_DEMAND = "spot", "on-demand"
+MARKETS = (SPOT, ON_DEMAND)
+
+
+def write_atomic(path: str | os.PathLike, text: str, *, durable: bool = False) -> None:
+    """Write a small file so that a reader polling it never sees it half-written: a temporary file
+    beside it, then a rename. ``durable``: fsync before the rename (a state that must survive a
+    power loss, e.g. the final progress)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: str | os.PathLike, data: dict, *, durable: bool = False) -> None:
+    write_atomic(path, json.dumps(data, sort_keys=True) + "\n", durable=durable)
+
+
+def read_json(path: str | os.PathLike | None) -> dict | None:
+    """A small JSON state file (the progress file, a node state file), or None when it is missing,
+    half-written by a writer that does not rename, or not an object."""
+    if not path:
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,65 @@
+"""The node agent's report to the watcher's endpoint: one model, built by ``training/agent.py`` and
+validated by kit (``kit/watch/events.py``) before anything is recorded.
+
+``POST /v1/clusters/<name>/events`` with ``Authorization: Bearer <token>`` and this JSON body. The
+progress fields repeat the trainer's progress file (training/progress.py) at the time of the report.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+
+WIRE_KINDS = ("preemption-notice", "rebalance-recommendation", "shutdown", "progress")
+CLOUDS = ("aws", "gcp", "local")
+MAX_DETAIL_BYTES = 16_384
+
+
+class AgentReport(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    kind: Literal["preemption-notice", "rebalance-recommendation", "shutdown", "progress"]
+    instance: str = Field(min_length=1, max_length=256)
+    node_rank: StrictInt = Field(ge=0)
+    time: float = Field(ge=0, allow_inf_nan=False)  # unix seconds
+    cloud: Literal["aws", "gcp", "local"]
+    detail: dict[str, Any] = Field(default_factory=dict)
+    step: StrictInt | None = Field(None, ge=0)
+    total_steps: StrictInt | None = Field(None, ge=1)
+    step_time_s: float | None = Field(None, ge=0, allow_inf_nan=False)
+
+    @field_validator("instance")
+    @classmethod
+    def _named(cls, instance: str) -> str:
+        if not instance.strip():
+            raise ValueError("instance must be a non-empty string")
+        return instance.strip()
+
+    @field_validator("time", "step_time_s", mode="before")
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        if isinstance(value, bool) or (value is not None and not isinstance(value, (int, float))):
+            raise ValueError("must be a number")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError("must be finite")
+        return value
+
+    @field_validator("detail", mode="before")
+    @classmethod
+    def _small_object(cls, detail: Any) -> Any:
+        if detail is None:
+            return {}
+        if not isinstance(detail, dict):
+            raise ValueError("detail must be an object")  # noqa: TRY004 - pydantic turns ValueError into a validation error
+        if len(json.dumps(detail)) > MAX_DETAIL_BYTES:
+            raise ValueError(f"detail is larger than {MAX_DETAIL_BYTES} bytes")
+        return detail
+
+    @model_validator(mode="after")
+    def _progress_pairs(self) -> AgentReport:
+        if self.kind == "progress" and (self.step is None) != (self.total_steps is None):
+            raise ValueError("a 'progress' report needs both 'step' and 'total_steps' (or neither, before training "
+                             "starts)")
+        return self
