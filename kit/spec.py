@@ -30,13 +30,16 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
 
 from kit.errors import InputError
 from kit.policy import DEFAULT_CHANGEOVER_H, POLICY_NAMES
-from training.contract import CKPT_DIR, MARKETS
+from training.config import FIELDS as TRAINING_FIELDS
+from training.config import to_flags
+from training.contract import MARKETS
 
 NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,30}")
 LABEL_KEY_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
@@ -138,26 +141,21 @@ class PricesSection(_Model):
     on_demand_per_hour: Annotated[Finite, Field(gt=0)] | None = None
 
 
-class TrainingSection(_Model):
-    """``training.train``'s flags (``training_args``); the trainer checks them again on the node."""
+def _training_section() -> type[_Model]:
+    """The spec's ``training:`` section: the trainer's settings (training/config.py), their defaults
+    and bounds, as a pydantic model; ``training_args`` turns it back into the trainer's flags."""
+    fields: dict[str, Any] = {}
+    for s in TRAINING_FIELDS:
+        kind: Any = {int: StrictInt, bool: StrictBool, float: Finite, str: str}[s.type]
+        if s.choices:
+            kind = Literal[s.choices]  # type: ignore[valid-type]
+        bounds = {"ge": s.minimum} if s.minimum is not None else ({"gt": 0} if s.positive else {})
+        kind = Annotated[kind, Field(**bounds, description=s.help)]
+        fields[s.name] = (kind | None if s.optional else kind, s.default)
+    return create_model("TrainingSection", __base__=_Model, **fields)
 
-    model: str = "vit_base_patch16_224"
-    image_size: StrictInt = Field(224, ge=1)
-    num_classes: StrictInt = Field(1000, ge=1)
-    batch_size: StrictInt = Field(32, ge=1)
-    steps: StrictInt = Field(1000, ge=1)
-    lr: Annotated[Finite, Field(gt=0)] = 1e-3
-    warmup_steps: StrictInt = Field(100, ge=0)
-    ckpt_every: StrictInt = Field(100, ge=0)
-    ckpt_every_seconds: Annotated[Finite, Field(gt=0)] | None = None
-    keep: StrictInt = Field(3, ge=2)
-    seed: StrictInt = Field(0, ge=0)
-    data: str = "synthetic"
-    log_every: StrictInt = Field(10, ge=1)
-    device: Literal["cpu", "cuda"] | None = None
-    deterministic: StrictBool = False
-    compile: StrictBool = False
-    ckpt_dir: str = CKPT_DIR
+
+TrainingSection = _training_section()
 
 
 class ThresholdSection(_Model):
@@ -537,17 +535,4 @@ def check_ssh_key(spec: SpecBase) -> str:
 
 def training_args(spec: SpecBase) -> list[str]:
     """``training.train`` flags for the spec's training section (boolean flags only when true)."""
-    t = spec.training
-    args = ["--model", t.model, "--image-size", str(t.image_size), "--num-classes", str(t.num_classes),
-            "--batch-size", str(t.batch_size), "--steps", str(t.steps), "--lr", repr(t.lr),
-            "--warmup-steps", str(t.warmup_steps), "--ckpt-dir", t.ckpt_dir, "--ckpt-every", str(t.ckpt_every),
-            "--keep", str(t.keep), "--seed", str(t.seed), "--data", t.data, "--log-every", str(t.log_every)]
-    if t.ckpt_every_seconds is not None:
-        args += ["--ckpt-every-seconds", repr(t.ckpt_every_seconds)]
-    if t.device is not None:
-        args += ["--device", t.device]
-    if t.deterministic:
-        args.append("--deterministic")
-    if t.compile:
-        args.append("--compile")
-    return args
+    return to_flags(spec.training.model_dump())

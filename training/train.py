@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import exitcodes
-from .contract import CKPT_DIR
+from .config import FIELDS
 from .model import create_model, params_sha256
 
 
@@ -31,27 +31,17 @@ def process_start_time() -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The job's settings (training/config.py, shared with the spec's ``training:`` section) and
+    the node-side flags only the launcher and the tests set."""
     p = argparse.ArgumentParser(prog="python -m training.train",
                                 description="Resumable DDP trainer for spot instances (kit).")
-    p.add_argument("--model", default="vit_base_patch16_224", help="timm model name")
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--num-classes", type=int, default=1000)
-    p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    p.add_argument("--steps", type=int, default=1000, help="total optimizer steps")
-    p.add_argument("--lr", type=float, default=1e-3)
+    for s in FIELDS:
+        if s.type is bool:
+            p.add_argument(s.flag, action="store_true", help=s.help)
+        else:
+            p.add_argument(s.flag, type=s.type, default=s.default, choices=s.choices, help=s.help)
     p.add_argument("--weight-decay", type=float, default=0.05)
-    p.add_argument("--warmup-steps", type=int, default=100)
-    p.add_argument("--ckpt-dir", default=CKPT_DIR, help="this node's checkpoint directory")
-    p.add_argument("--ckpt-every", type=int, default=100, help="periodic save every N steps (0 = off)")
-    p.add_argument("--ckpt-every-seconds", type=float, default=None, help="also save every S seconds")
-    p.add_argument("--keep", type=int, default=3, help="complete checkpoints kept (>= 2)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available")
-    p.add_argument("--deterministic", action="store_true", help="deterministic kernels (bit-exact resume)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--data", default="synthetic", help="'synthetic' or an ImageFolder directory")
     p.add_argument("--workers", type=int, default=4, help="DataLoader workers for ImageFolder data")
-    p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--stop-file", default=None, help="appearance of this file = stop request")
     p.add_argument("--progress-file", default=None,
                    help="node-local JSON progress file (local rank 0 of every node rewrites it)")
@@ -66,19 +56,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _setting_problem(args) -> str | None:
+    """The shared settings' bounds (training/config.py), as the spec checks them too."""
+    import math
+
+    for s in FIELDS:
+        value = getattr(args, s.name)
+        if value is None or s.type not in (int, float):
+            continue
+        if s.type is float and not math.isfinite(value):
+            return f"{s.flag} must be a finite number"
+        if s.minimum is not None and value < s.minimum:
+            return f"{s.flag} must be >= {s.minimum:g}"
+        if s.positive and value <= 0:
+            return f"{s.flag} must be > 0"
+    return None
+
+
 def validate(args, check_paths: bool = True) -> str | None:
     """What is wrong with the flags, or None. ``check_paths=False`` (training.launch's pre-check)
     judges the flags alone: a data directory that is not mounted yet is not a typo, and the
     launcher's exit 2 is final (RestartPreventExitStatus) while the trainer's is retried."""
-    if args.keep < 2:
-        return "--keep must be >= 2 (the newest checkpoint may be mid-write when a node dies)"
-    for name in ("steps", "batch_size", "image_size", "num_classes", "log_every"):
-        if getattr(args, name) < 1:
-            return f"--{name.replace('_', '-')} must be >= 1"
-    if args.ckpt_every < 0 or args.warmup_steps < 0:
-        return "--ckpt-every and --warmup-steps must be >= 0"
-    if args.ckpt_every_seconds is not None and args.ckpt_every_seconds <= 0:
-        return "--ckpt-every-seconds must be > 0"
+    problem = _setting_problem(args)
+    if problem:
+        return problem
     if args.dist_timeout_s <= 0:
         return "--dist-timeout-s must be > 0"
     if not 0.0 <= args.drop_path < 1.0:
