@@ -13,7 +13,7 @@ def plot_run(ledger, spec, out: Path, *, scale: float = 1.0) -> Path:
 
     from kit.watch.events import LOSS_KINDS
 
-    started = float(ledger.get_meta("job_started") or 0)
+    started = ledger.started_at() or 0.0
     hours = lambda t: (t - started) / 3600.0
     rows = ledger.progress_history()
     fig, ax = plt.subplots(figsize=(9, 4))

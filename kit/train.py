@@ -77,7 +77,7 @@ class TrainRun:
         """The report of this spec's finished job when there is one and no --fresh (nothing to do)."""
         from kit.watch.session import LEDGER_FILE
 
-        finished = bool(session.ledger.get_meta("finished"))
+        finished = session.ledger.finished()
         if not finished and self.fresh and session.ledger.latest_progress():
             raise InputError("--fresh starts over only after a finished run, and this one has not finished",
                              where=str(self.deploy_dir / LEDGER_FILE), fix="run `kit train` without --fresh to continue it")
@@ -121,8 +121,7 @@ class TrainRun:
                                f"{result.nodes_up}/{self.spec.nodes} up, {progress}, policy {result.decision or '-'}")
 
     def add_wall_time(self, ledger) -> float:
-        wall = float(ledger.get_meta("wall_seconds_done") or 0) + (time.time() - self.wall_start)
-        ledger.set_meta("wall_seconds_done", repr(wall))
+        wall, self.wall_start = ledger.add_wall_seconds(time.time() - self.wall_start), time.time()
         return wall
 
     def export(self, session) -> tuple[str | None, bool]:
@@ -130,7 +129,7 @@ class TrainRun:
         includes it); the data disks go only once that export was verified against the trainer's
         final digest (and not with --keep-disks). Returns (export path, delete the disks)."""
         progress = session.ledger.latest_progress() or {}
-        params_sha256 = session.ledger.get_meta("params_sha256")
+        params_sha256 = session.ledger.params_sha256()
         export, why_kept = None, None
         try:
             manifest = export_final(session.backend, session.backend.nodes(), self.deploy_dir / "export",
@@ -162,7 +161,7 @@ class TrainRun:
             from kit.report import plot_run
 
             plot_run(session.ledger, self.spec, Path(self.plot), scale=session.backend.time_scale)
-        session.ledger.set_meta("finished", "1")
+        session.ledger.mark_finished()
         return report
 
     def report(self, session, now: float, *, wall: float, export: str | None, disks: str) -> dict:
@@ -186,7 +185,7 @@ class TrainRun:
             "finish_hours": final["finish_hours"],
             "steps": progress.get("step"), "total_steps": progress.get("total_steps"),
             "steps_lost": steps_lost(ledger), "wall_seconds": round(wall, 2),
-            "params_sha256": ledger.get_meta("params_sha256"),
+            "params_sha256": ledger.params_sha256(),
             "nodes_lost": status["nodes_lost"], "capacity_errors": status["capacity_errors"],
             "export": export, "disks": disks,
         }

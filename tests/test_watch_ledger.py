@@ -77,7 +77,12 @@ def test_job_start_is_fixed_once(tmp_path):
 
 
 def test_newer_ledger_schema_is_refused(tmp_path):
-    Ledger(tmp_path / "l.sqlite").set_meta("schema_version", "99")
+    import sqlite3
+
+    Ledger(tmp_path / "l.sqlite").close()
+    db = sqlite3.connect(tmp_path / "l.sqlite")
+    db.execute("PRAGMA user_version = 99")
+    db.close()
     with pytest.raises(KitError, match="schema version 99"):
         Ledger(tmp_path / "l.sqlite")
 
@@ -147,7 +152,8 @@ CREATE TABLE nodes (instance_id TEXT PRIMARY KEY, name TEXT NOT NULL, rank INTEG
     zone TEXT, private_ip TEXT, public_ip TEXT, disk_id TEXT,
     state TEXT NOT NULL CHECK (state IN ('up', 'lost', 'replaced', 'released')),
     since REAL NOT NULL, until REAL, apply_id INTEGER);
-INSERT INTO meta VALUES ('schema_version', '1'), ('market', 'spot');
+INSERT INTO meta VALUES ('schema_version', '1'), ('market', 'spot'), ('job_started', '0.0'),
+                        ('capacity_failures:spot', '3'), ('local_clock_origin', '12.5');
 INSERT INTO events VALUES (1, 50.0, 50.0, 'preemption', 'i-2', 1, 'aws', '{}', 'loss:i-2'),
                           (2, 40.0, 40.0, 'preemption', 'i-1', 0, 'agent', '{}', 'agent:i-1');
 INSERT INTO nodes VALUES ('i-1', 'node-0', 0, 'spot', NULL, NULL, NULL, NULL, 'up', 0.0, NULL, 1),
@@ -168,7 +174,11 @@ def test_a_version_1_ledger_is_migrated(tmp_path):
     db.executescript(V1_SCHEMA)
     db.close()
     ledger = Ledger(tmp_path / "l.sqlite")
-    assert ledger.get_meta("schema_version") == "2"
+    assert ledger._query("PRAGMA user_version")[0][0] == 3
+    # the job's facts, from text in `meta` to typed columns (and `meta` is gone)
+    assert (ledger.market(), ledger.started_at(), ledger.capacity_failures("spot")) == ("spot", 0.0, 3)
+    assert ledger.clock_origin(999.0) == 12.5 and not ledger._query(
+        "SELECT 1 FROM sqlite_master WHERE name = 'meta'")
     rows = {n.instance_id: n for n in ledger.all_nodes()}
     assert {i: (n.state, n.lost_kind) for i, n in rows.items()} == {
         "i-1": ("up", None), "i-2": ("replaced", "preemption"), "i-3": ("up", None)}
@@ -176,4 +186,4 @@ def test_a_version_1_ledger_is_migrated(tmp_path):
     assert (report["preemptions"], report["nodes_lost"], report["notices"]) == (1, 1, 1)
     assert report["spot_hours"] == pytest.approx((100 + 50 + 50) / 3600, abs=1e-6)
     ledger.close()
-    assert Ledger(tmp_path / "l.sqlite").get_meta("schema_version") == "2"  # reopened: nothing to do
+    assert Ledger(tmp_path / "l.sqlite").market() == "spot"  # reopened: nothing to do

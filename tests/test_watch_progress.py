@@ -27,8 +27,8 @@ def test_pull_records_new_progress_once_and_keeps_the_final_digest(tmp_path):
     assert puller.pull(force=True) is None, "the same record is not stored twice"
     row = ledger.latest_progress()
     assert (row["step"], row["total_steps"], row["step_time_s"]) == (10, 50, 1.0), "step time in scaled seconds"
-    assert ledger.get_meta("params_sha256") is None
+    assert ledger.params_sha256() is None
     nodes.record = {"step": 50, "total_steps": 50, "state": "done", "params_sha256": "ab" * 32, "time": 2}
     assert puller.pull(force=True)["state"] == "done"
     assert ledger.latest_progress()["state"] == "done"
-    assert ledger.get_meta("params_sha256") == "ab" * 32
+    assert ledger.params_sha256() == "ab" * 32

@@ -136,8 +136,7 @@ class LocalBackend(Backend):
         clock) and the injector that replays preemptions on it."""
         from kit.local.injector import Injector, VirtualClock
 
-        origin = float(ledger.get_meta("local_clock_origin") or 0) or time.time()
-        ledger.set_meta("local_clock_origin", repr(origin))
+        origin = ledger.clock_origin(time.time())
         self.clock = VirtualClock(origin, self.time_scale)
         local = self.spec.local
         self.injector = Injector(self, nodes=self.spec.nodes, clock=self.clock, origin=origin, trace=local.trace,

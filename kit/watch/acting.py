@@ -180,9 +180,7 @@ class Actor:
         except KitError as error:
             # The nodes exist; only bootstrap failed. Keep the attempt 'applied' so the retry
             # bootstraps again instead of re-applying; give up after a few tries like applies.
-            key = f"bootstrap_failures:{decision.id}"
-            failures = int(self.ledger.get_meta(key, "0")) + 1
-            self.ledger.set_meta(key, str(failures))
+            failures = self.ledger.count_bootstrap_failure(decision.id)
             if failures >= MAX_FAILED_ATTEMPTS:
                 self.ledger.fail_decision(decision.id, f"bootstrap failed {failures} times: {error}", now)
                 return Outcome("failed", error=str(error))
@@ -215,8 +213,6 @@ class Actor:
 
     def _retry_later(self, decision: Decision, error: str, *, attempt: int) -> Outcome:
         now = self.clock()
-        with self.ledger.transaction() as db:
-            db.execute("UPDATE decisions SET next_attempt = ?, error = ? WHERE id = ?",
-                       (now + self.backoff.delay(attempt), error, decision.id))
+        self.ledger.retry_later(decision.id, now + self.backoff.delay(attempt), error)
         log.warning("decision %d: %s; retrying", decision.id, error)
         return Outcome("retry", error=error)

@@ -5,7 +5,9 @@ Tables: ``events`` (what happened, deduplicated), ``progress`` (trainer heartbea
 history), ``decisions`` (what the watcher chose to do), ``applies`` (each attempt at doing it),
 ``nodes`` (which instance ran when, on which market, and how it ended: the basis of cost
 accounting; one row per incarnation, since a stopped GCP spot VM comes back under the same id),
-``meta``.
+``run`` (one row: the job's own facts, typed: when it started, the deployed market, the final
+digest, whether it finished, the local clock's origin, the spot backoff, the wall time so far)
+and ``capacity_failures`` (per market). The schema version is SQLite's ``user_version``.
 
 Exactly-once acting. A decision is committed as ``pending`` *before* anything is applied; an
 apply attempt is committed as ``started`` before the backend is called, ``applied`` (with the
@@ -37,9 +39,8 @@ from typing import Any
 from kit.errors import KitError
 from kit.watch.events import PROGRESS, Event
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, recorded REAL NOT NULL, kind TEXT NOT NULL,
     instance TEXT NOT NULL, node_rank INTEGER, source TEXT NOT NULL, detail TEXT NOT NULL,
@@ -56,7 +57,7 @@ CREATE TABLE IF NOT EXISTS decisions (
     market_before TEXT, market_after TEXT, reason TEXT NOT NULL,
     status TEXT NOT NULL CHECK (status IN ('pending', 'done', 'superseded', 'failed')),
     attempts INTEGER NOT NULL DEFAULT 0, next_attempt REAL NOT NULL DEFAULT 0, finished REAL,
-    error TEXT);
+    error TEXT, bootstrap_failures INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS applies (
     id INTEGER PRIMARY KEY, decision_id INTEGER NOT NULL REFERENCES decisions(id),
     started REAL NOT NULL, finished REAL, market TEXT,
@@ -65,6 +66,18 @@ CREATE TABLE IF NOT EXISTS applies (
 CREATE INDEX IF NOT EXISTS events_kind ON events(kind, id);
 CREATE INDEX IF NOT EXISTS progress_time ON progress(id);
 CREATE INDEX IF NOT EXISTS decisions_status ON decisions(status);
+CREATE TABLE IF NOT EXISTS run (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    job_started REAL,                       -- the first watcher's start (fixed once written)
+    market TEXT,                            -- the deployed cluster's market (NULL: none deployed)
+    params_sha256 TEXT,                     -- the trainer's final digest (its "done" report)
+    finished INTEGER NOT NULL DEFAULT 0,    -- kit train finished this job (exported, torn down)
+    observed_event_id INTEGER NOT NULL DEFAULT 0,  -- the newest event a policy tick covered
+    clock_origin REAL,                      -- the local backend's compressed clock starts here
+    spot_blocked_until REAL NOT NULL DEFAULT 0,    -- spot launches back off until then
+    wall_seconds_done REAL NOT NULL DEFAULT 0);    -- kit train's wall time in earlier sessions
+INSERT OR IGNORE INTO run(id) VALUES (1);
+CREATE TABLE IF NOT EXISTS capacity_failures (market TEXT PRIMARY KEY, failures INTEGER NOT NULL);
 """
 NODES_SCHEMA = """
 -- One row per incarnation of an instance: a GCP spot VM stopped by a preemption (termination
@@ -95,6 +108,7 @@ class Decision:
     next_attempt: float
     error: str | None
     finished: float | None = None
+    bootstrap_failures: int = 0
 
 
 @dataclass(frozen=True)
@@ -151,16 +165,27 @@ class Ledger:
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
         with self._lock:
-            self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            version = self.get_meta("schema_version")
-            if version is not None and int(version) == 1:
-                self._migrate_from_1()
-            elif version is not None and int(version) != SCHEMA_VERSION:
+            version = self._version()
+            if version not in (0, 1, 2, SCHEMA_VERSION):
                 raise KitError(f"ledger schema version {version}, this kit writes {SCHEMA_VERSION}",
                                where=str(self.path), fix="use the kit version that created this ledger")
+            if version == 1:
+                self._migrate_from_1()
             self._db.executescript(SCHEMA + NODES_SCHEMA)
-        if version is None:
-            self.set_meta("schema_version", str(SCHEMA_VERSION))
+            if version in (1, 2):
+                self._migrate_meta()
+            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _version(self) -> int:
+        """0 for a new ledger; versions 1 and 2 kept theirs in a ``meta`` table."""
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version:
+            return int(version)
+        has_meta = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone()
+        if not has_meta:
+            return 0
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        return int(row[0]) if row else 0
 
     def _migrate_from_1(self) -> None:
         """Version 1 keyed ``nodes`` by instance id (one row per instance, forever); version 2 has
@@ -180,7 +205,31 @@ class Ledger:
                 " WHEN EXISTS (SELECT 1 FROM events e WHERE e.instance = nodes.instance_id AND e.source != 'agent'"
                 "              AND e.kind = 'instance-lost') THEN 'instance-lost' END"
                 " WHERE until IS NOT NULL")
-            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+
+    def _migrate_meta(self) -> None:
+        """Versions 1 and 2 kept the job's facts as text in a ``meta`` key-value table; version 3
+        has them as typed columns of ``run``, capacity failures per market in their own table and
+        bootstrap failures per decision. One transaction; ``meta`` is dropped."""
+        with self.transaction() as db:
+            if not db.execute("SELECT 1 FROM pragma_table_info('decisions') WHERE name = 'bootstrap_failures'"
+                              ).fetchone():
+                db.execute("ALTER TABLE decisions ADD COLUMN bootstrap_failures INTEGER NOT NULL DEFAULT 0")
+            meta = {r["key"]: r["value"] for r in db.execute("SELECT key, value FROM meta").fetchall()}
+            columns = {"job_started": float, "market": str, "params_sha256": str, "finished": int,
+                       "observed_event_id": int, "local_clock_origin": float, "spot_blocked_until": float,
+                       "wall_seconds_done": float}
+            for key, kind in columns.items():
+                if meta.get(key):
+                    column = "clock_origin" if key == "local_clock_origin" else key
+                    db.execute(f"UPDATE run SET {column} = ? WHERE id = 1", (kind(meta[key]),))
+            for key, value in meta.items():
+                if key.startswith("capacity_failures:"):
+                    db.execute("INSERT OR REPLACE INTO capacity_failures(market, failures) VALUES (?, ?)",
+                               (key.split(":", 1)[1], int(value)))
+                elif key.startswith("bootstrap_failures:"):
+                    db.execute("UPDATE decisions SET bootstrap_failures = ? WHERE id = ?",
+                               (int(value), int(key.split(":", 1)[1])))
+            db.execute("DROP TABLE meta")
 
     def close(self) -> None:
         with self._lock:
@@ -204,21 +253,53 @@ class Ledger:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
-    # ------------------------------------------------------------------ meta
-    def get_meta(self, key: str, default: str | None = None) -> str | None:
-        rows = self._query("SELECT value FROM meta WHERE key = ?", (key,))
-        return rows[0]["value"] if rows else default
+    # ------------------------------------------------------------------ the job's own facts (run)
+    def _run(self, column: str):
+        return self._query(f"SELECT {column} FROM run WHERE id = 1")[0][0]
 
-    def set_meta(self, key: str, value: str) -> None:
+    def _set_run(self, column: str, value) -> None:
         with self.transaction() as db:
-            db.execute("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                       (key, value))
+            db.execute(f"UPDATE run SET {column} = ? WHERE id = 1", (value,))
 
     def job_started(self, now: float) -> float:
         """When the job started (the first watcher's start); fixed once written."""
         with self.transaction() as db:
-            db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES ('job_started', ?)", (repr(now),))
-        return float(self.get_meta("job_started"))
+            db.execute("UPDATE run SET job_started = COALESCE(job_started, ?) WHERE id = 1", (now,))
+        return float(self._run("job_started"))
+
+    def started_at(self) -> float | None:
+        return self._run("job_started")
+
+    def params_sha256(self) -> str | None:
+        """The trainer's final digest, from its "done" report (None before)."""
+        return self._run("params_sha256")
+
+    def finished(self) -> bool:
+        return bool(self._run("finished"))
+
+    def mark_finished(self) -> None:
+        self._set_run("finished", 1)
+
+    def observed_event_id(self) -> int:
+        return int(self._run("observed_event_id"))
+
+    def clock_origin(self, now: float) -> float:
+        """The local backend's compressed clock origin: ``now`` the first time, kept after."""
+        with self.transaction() as db:
+            db.execute("UPDATE run SET clock_origin = COALESCE(clock_origin, ?) WHERE id = 1", (now,))
+        return float(self._run("clock_origin"))
+
+    def spot_blocked_until(self) -> float:
+        return float(self._run("spot_blocked_until"))
+
+    def block_spot_until(self, until: float) -> None:
+        self._set_run("spot_blocked_until", until)
+
+    def add_wall_seconds(self, seconds: float) -> float:
+        """kit train's wall time over all its sessions, with ``seconds`` more."""
+        with self.transaction() as db:
+            db.execute("UPDATE run SET wall_seconds_done = wall_seconds_done + ? WHERE id = 1", (seconds,))
+        return float(self._run("wall_seconds_done"))
 
     # ------------------------------------------------------------------ events and progress
     def record(self, event: Event) -> bool:
@@ -235,8 +316,7 @@ class Ledger:
                      event.step_time_s, event.detail.get("state")))
                 if event.detail.get("state") == "done" and event.detail.get("params_sha256"):
                     # the trainer's final digest: the export of the final checkpoint is checked against it
-                    db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('params_sha256', ?)",
-                               (str(event.detail["params_sha256"]),))
+                    db.execute("UPDATE run SET params_sha256 = ? WHERE id = 1", (str(event.detail["params_sha256"]),))
                 return True
             cursor = db.execute(
                 "INSERT OR IGNORE INTO events(time, recorded, kind, instance, node_rank, source, detail, dedup_key)"
@@ -293,8 +373,7 @@ class Ledger:
                 db.execute("INSERT INTO ticks(time, observation, decision) VALUES (?, ?, ?)",
                            (now, json.dumps(observation, sort_keys=True), decision))
             if observed_event_id is not None:
-                db.execute("INSERT INTO meta(key, value) VALUES ('observed_event_id', ?)"
-                           " ON CONFLICT(key) DO UPDATE SET value = excluded.value", (str(observed_event_id),))
+                db.execute("UPDATE run SET observed_event_id = ? WHERE id = 1", (int(observed_event_id),))
 
     def ticks(self) -> list[dict[str, Any]]:
         return [{"time": r["time"], "observation": json.loads(r["observation"]), "decision": r["decision"]}
@@ -362,11 +441,12 @@ class Ledger:
                        (json.dumps(nodes, sort_keys=True), int(adopted), apply_id))
             self._deployed(db, apply_id, nodes, market, now)
             if market is not None:  # a launch on this market worked: its capacity backoff starts over
-                db.execute("DELETE FROM meta WHERE key = ?", (f"capacity_failures:{market}",))
+                db.execute("DELETE FROM capacity_failures WHERE market = ?", (market,))
 
     def capacity_failures(self, market: str | None) -> int:
         """Capacity failures on ``market`` since its last successful apply (across decisions)."""
-        return int(self.get_meta(f"capacity_failures:{market}", "0"))
+        rows = self._query("SELECT failures FROM capacity_failures WHERE market = ?", (market,))
+        return int(rows[0]["failures"]) if rows else 0
 
     def fail_apply(self, apply_id: int, decision_id: int, error: str, *, capacity: bool, next_attempt: float,
                    now: float) -> None:
@@ -376,8 +456,19 @@ class Ledger:
             db.execute("UPDATE decisions SET next_attempt = ?, error = ? WHERE id = ?", (next_attempt, error, decision_id))
             if capacity:
                 market = db.execute("SELECT market FROM applies WHERE id = ?", (apply_id,)).fetchone()["market"]
-                db.execute("INSERT INTO meta(key, value) VALUES (?, '1') ON CONFLICT(key) DO UPDATE SET"
-                           " value = CAST(value AS INTEGER) + 1", (f"capacity_failures:{market}",))
+                db.execute("INSERT INTO capacity_failures(market, failures) VALUES (?, 1) ON CONFLICT(market)"
+                           " DO UPDATE SET failures = failures + 1", (market,))
+
+    def count_bootstrap_failure(self, decision_id: int) -> int:
+        """One more failed bootstrap of this decision's nodes; how many so far."""
+        with self.transaction() as db:
+            db.execute("UPDATE decisions SET bootstrap_failures = bootstrap_failures + 1 WHERE id = ?", (decision_id,))
+            return int(db.execute("SELECT bootstrap_failures FROM decisions WHERE id = ?", (decision_id,)
+                                  ).fetchone()[0])
+
+    def retry_later(self, decision_id: int, next_attempt: float, error: str) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE decisions SET next_attempt = ?, error = ? WHERE id = ?", (next_attempt, error, decision_id))
 
     def mark_interrupted(self, apply_id: int, now: float) -> None:
         with self.transaction() as db:
@@ -398,7 +489,7 @@ class Ledger:
         if market is None and not nodes:  # released: the instances were deleted on purpose, disks kept
             db.execute("UPDATE nodes SET state = 'released', until = COALESCE(until, ?) WHERE state IN ('up', 'lost')",
                        (now,))
-            db.execute("INSERT INTO meta(key, value) VALUES ('market', '') ON CONFLICT(key) DO UPDATE SET value = ''")
+            db.execute("UPDATE run SET market = NULL WHERE id = 1")
             return
         keep = {str(n["instance_id"]) for n in nodes}
         for row in db.execute("SELECT id, instance_id, state FROM nodes WHERE state IN ('up', 'lost')").fetchall():
@@ -424,8 +515,7 @@ class Ledger:
                 " since, apply_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'up', ?, ?)",
                 (instance_id, node.get("name") or f"node-{rank}", node.get("rank", rank), node_market,
                  node.get("zone"), node.get("private_ip"), node.get("public_ip"), node.get("disk_id"), now, apply_id))
-        db.execute("INSERT INTO meta(key, value) VALUES ('market', ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                   (market or "",))
+        db.execute("UPDATE run SET market = ? WHERE id = 1", (market or None,))
 
     def applied_markets(self) -> list[str]:
         """The market of every apply that reached the cloud, in order (releases left out): what the
@@ -490,7 +580,7 @@ class Ledger:
 
     def market(self) -> str | None:
         """The market of the deployed cluster (None: nothing deployed)."""
-        return self.get_meta("market") or None
+        return self._run("market") or None
 
 
 class WatcherLock:

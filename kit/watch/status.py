@@ -138,7 +138,7 @@ def market_switches(ledger: Ledger) -> int:
 def status_report(ledger: Ledger, spec, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     progress = ledger.latest_progress()
-    started = ledger.get_meta("job_started")
+    started = ledger.started_at()
     decisions = ledger.decisions()
     report: dict[str, Any] = {
         "cluster": spec.name, "cloud": spec.cloud, "market": ledger.market(),

@@ -118,7 +118,7 @@ class Watcher:
         now = self.clock()
         result = TickResult(now=now, market=None, nodes_up=0, nodes_lost=0)
         self._poll(now, result)
-        cursor = int(self.ledger.get_meta("observed_event_id", "0"))
+        cursor = self.ledger.observed_event_id()
         fresh = self.ledger.events(after_id=cursor)
         self._mark_losses(fresh)
         up = self.ledger.nodes(("up",))
@@ -139,7 +139,7 @@ class Watcher:
             e["kind"] == CAPACITY_ERROR and e["detail"].get("market") == SPOT for e in fresh)
         markets = {n.instance_id: n.market for n in self.ledger.all_nodes()}  # newest incarnation last
         spot_lost = any(markets.get(e["instance"]) == SPOT for e in losses)
-        capacity_blocked = now < float(self.ledger.get_meta("spot_blocked_until", "0"))
+        capacity_blocked = now < self.ledger.spot_blocked_until()
         observation = self._observation(now, progress, result.market, preempted,
                                         spot_available=not capacity_blocked and not spot_lost)
         observed = max([cursor] + [e["id"] for e in fresh])
@@ -264,7 +264,7 @@ class Watcher:
         outcome = self.actor.execute(pending)
         if outcome.capacity_error and pending.market_after == SPOT:
             # Spot counts as unavailable until the retry; the policy sees it as preemption pressure.
-            self.ledger.set_meta("spot_blocked_until", repr(self.ledger.decision(pending.id).next_attempt))
+            self.ledger.block_spot_until(self.ledger.decision(pending.id).next_attempt)
         return outcome
 
     # ------------------------------------------------------------------ loop
