@@ -59,8 +59,8 @@ class AwsSpec(CloudSpec):
         return self
 
 
-def _t(*args, **kw) -> InstanceType:
-    return InstanceType(*args, disk_types=EBS_TYPES, **kw)
+def _t(name: str, gpus: int, gpu: str, on_demand: float, spot: float, *, efa: bool = False) -> InstanceType:
+    return InstanceType(name, gpus, gpu, on_demand, spot, efa=efa, disk_types=EBS_TYPES)
 
 
 class Aws(Cloud):

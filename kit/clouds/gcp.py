@@ -16,13 +16,22 @@ ACCELERATOR_IMAGE = ("projects/ubuntu-os-accelerator-images/global/images/family
 # Data-disk types per machine family: A3 High and G2 take no Standard PD, N1 takes no Hyperdisk (GCP
 # docs, "Accelerator-optimized machine family" and "General-purpose machine family").
 PD_TYPES = ("pd-balanced", "pd-ssd", "pd-standard", "hyperdisk-balanced")
-_A3 = {"disk_types": ("pd-balanced", "pd-ssd", "hyperdisk-balanced"), "nic_type": "GVNIC"}
-_A2 = {"disk_types": ("pd-balanced", "pd-ssd", "pd-standard")}
-_G2 = {"disk_types": ("pd-balanced", "pd-ssd")}
-_N1 = {"disk_types": ("pd-balanced", "pd-ssd", "pd-standard"), "placement": False,
-       "guest_accelerator": "nvidia-tesla-t4", "note": "GPU attached as guest_accelerator nvidia-tesla-t4 x1"}
-_A3_SPOT_ONLY = {"on_demand": False, "note": "GCP sells a3-highgpu-1g/2g/4g only as Spot or Flex-start VMs: "
-                                             "on-demand needs a3-highgpu-8g"}
+_A3_DISKS = ("pd-balanced", "pd-ssd", "hyperdisk-balanced")
+_A2_DISKS = ("pd-balanced", "pd-ssd", "pd-standard")
+_G2_DISKS = ("pd-balanced", "pd-ssd")
+_N1_DISKS = ("pd-balanced", "pd-ssd", "pd-standard")
+_A3_SPOT_ONLY = "GCP sells a3-highgpu-1g/2g/4g only as Spot or Flex-start VMs: on-demand needs a3-highgpu-8g"
+_N1_GPU = "GPU attached as guest_accelerator nvidia-tesla-t4 x1"
+
+
+def _a3(name: str, gpus: int, on_demand: float, spot: float, *, spot_only: bool) -> InstanceType:
+    return InstanceType(name, gpus, "H100-80GB", on_demand, spot, on_demand=not spot_only,
+                        note=_A3_SPOT_ONLY if spot_only else "", disk_types=_A3_DISKS, nic_type="GVNIC")
+
+
+def _n1(name: str, on_demand: float, spot: float) -> InstanceType:
+    return InstanceType(name, 1, "T4", on_demand, spot, placement=False, guest_accelerator="nvidia-tesla-t4",
+                        note=_N1_GPU, disk_types=_N1_DISKS)
 
 
 class GcpSsh(SshSection):
@@ -79,18 +88,18 @@ class Gcp(Cloud):
     # only as Spot (or Flex-start) VMs (GCP "consumption option availability by machine type";
     # dstack's gpuhunt PR #176): their on-demand price is the 8g's per GPU, the baseline.
     instance_types = (
-        InstanceType("a3-highgpu-1g", 1, "H100-80GB", 11.06, 2.95, **_A3_SPOT_ONLY, **_A3),
-        InstanceType("a3-highgpu-2g", 2, "H100-80GB", 22.12, 5.90, **_A3_SPOT_ONLY, **_A3),
-        InstanceType("a3-highgpu-4g", 4, "H100-80GB", 44.24, 11.80, **_A3_SPOT_ONLY, **_A3),
-        InstanceType("a3-highgpu-8g", 8, "H100-80GB", 88.49, 23.60, **_A3),
-        InstanceType("a2-highgpu-1g", 1, "A100-40GB", 3.67, 1.47, **_A2),
-        InstanceType("a2-highgpu-8g", 8, "A100-40GB", 29.39, 11.76, **_A2),
-        InstanceType("g2-standard-4", 1, "L4", 0.71, 0.28, **_G2),
-        InstanceType("g2-standard-8", 1, "L4", 0.85, 0.34, **_G2),
-        InstanceType("g2-standard-16", 1, "L4", 1.15, 0.46, **_G2),
-        InstanceType("g2-standard-48", 4, "L4", 4.00, 1.60, **_G2),
-        InstanceType("n1-standard-8", 1, "T4", 0.73, 0.25, **_N1),
-        InstanceType("n1-standard-16", 1, "T4", 1.11, 0.38, **_N1),
+        _a3("a3-highgpu-1g", 1, 11.06, 2.95, spot_only=True),
+        _a3("a3-highgpu-2g", 2, 22.12, 5.90, spot_only=True),
+        _a3("a3-highgpu-4g", 4, 44.24, 11.80, spot_only=True),
+        _a3("a3-highgpu-8g", 8, 88.49, 23.60, spot_only=False),
+        InstanceType("a2-highgpu-1g", 1, "A100-40GB", 3.67, 1.47, disk_types=_A2_DISKS),
+        InstanceType("a2-highgpu-8g", 8, "A100-40GB", 29.39, 11.76, disk_types=_A2_DISKS),
+        InstanceType("g2-standard-4", 1, "L4", 0.71, 0.28, disk_types=_G2_DISKS),
+        InstanceType("g2-standard-8", 1, "L4", 0.85, 0.34, disk_types=_G2_DISKS),
+        InstanceType("g2-standard-16", 1, "L4", 1.15, 0.46, disk_types=_G2_DISKS),
+        InstanceType("g2-standard-48", 4, "L4", 4.00, 1.60, disk_types=_G2_DISKS),
+        _n1("n1-standard-8", 0.73, 0.25),
+        _n1("n1-standard-16", 1.11, 0.38),
     )
     zones: ClassVar[dict[str, tuple[str, ...]]] = {
         "us-central1": ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"),
