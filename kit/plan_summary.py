@@ -118,7 +118,7 @@ class PlanSummary:
     @property
     def totals(self) -> dict[str, int]:
         """As Terraform counts them: a replacement is one to add and one to destroy."""
-        total = Counter()
+        total: Counter[str] = Counter()
         for c in self.changes:
             total["add"] += "create" in c.actions
             total["change"] += "update" in c.actions

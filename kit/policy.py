@@ -196,6 +196,11 @@ class UniformProgressPolicy(Policy):
         return WAIT
 
 
+def _since(start: float | None, now_h: float) -> float:
+    """Hours from ``start`` to ``now_h``; zero for a period that has not begun."""
+    return 0.0 if start is None else now_h - start
+
+
 class DefaultPolicy(Policy):
     """Spot-first with an explicit price for slack, learned from the market the job is seeing.
 
@@ -360,7 +365,7 @@ class DefaultPolicy(Policy):
         if obs.spot_available:
             if obs.market == SPOT:
                 return SPOT
-            age = obs.now_h - self.run_start
+            age = _since(self.run_start, obs.now_h)
             if obs.market == ON_DEMAND:
                 fixed = lam * d + min(k * d, lam * m["outage_h"])
                 value = lambda rest: k * max(0.0, rest - d) - rest - fixed
@@ -376,14 +381,14 @@ class DefaultPolicy(Policy):
         else:
             if obs.market == ON_DEMAND:
                 return ON_DEMAND
-            excursion_pays = lam * self._rest_of_outage(obs.now_h - self.outage_start, d) > k * d
+            excursion_pays = lam * self._rest_of_outage(_since(self.outage_start, obs.now_h), d) > k * d
         if abundant or not excursion_pays:
             return WAIT
-        waited = obs.now_h - (self.idle_since if self.idle_since is not None else obs.now_h)
+        waited = _since(self.idle_since, obs.now_h)
         return ON_DEMAND if cycles * self.slack_per_cycle(waited, d, m["run_waste_h"]) > slack else WAIT
 
 
-_POLICIES = {
+_POLICIES: dict[str, type[Policy]] = {
     "on-demand": OnDemandPolicy,
     "spot": SpotPolicy,
     "threshold": ThresholdPolicy,

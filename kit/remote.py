@@ -62,6 +62,7 @@ def fetch_newest_checkpoint(ssh: list[str], remote_dir: str, dest: Path, timeout
     dest.mkdir(parents=True, exist_ok=True)
     remote = [*ssh, f"tar -C {shlex.quote(remote_dir)} -cf - {shlex.quote(name)}"]
     with subprocess.Popen(remote, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as sender:
+        assert sender.stdout is not None and sender.stderr is not None  # both are pipes (narrows the types)
         unpack = subprocess.run(["tar", "-C", str(dest), "-xf", "-"], stdin=sender.stdout, capture_output=True,
                                 timeout=timeout, check=False)
         sender.stdout.close()

@@ -189,11 +189,10 @@ def render(spec, out_dir: str | Path, market: str | None = None) -> list[Path]:
                 os.replace(part, target)
             written.append(target)
     # Files of an earlier render that this one no longer produces (e.g. a module file removed).
-    stale_roots = [out_dir / "modules"]
-    for root in stale_roots:
-        if root.is_dir():
+    for stale in [out_dir / "modules"]:
+        if stale.is_dir():
             keep = {out_dir / rel for rel in texts}
-            for path in sorted(root.rglob("*"), reverse=True):
+            for path in sorted(stale.rglob("*"), reverse=True):
                 if path.is_file() and path not in keep and not path.name.startswith("kit_destroy_"):
                     path.unlink()
                 elif path.is_dir() and not any(path.iterdir()):

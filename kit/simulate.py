@@ -22,6 +22,7 @@ Model (shared with other implementations, so results are comparable):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -267,30 +268,32 @@ def simulate(traces: list[Trace], policies: list[str], params: Params, *, policy
     return summarize(runs, policies, params, skipped)
 
 
+def _per_policy(by: dict[str, list[Run]], value: Callable[[list[Run]], float],
+                skip_opt: bool = False) -> dict[str, float | None]:
+    """``value`` of each policy's runs (None for a policy without runs, or for OPT when skipped)."""
+    return {p: (value(rs) if rs and not (skip_opt and p == OPT) else None) for p, rs in by.items()}
+
+
 def summarize(runs: list[Run], policies: list[str], params: Params, skipped: list[str]) -> dict:
     by = {name: [r for r in runs if r.policy == name] for name in policies}
-    n = len(by[policies[0]]) if policies else 0
-    summary = {
-        "runs": n,
-        "cost_vs_on_demand": {p: (float(np.mean([r.cost_vs_on_demand for r in rs])) if rs else None)
-                              for p, rs in by.items()},
+    traces = sorted({r.trace for r in runs})
+
+    def cost(rs: list[Run]) -> list[float]:
+        return [r.cost_vs_on_demand for r in rs]
+
+    return {
+        "runs": len(by[policies[0]]) if policies else 0,
+        "cost_vs_on_demand": _per_policy(by, lambda rs: float(np.mean(cost(rs)))),
         "deadline_misses": {p: sum(r.missed for r in rs) for p, rs in by.items()},
-        "cost_vs_on_demand_p75": {p: (float(np.percentile([r.cost_vs_on_demand for r in rs], 75)) if rs else None)
-                                  for p, rs in by.items()},
-        "spot_hours": {p: (float(np.mean([r.spot_h for r in rs])) if rs and p != OPT else None)
-                       for p, rs in by.items()},
-        "on_demand_hours": {p: (float(np.mean([r.on_demand_h for r in rs])) if rs and p != OPT else None)
-                            for p, rs in by.items()},
-        "per_trace": {},
+        "cost_vs_on_demand_p75": _per_policy(by, lambda rs: float(np.percentile(cost(rs), 75))),
+        "spot_hours": _per_policy(by, lambda rs: float(np.mean([r.spot_h for r in rs])), skip_opt=True),
+        "on_demand_hours": _per_policy(by, lambda rs: float(np.mean([r.on_demand_h for r in rs])), skip_opt=True),
+        "per_trace": {t: {p: float(np.mean([r.cost_vs_on_demand for r in rs if r.trace == t]))
+                          for p, rs in by.items()} for t in traces},
         "skipped_traces": skipped,
         "params": {"nodes": params.nodes, "job_hours": params.job_h, "deadline_hours": params.deadline_h,
                    "changeover_hours": params.changeover_h, "starts": params.starts},
     }
-    traces = sorted({r.trace for r in runs})
-    for t in traces:
-        summary["per_trace"][t] = {p: float(np.mean([r.cost_vs_on_demand for r in rs if r.trace == t]))
-                                   for p, rs in by.items()}
-    return summary
 
 
 # --------------------------------------------------------------------------------------- plot

@@ -17,7 +17,7 @@ import ipaddress
 import re
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import (
@@ -148,14 +148,18 @@ def _training_section() -> type[_Model]:
     for s in TRAINING_FIELDS:
         kind: Any = {int: StrictInt, bool: StrictBool, float: Finite, str: str}[s.type]
         if s.choices:
-            kind = Literal[s.choices]  # type: ignore[valid-type]
+            kind = Literal[s.choices]
         bounds = {"ge": s.minimum} if s.minimum is not None else ({"gt": 0} if s.positive else {})
         kind = Annotated[kind, Field(**bounds, description=s.help)]
         fields[s.name] = (kind | None if s.optional else kind, s.default)
     return create_model("TrainingSection", __base__=_Model, **fields)
 
 
-TrainingSection = _training_section()
+if TYPE_CHECKING:  # statically a model; its fields exist only at run time, built from training/config.py
+    class TrainingSection(_Model):
+        pass
+else:
+    TrainingSection = _training_section()
 
 
 class ThresholdSection(_Model):
@@ -448,7 +452,8 @@ def _adapter() -> TypeAdapter:
     from kit import clouds
 
     models = tuple(clouds.get(name).spec_model for name in clouds.NAMES)
-    return TypeAdapter(Annotated[Union[models], Field(discriminator="cloud")])  # noqa: UP007 - a runtime tuple
+    union: Any = Annotated[Union[models], Field(discriminator="cloud")]  # noqa: UP007 - a runtime tuple
+    return TypeAdapter(union)
 
 
 def _from_validation_error(error: ValidationError, path: str, cloud: Any) -> InputError:

@@ -27,6 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, cast
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
@@ -128,7 +129,7 @@ def sha256_file(path: Path, chunk: int = 8 << 20) -> tuple[str, int]:
 
 def list_complete(directory: Path) -> list[tuple[int, Path]]:
     """Checkpoints that carry a completeness marker, newest first (not yet verified)."""
-    out = []
+    out: list[tuple[int, Path]] = []
     if not directory.is_dir():
         return out
     for p in directory.iterdir():
@@ -369,7 +370,7 @@ class Checkpointer:
                 time.sleep(self.write_delay_s)
             with open(tmp / STATE_FILE, "wb") as f:
                 w = _HashingWriter(f)
-                torch.save(staged, w)
+                torch.save(staged, cast(IO[bytes], w))  # duck-typed: torch.save only calls write and flush
                 f.flush()
                 os.fsync(f.fileno())
             if self.write_delay_s:  # ... and with state.pt written but no marker yet

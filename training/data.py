@@ -12,7 +12,9 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -120,8 +122,8 @@ class ImageFolderData:
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
         self.device, self.workers = device, workers
         self.sampler = ResumableSampler(len(self.dataset), rank, world_size, seed)
-        self._iter = None
-        self._next_step = None
+        self._iter: Iterator[Any] | None = None
+        self._next_step: int | None = None
         # samples of this rank consumed before step ``_base_step`` (from a checkpoint: its saved
         # position, which may come from a run with another batch size)
         self._base_step, self._base_consumed = 0, 0
@@ -129,27 +131,28 @@ class ImageFolderData:
     def _consumed(self, step: int) -> int:
         return self._base_consumed + (step - self._base_step) * self.batch_size
 
-    def _start(self, step: int) -> None:
+    def _start(self, step: int) -> Iterator[Any]:
         self.sampler.epoch, self.sampler.index = divmod(self._consumed(step), self.sampler.per_rank)
-        extra = {}
-        if self.workers > 0:
-            # fork: workers inherit the trainer's flag-only handlers until worker_init_fn ignores the
-            # stop signals (spawn/forkserver workers would die on a SIGTERM in that window)
-            extra["multiprocessing_context"] = "fork"
+        # fork: workers inherit the trainer's flag-only handlers until worker_init_fn ignores the
+        # stop signals (spawn/forkserver workers would die on a SIGTERM in that window)
+        context = "fork" if self.workers > 0 else None
         loader = torch.utils.data.DataLoader(
             self.dataset, batch_size=self.batch_size, sampler=self.sampler, num_workers=self.workers,
             pin_memory=self.device.type == "cuda", worker_init_fn=ignore_stop_signals_in_worker,
             persistent_workers=False, drop_last=True,
             # its base seed would otherwise be drawn from the global RNG (restored on resume)
-            generator=torch.Generator().manual_seed(loader_seed(self.seed, self.rank, step)), **extra,
+            generator=torch.Generator().manual_seed(loader_seed(self.seed, self.rank, step)),
+            multiprocessing_context=context,
         )
         self._iter = iter(loader)
         self._next_step = step
+        return self._iter
 
     def batch(self, step: int):
-        if self._iter is None or step != self._next_step:
-            self._start(step)
-        x, y = next(self._iter)
+        batches = self._iter
+        if batches is None or step != self._next_step:
+            batches = self._start(step)
+        x, y = next(batches)
         self._next_step = step + 1
         nb = self.device.type == "cuda"
         return x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)

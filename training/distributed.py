@@ -23,7 +23,7 @@ class DistInfo:
     local_world_size: int = 1
     node_rank: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    control_group: object = None  # gloo group (None = default group / no distribution)
+    control_group: dist.ProcessGroup | None = None  # gloo group (None = default group / no distribution)
 
     @property
     def is_distributed(self) -> bool:
@@ -57,13 +57,11 @@ def init_distributed(device_kind: str, timeout_s: float = 180.0) -> DistInfo:
     info = DistInfo(rank, world, local_rank, local_world, node_rank, device)
     if world > 1:
         backend = "nccl" if device_kind == "cuda" else "gloo"
-        kwargs = {"backend": backend, "timeout": timedelta(seconds=timeout_s)}
-        if backend == "nccl":
-            kwargs["device_id"] = device
-        dist.init_process_group(**kwargs)
+        timeout = timedelta(seconds=timeout_s)
+        dist.init_process_group(backend=backend, timeout=timeout, device_id=device if backend == "nccl" else None)
         # new_group's own default is 30 min for gloo, not the timeout above: pass it explicitly.
-        info.control_group = (dist.new_group(backend="gloo", timeout=kwargs["timeout"]) if backend == "nccl"
-                              else dist.group.WORLD)
+        group = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else dist.group.WORLD
+        info.control_group = group if isinstance(group, dist.ProcessGroup) else None  # every rank is a member
     return info
 
 

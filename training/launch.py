@@ -140,41 +140,55 @@ def _write_stop_file(path: str, reason: str) -> None:
         print(f"launch: cannot write the stop file {path}: {err}", file=sys.stderr, flush=True)
 
 
+class _SignalRelay:
+    """The launcher's stop signals: the first writes the stop file and forwards the signal to
+    torchrun ``grace`` seconds later (the trainer saves meanwhile); a second forwards at once."""
+
+    def __init__(self, proc: subprocess.Popen, stop_file: str, grace: float) -> None:
+        self.proc, self.stop_file, self.grace = proc, stop_file, grace
+        self.signals = 0
+        self.signum: int = signal.SIGTERM
+        self.forward_at: float | None = None
+        self.forwarded = False
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        self.signals += 1
+        if self.signals > 1:
+            self.forward()
+            return
+        self.signum = signum
+        name = signal.Signals(signum).name
+        _write_stop_file(self.stop_file, f"launch: {name}")
+        self.forward_at = time.monotonic() + self.grace
+        print(f"launch: {name}: stop file written, waiting for the save", file=sys.stderr, flush=True)
+
+    def due(self) -> bool:
+        return self.forward_at is not None and time.monotonic() >= self.forward_at
+
+    def forward(self) -> None:
+        if self.forwarded or self.proc.poll() is not None:
+            return
+        self.forwarded = True
+        print(f"launch: forwarding {signal.Signals(self.signum).name} to torchrun", file=sys.stderr, flush=True)
+        try:
+            self.proc.send_signal(self.signum)
+        except ProcessLookupError:
+            pass
+
+
 def run(cmd: list[str], stop_file: str, grace: float) -> int:
     """Run torchrun; on SIGTERM/SIGINT/SIGHUP write the stop file, forward the signal after ``grace``
     seconds (at once on a second signal) and keep waiting. Returns torchrun's exit code."""
     proc = subprocess.Popen(cmd)
-    state = {"signals": 0, "forward_at": None, "forwarded": False, "signum": signal.SIGTERM}
-
-    def forward() -> None:
-        if not state["forwarded"] and proc.poll() is None:
-            state["forwarded"] = True
-            print(f"launch: forwarding {signal.Signals(state['signum']).name} to torchrun", file=sys.stderr,
-                  flush=True)
-            try:
-                proc.send_signal(state["signum"])
-            except ProcessLookupError:
-                pass
-
-    def on_signal(signum, frame):
-        state["signals"] += 1
-        if state["signals"] == 1:
-            state["signum"] = signum
-            _write_stop_file(stop_file, f"launch: {signal.Signals(signum).name}")
-            state["forward_at"] = time.monotonic() + grace
-            print(f"launch: {signal.Signals(signum).name}: stop file written, waiting for the save",
-                  file=sys.stderr, flush=True)
-        else:
-            forward()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    relay = _SignalRelay(proc, stop_file, grace)
+    previous = {s: signal.signal(s, relay.on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     try:
         while True:
             try:
                 return proc.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
-                if state["forward_at"] is not None and time.monotonic() >= state["forward_at"]:
-                    forward()
+                if relay.due():
+                    relay.forward()
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

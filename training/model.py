@@ -7,12 +7,13 @@ resume is tested by comparing it with an undisturbed run's.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 
 def create_model(name: str, num_classes: int, image_size: int, drop_path_rate: float = 0.0):
     import timm
 
-    extra = {"drop_path_rate": drop_path_rate} if drop_path_rate else {}
+    extra: dict[str, Any] = {"drop_path_rate": drop_path_rate} if drop_path_rate else {}
     try:
         return timm.create_model(name, pretrained=False, num_classes=num_classes, img_size=image_size, **extra)
     except TypeError:  # models without an img_size argument (CNNs)

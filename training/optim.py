@@ -7,16 +7,14 @@ import torch
 
 
 def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float = 0.05, device: str = "cpu"):
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         (no_decay if p.ndim <= 1 or name.endswith(".bias") else decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    kwargs = {"lr": lr, "betas": (0.9, 0.999), "eps": 1e-8}
-    if device == "cuda":
-        kwargs["fused"] = True
-    return torch.optim.AdamW(groups, **kwargs)
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=True if device == "cuda" else None)
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, min_ratio: float = 0.0):

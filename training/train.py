@@ -13,9 +13,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from . import exitcodes
 from .config import FIELDS
+
+if TYPE_CHECKING:
+    from .data import ImageFolderData, SyntheticData
 from .model import create_model, params_sha256
 
 
@@ -93,7 +97,7 @@ def rng_state(cuda: bool) -> dict:
     import numpy as np
     import torch
 
-    algo, keys, pos, has_gauss, cached = np.random.get_state()
+    algo, keys, pos, has_gauss, cached = cast(tuple[str, Any, int, int, float], np.random.get_state(legacy=True))
     st = {"python": random.getstate(),
           "numpy": {"algo": algo, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
                     "has_gauss": int(has_gauss), "cached": float(cached)},
@@ -173,7 +177,12 @@ class Trainer:
         self.cuda = self.device_kind == "cuda"
         self.info = D.init_distributed(self.device_kind, timeout_s=args.dist_timeout_s)
         self._set_kernels_and_seeds()
-        return self._build_model() or self._build_data() or self._build_checkpointer()
+        for build in (self._build_model, self._build_data):
+            failed = build()
+            if failed is not None:
+                return failed
+        self._build_checkpointer()
+        return None
 
     def _set_kernels_and_seeds(self) -> None:
         import numpy as np
@@ -216,6 +225,7 @@ class Trainer:
         from .data import ImageFolderData, SyntheticData
 
         args, info = self.args, self.info
+        self.data: SyntheticData | ImageFolderData
         if args.data == "synthetic":
             self.data = SyntheticData(args.batch_size, args.image_size, args.num_classes, args.seed, info.rank,
                                       info.device)
@@ -293,7 +303,8 @@ class Trainer:
             src = min(r for r, d in enumerate(everywhere) if d["step"] == newest)
             point = Resume(step=newest, source_rank=src, path=everywhere[src]["path"],
                            saved_everywhere=all(d["step"] == newest for d in everywhere if d["writer"]))
-            self._load(D.broadcast_state(found[2] if self.info.rank == src else None, src, self.info), point)
+            held = found[2] if found is not None and self.info.rank == src else None  # src holds the newest
+            self._load(D.broadcast_state(held, src, self.info), point)
         return None
 
     def _load(self, state: dict, point: Resume) -> None:

@@ -27,12 +27,21 @@ def _covers_ssh(allowed) -> bool:
     return False
 
 
+def _within(net: ipaddress.IPv4Network | ipaddress.IPv6Network,
+            allowed: ipaddress.IPv4Network | ipaddress.IPv6Network) -> bool:
+    if isinstance(net, ipaddress.IPv4Network) and isinstance(allowed, ipaddress.IPv4Network):
+        return net.subnet_of(allowed)
+    if isinstance(net, ipaddress.IPv6Network) and isinstance(allowed, ipaddress.IPv6Network):
+        return net.subnet_of(allowed)
+    return False  # another IP version
+
+
 def _wider(ranges, allowed_cidrs: list[str]) -> list[str]:
     allowed = [ipaddress.ip_network(c, strict=False) for c in allowed_cidrs]
     out = []
     for cidr in ranges:
         net = ipaddress.ip_network(cidr, strict=False)
-        if not any(net.version == a.version and net.subnet_of(a) for a in allowed):
+        if not any(_within(net, a) for a in allowed):
             out.append(cidr)
     return out
 

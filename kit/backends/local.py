@@ -30,10 +30,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
 from training.contract import SPOT, read_json, write_json_atomic
+
+if TYPE_CHECKING:
+    from kit.local.injector import Injector
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,7 @@ def _kill_all_at_exit() -> None:
 atexit.register(_kill_all_at_exit)
 
 
+_PRCTL: Callable[..., int] | None
 try:  # resolved in the parent: the child only calls it (no imports between fork and exec)
     import ctypes
 
@@ -112,7 +117,7 @@ class LocalBackend(Backend):
         self.clock = clock
         self.node_command = node_command or LocalBackend.trainer_command
         self.spot_available = spot_available  # tests: a stand-in for the injector's capacity
-        self.injector = None  # replays preemptions from the trace (attach)
+        self.injector: Injector | None = None  # replays preemptions from the trace (attach)
         self._crashed_since: float | None = None
         self._restarts = 0
         self.use_agent = use_agent
@@ -318,6 +323,9 @@ class LocalBackend(Backend):
         return cmd
 
     def start_node(self, rank: int) -> None:
+        endpoint = self.endpoint
+        if endpoint is None:
+            raise RuntimeError("start_node before bootstrap chose the rendezvous endpoint")
         state = self.read_state(rank)
         node_dir = self.node_dir(rank)
         (node_dir / "metadata").mkdir(parents=True, exist_ok=True)
@@ -328,7 +336,7 @@ class LocalBackend(Backend):
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "KIT_NODE_RANK": str(rank)}
         procs = []
         with open(node_dir / "train.log", "ab") as log:
-            procs.append(subprocess.Popen(self.node_command(self, rank, self.endpoint), cwd=node_dir, env=env,
+            procs.append(subprocess.Popen(self.node_command(self, rank, endpoint), cwd=node_dir, env=env,
                                           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           start_new_session=True, preexec_fn=_pdeathsig))  # noqa: PLW1509
         if self.use_agent and state is not None:

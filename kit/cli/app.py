@@ -47,7 +47,7 @@ class App(typer.Typer):
         kwargs.setdefault("add_completion", False)
         super().__init__(**kwargs)
 
-    def command(self, *args: Any, **kwargs: Any):  # type: ignore[override]
+    def command(self, *args: Any, **kwargs: Any):
         register = super().command(*args, **kwargs)
 
         def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:

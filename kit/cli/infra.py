@@ -49,10 +49,10 @@ def example(
             first = next((line.lstrip("# ").strip() for line in path.read_text().splitlines() if line.strip()), "")
             console.print(f"{stem:<14} {first}", highlight=False, soft_wrap=True)
         return
-    path = examples.get(name.removesuffix(".yaml"))
-    if path is None:
+    chosen = examples.get(name.removesuffix(".yaml"))
+    if chosen is None:
         raise InputError(f"no example named {name!r}", where="kit example NAME", fix=f"use one of: {', '.join(examples)}")
-    typer.echo(path.read_text(), nl=False)
+    typer.echo(chosen.read_text(), nl=False)
 
 
 @app.command("validate")

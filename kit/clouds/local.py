@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, ValidationInfo, model_validator
 
@@ -28,9 +28,11 @@ class LocalSpec(SpecBase):
     gpus_per_node: int = Field(1, ge=1)  # processes per node
     local: LocalSection = Field(default_factory=LocalSection)
 
-    def with_run_options(self, *, time_scale: float | None = None, preempt_every: float | None = None,
-                         no_preemptions: bool = False) -> LocalSpec:
+    def with_run_options(self, **options: Any) -> LocalSpec:
         """``kit train --time-scale/--preempt-every/--no-preemptions`` over the spec's local section."""
+        time_scale, preempt_every = options.pop("time_scale", None), options.pop("preempt_every", None)
+        no_preemptions = options.pop("no_preemptions", False)
+        super().with_run_options(**options)  # refuses any other option
         update: dict = {}
         for flag, name, value in (("--time-scale", "time_scale", time_scale),
                                   ("--preempt-every", "preempt_every_seconds", preempt_every)):

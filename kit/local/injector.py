@@ -136,8 +136,8 @@ class Injector:
         if not self.enabled:
             return
         running = self.running_spot()
-        if self.trace is not None:
-            capacity = self.capacity()
+        capacity = self.capacity()
+        if capacity is not None:
             excess = len(running) + len([r for r in self.pending]) - capacity
             for rank in sorted(running, reverse=True)[:max(0, excess)]:
                 self.notice(rank)

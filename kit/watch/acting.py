@@ -124,18 +124,18 @@ class Actor:
         attempt_id = self.ledger.start_apply(decision.id, decision.market_after, now)
         attempt = self.ledger.applies(decision_id=decision.id)[-1]
         assert attempt.id == attempt_id
+        market = decision.market_after  # None: a release
         try:
-            if decision.action == "release":
+            if decision.action == "release" or market is None:
                 self.backend.destroy(keep_disks=True)
-                nodes: list[Node] = []
+                nodes = []
             else:
-                spec = self.spec.with_market(decision.market_after)
-                nodes = self.backend.apply(spec, decision.market_after)
+                nodes = self.backend.apply(self.spec.with_market(market), market)
         except CapacityError as error:
             return self._failed(decision, attempt_id, str(error), capacity=True)
         except KitError as error:
             return self._failed(decision, attempt_id, str(error), capacity=False)
-        wrong_market = self.market_mismatch(nodes, decision.market_after)
+        wrong_market = self.market_mismatch(nodes, market)
         if wrong_market:
             return self._failed(decision, attempt_id, wrong_market, capacity=False)
         # The cloud runs these nodes now, whatever the bootstrap below does: the ledger says so
@@ -144,7 +144,7 @@ class Actor:
                                  now=self.clock())
         return self._finish(decision, attempt, nodes)
 
-    def market_mismatch(self, nodes: list[Node], market: str) -> str | None:
+    def market_mismatch(self, nodes: list[Node], market: str | None) -> str | None:
         """Why the applied nodes do not run on ``market``, or None. An apply that "succeeded" may
         still have left the instances where they were (a Terraform change the provider planned as
         a no-op), so the ledger, the cost and the deadline safety net must not take the market

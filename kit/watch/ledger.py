@@ -142,6 +142,13 @@ class NodeRow:
     lost_kind: str | None = None  # 'preemption' / 'instance-lost' when this incarnation was lost
 
 
+def _rowid(cursor: sqlite3.Cursor) -> int:
+    """The id SQLite gave the row an INSERT just added."""
+    if cursor.lastrowid is None:
+        raise RuntimeError("INSERT returned no row id")
+    return cursor.lastrowid
+
+
 def _row(cls, row: sqlite3.Row):
     data = dict(row)
     if cls is Apply:
@@ -326,7 +333,8 @@ class Ledger:
             return cursor.rowcount == 1
 
     def events(self, *, after_id: int = 0, kinds: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-        sql, args = "SELECT * FROM events WHERE id > ?", [after_id]
+        sql = "SELECT * FROM events WHERE id > ?"
+        args: list[Any] = [after_id]
         if kinds:
             sql += f" AND kind IN ({','.join('?' * len(kinds))})"
             args += list(kinds)
@@ -389,7 +397,7 @@ class Ledger:
                 "INSERT INTO decisions(created, policy, decision, action, market_before, market_after, reason, status)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, 'pending')",
                 (now, policy, decision, action, market_before, market_after, reason))
-            return cursor.lastrowid
+            return _rowid(cursor)
 
     def decision(self, decision_id: int) -> Decision:
         return _row(Decision, self._query("SELECT * FROM decisions WHERE id = ?", (decision_id,))[0])
@@ -420,11 +428,13 @@ class Ledger:
     def start_apply(self, decision_id: int, market: str | None, now: float) -> int:
         with self.transaction() as db:
             db.execute("UPDATE decisions SET attempts = attempts + 1 WHERE id = ?", (decision_id,))
-            return db.execute("INSERT INTO applies(decision_id, started, market, status) VALUES (?, ?, ?, 'started')",
-                              (decision_id, now, market)).lastrowid
+            return _rowid(db.execute(
+                "INSERT INTO applies(decision_id, started, market, status) VALUES (?, ?, ?, 'started')",
+                (decision_id, now, market)))
 
     def applies(self, *, decision_id: int | None = None, status: str | None = None) -> list[Apply]:
-        sql, args = "SELECT * FROM applies WHERE 1=1", []
+        sql = "SELECT * FROM applies WHERE 1=1"
+        args: list[Any] = []
         if decision_id is not None:
             sql, args = sql + " AND decision_id = ?", args + [decision_id]
         if status is not None:
@@ -568,14 +578,14 @@ class Ledger:
         """Record a deployment made before the first watcher (``kit apply``) in one transaction:
         a done ``launch`` decision, an adopted ``ok`` apply and its nodes."""
         with self.transaction() as db:
-            decision = db.execute(
+            decision = _rowid(db.execute(
                 "INSERT INTO decisions(created, policy, decision, action, market_before, market_after, reason, status,"
                 " finished) VALUES (?, ?, ?, 'launch', NULL, ?, 'adopted the deployment found at start', 'done', ?)",
-                (now, policy, market, market, now)).lastrowid
-            attempt = db.execute(
+                (now, policy, market, market, now)))
+            attempt = _rowid(db.execute(
                 "INSERT INTO applies(decision_id, started, finished, market, status, adopted, nodes)"
                 " VALUES (?, ?, ?, ?, 'applied', 1, ?)",
-                (decision, now, now, market, json.dumps(nodes, sort_keys=True))).lastrowid
+                (decision, now, now, market, json.dumps(nodes, sort_keys=True))))
             self.finish_apply(attempt, decision, nodes, market, now)  # nested: RLock, same transaction
 
     def market(self) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from kit.watch.events import PROGRESS, Event
 
@@ -22,7 +23,7 @@ class ProgressPuller:
         self.every_s = every_s
         self.time_scale = time_scale  # the local cloud's compressed clock: step times in trace seconds
         self._last_pull = float("-inf")
-        self._last_key = None
+        self._last_key: tuple[Any, Any, Any] | None = None
 
     def pull(self, force: bool = False) -> dict | None:
         """Read and record the newest progress; at most every ``every_s`` wall seconds unless forced.

@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kit.watch.ledger import Ledger, WatcherLock
+
+if TYPE_CHECKING:
+    from kit.backends.base import Backend
+    from kit.watch.server import WatcherServer
 
 LEDGER_FILE = "ledger.sqlite"
 LOCK_FILE = "watcher.lock"
@@ -46,8 +51,8 @@ class Session:
         self.deploy_dir = Path(deploy_dir)
         self.wake = threading.Event()  # an agent's notice or "done" ends the wait for the next tick
         self._lock: WatcherLock | None = None
-        self._server = None
-        self.backend = None
+        self._server: WatcherServer | None = None
+        self._backend: Backend | None = None
 
     # ------------------------------------------------------------------ lock and ledger
     def __enter__(self) -> Session:  # noqa: PYI034
@@ -66,8 +71,8 @@ class Session:
         try:
             if self._server is not None:
                 self._server.stop()
-            if self.backend is not None:
-                self.backend.close()
+            if self._backend is not None:
+                self._backend.close()
         finally:
             if self._lock is not None:
                 self._lock.__exit__(*exc)
@@ -88,22 +93,30 @@ class Session:
         self.policy = make_policy_for(spec)
         cloud = spec.cloud_facts
         host, port = parse_listen(listen or cloud.listen_default(advertise_url))
-        self._server = WatcherServer({spec.name: self.token}, ledger_sink(self.ledger, self.wake), host=host,
-                                     port=port).start()
-        self.url = cloud.agent_url(advertise_url, self._server.url, host in ("0.0.0.0", "::"))
-        self.backend = backend_for(spec, self.deploy_dir, watcher_url=self.url, watcher_token=self.token)
-        self.clock = self.backend.attach(self.ledger)
-        self.interval_s = interval_s or self.backend.tick_interval_s
+        server = self._server = WatcherServer({spec.name: self.token}, ledger_sink(self.ledger, self.wake),
+                                              host=host, port=port).start()
+        self.url = cloud.agent_url(advertise_url, server.url, host in ("0.0.0.0", "::"))
+        backend = self._backend = backend_for(spec, self.deploy_dir, watcher_url=self.url, watcher_token=self.token)
+        self.clock = backend.attach(self.ledger)
+        self.interval_s = interval_s or backend.tick_interval_s
         source = sources.source_for(spec, self.deploy_dir)
         # The watcher's tick, in clock hours, is interval x scale, or longer when an apply +
         # bootstrap takes longer (kit.watch.watcher.Watcher.tick_hours).
-        self.watcher = Watcher(spec, self.ledger, Actor(self.backend, self.ledger, spec, clock=self.clock, source=source),
+        self.watcher = Watcher(spec, self.ledger, Actor(backend, self.ledger, spec, clock=self.clock, source=source),
                                self.policy, source=source, interval_s=self.interval_s, clock=self.clock,
-                               observation=observation_type(), time_scale=self.backend.time_scale)
+                               observation=observation_type(), time_scale=backend.time_scale)
         self.watcher.wake = self.wake
-        self.puller = ProgressPuller(self.backend, self.ledger, source=spec.cloud, clock=self.clock,
-                                     time_scale=self.backend.time_scale, every_s=self.backend.progress_every_s)
+        self.puller = ProgressPuller(backend, self.ledger, source=spec.cloud, clock=self.clock,
+                                     time_scale=backend.time_scale, every_s=backend.progress_every_s)
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            raise RuntimeError("Session.start() has not run")
+        return self._backend
 
     @property
     def server_url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("Session.start() has not run")
         return self._server.url

@@ -25,7 +25,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field
 
 from kit.policy import WAIT
 from kit.watch.acting import Actor, Outcome
@@ -284,6 +284,3 @@ class Watcher:
             self.wake.wait(self.interval_s)
             self.wake.clear()
 
-
-def observation_as_dict(observation) -> dict:
-    return asdict(observation) if is_dataclass(observation) else dict(vars(observation))

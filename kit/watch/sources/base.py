@@ -10,6 +10,7 @@ watcher replaced itself are ignored (see ``loss_events``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kit.watch.events import INSTANCE_LOST, PREEMPTION, Event
@@ -53,7 +54,7 @@ class SourceError(Exception):
     """A transient failure to reach the cloud API (the watcher retries next tick)."""
 
 
-def loss_events(poll: Poll, current: dict[str, int | None], source: str, now: float,
+def loss_events(poll: Poll, current: Mapping[str, int | None], source: str, now: float,
                 since: dict[str, float] | None = None) -> list[Event]:
     """Events for nodes of the current deployment (``instance -> rank``) that are gone.
 
@@ -69,6 +70,7 @@ def loss_events(poll: Poll, current: dict[str, int | None], source: str, now: fl
         status = seen.get(instance)
         if status is not None and status.state not in GONE_STATES:
             continue
+        reason: str | None
         if status is None:
             kind, state, reason, when = INSTANCE_LOST, "missing", "not listed by the cloud", now
         else:

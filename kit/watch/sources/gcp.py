@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
+from typing import Any
 
 from kit.clouds.gcp import Gcp
 from kit.errors import KitError
@@ -66,7 +67,7 @@ class GcpSource(EventSource):
         self.zone = zone
         self._credentials = credentials
         self._api_endpoint = api_endpoint
-        self._clients = None
+        self._clients: tuple[Any, Any] | None = None  # (InstancesClient, ZoneOperationsClient), made on first use
 
     def clients(self):
         if self._clients is None:
@@ -109,7 +110,7 @@ class GcpSource(EventSource):
         poll = Poll()
         by_id = {str(inst.id): inst for inst in instances}
         by_name = {inst.name: str(inst.id) for inst in instances}
-        preempted: dict[str, object] = {}
+        preempted: dict[str, Any] = {}  # instance id -> its newest preemption operation
         for op in operations:
             if op.operation_type != PREEMPTED_OPERATION:  # the filter is server-side; trust but check
                 continue
