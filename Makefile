@@ -26,14 +26,16 @@ install-python:
 install-tools: ## system packages and isolated tool environments (root needed for apt)
 	bash scripts/install-tools.sh
 
-test: ## the whole suite, slow integration tests included (this is what CI runs)
+test: lint ## lint, then the whole suite, slow integration tests included (this is what CI runs)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-fast: ## skip the slow integration tests
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
-lint:
+lint: ## ruff (style, size limits), mypy, and the architecture's import contracts (all in pyproject.toml)
 	$(BIN)/ruff check kit training tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 render: ## make render SPEC=examples/gcp-a3-spot.yaml [MARKET=on-demand]
 	$(BIN)/kit render $(SPEC) $(if $(MARKET),--market $(MARKET),)

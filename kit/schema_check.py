@@ -14,6 +14,7 @@ provider schema file); it is checked by hand for its two required arguments, and
 from __future__ import annotations
 
 import json
+from collections import Counter
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -86,56 +87,63 @@ def _literal_type_problem(value: Any, type_: Any) -> str | None:
 
 
 def _check_block(body: dict[str, Any], block: dict, where: str, problems: list[str]) -> None:
+    """``body`` (one block as python-hcl2 reads it) against its provider schema ``block``."""
     attrs = block.get("attributes", {})
     blocks = block.get("block_types", {})
-    present_blocks: dict[str, int] = {}
+    present: Counter[str] = Counter()  # nested blocks given, by name
     for key, value in body.items():
         if key in META_ARGS:
             continue
         if key == "dynamic":
-            for dyn in value:
-                for label, spec in dyn.items():
-                    name = _unquote(label)
-                    if name not in blocks:
-                        problems.append(f"{where}: unknown dynamic block {name!r}")
-                        continue
-                    present_blocks[name] = present_blocks.get(name, 0) + 1
-                    for content in spec.get("content", []):
-                        _check_block(content, blocks[name]["block"], f"{where}.{name}", problems)
-            continue
-        if key in attrs:
-            a = attrs[key]
-            if _is_block(value):
-                problems.append(f"{where}: {key!r} is an attribute, written as a block (use `{key} = ...`)")
+            _check_dynamic(value, blocks, where, problems, present)
+        elif key in attrs:
+            _check_attribute(key, value, attrs[key], where, problems)
+        elif key in blocks:
+            _check_nested(key, value, blocks[key], where, problems, present)
+        else:
+            problems.append(f"{where}: unknown attribute or block {key!r}")
+    problems += [f"{where}: required attribute {name!r} is missing"
+                 for name, a in attrs.items() if a.get("required") and name not in body]
+    problems += [f"{where}: required block {name!r} is missing"
+                 for name, spec in blocks.items() if (spec.get("min_items") or 0) > 0 and not present[name]]
+
+
+def _check_dynamic(value: list, blocks: dict, where: str, problems: list[str], present: Counter[str]) -> None:
+    for dyn in value:
+        for label, spec in dyn.items():
+            name = _unquote(label)
+            if name not in blocks:
+                problems.append(f"{where}: unknown dynamic block {name!r}")
                 continue
-            wanted = _literal_type_problem(value, a.get("type"))
-            if wanted:
-                problems.append(f"{where}: {key!r} must be {wanted} (got {value!r})")
-            if a.get("computed") and not a.get("optional") and not a.get("required"):
-                problems.append(f"{where}: {key!r} is computed-only and cannot be set")
-            if a.get("deprecated"):
-                problems.append(f"{where}: {key!r} is deprecated in the provider")
-            continue
-        if key in blocks:
-            if not _is_block(value):
-                problems.append(f"{where}: {key!r} is a block, written as an attribute (use `{key} {{ ... }}`)")
-                continue
-            items = [i for i in value if isinstance(i, dict)]
-            present_blocks[key] = present_blocks.get(key, 0) + len(items)
-            spec = blocks[key]
-            max_items = spec.get("max_items") or (1 if spec.get("nesting_mode") == "single" else 0)
-            if max_items and len(items) > max_items:
-                problems.append(f"{where}: block {key!r} given {len(items)} times (at most {max_items})")
-            for item in items:
-                _check_block(item, spec["block"], f"{where}.{key}", problems)
-            continue
-        problems.append(f"{where}: unknown attribute or block {key!r}")
-    for name, a in attrs.items():
-        if a.get("required") and name not in body:
-            problems.append(f"{where}: required attribute {name!r} is missing")
-    for name, spec in blocks.items():
-        if (spec.get("min_items") or 0) > 0 and not present_blocks.get(name):
-            problems.append(f"{where}: required block {name!r} is missing")
+            present[name] += 1
+            for content in spec.get("content", []):
+                _check_block(content, blocks[name]["block"], f"{where}.{name}", problems)
+
+
+def _check_attribute(key: str, value: Any, a: dict, where: str, problems: list[str]) -> None:
+    if _is_block(value):
+        problems.append(f"{where}: {key!r} is an attribute, written as a block (use `{key} = ...`)")
+        return
+    wanted = _literal_type_problem(value, a.get("type"))
+    if wanted:
+        problems.append(f"{where}: {key!r} must be {wanted} (got {value!r})")
+    if a.get("computed") and not a.get("optional") and not a.get("required"):
+        problems.append(f"{where}: {key!r} is computed-only and cannot be set")
+    if a.get("deprecated"):
+        problems.append(f"{where}: {key!r} is deprecated in the provider")
+
+
+def _check_nested(key: str, value: Any, spec: dict, where: str, problems: list[str], present: Counter[str]) -> None:
+    if not _is_block(value):
+        problems.append(f"{where}: {key!r} is a block, written as an attribute (use `{key} {{ ... }}`)")
+        return
+    items = [i for i in value if isinstance(i, dict)]
+    present[key] += len(items)
+    max_items = spec.get("max_items") or (1 if spec.get("nesting_mode") == "single" else 0)
+    if max_items and len(items) > max_items:
+        problems.append(f"{where}: block {key!r} given {len(items)} times (at most {max_items})")
+    for item in items:
+        _check_block(item, spec["block"], f"{where}.{key}", problems)
 
 
 def check_file(path: str | Path, schemas_root: str | Path | None = None) -> list[str]:

@@ -94,68 +94,111 @@ def start_ticks(trace: Trace, params: Params) -> list[int]:
     return [int(s) for s in np.linspace(0, len(trace) - span, params.starts).astype(int)]
 
 
+@dataclass(frozen=True)
+class _Window:
+    """What a replay from tick ``start`` sees: ``span`` ticks of one trace, and the job's terms."""
+
+    G: float  # tick (hours)
+    N: int  # nodes
+    C0: float  # compute the job needs (hours)
+    R0: float  # deadline (hours)
+    d: float  # changeover (hours)
+    span: int
+    avail: list[bool]  # spot usable by the whole gang, per tick
+    spot_prices: list[float]
+    q: float  # on-demand price
+
+    @classmethod
+    def of(cls, trace: Trace, start: int, params: Params) -> _Window:
+        G = trace.tick_h
+        span = span_ticks(params, G)
+        return cls(G=G, N=params.nodes, C0=params.job_h, R0=params.deadline_h, d=params.changeover_h, span=span,
+                   avail=trace.spot_available(params.nodes)[start:start + span],
+                   spot_prices=trace.spot_prices(params.spot_price)[start:start + span],
+                   q=float(trace.on_demand_price(params.on_demand_price)))
+
+    @property
+    def baseline(self) -> float:
+        """The cost of the job on on-demand from the start: one changeover, then the compute."""
+        return self.N * self.q * (self.C0 + self.d)
+
+
+class _PolicyReplay:
+    """One policy, tick by tick: observe, decide, switch markets, hold (and pay) the tick."""
+
+    def __init__(self, window: _Window, policy, policy_name: str, record: bool) -> None:
+        self.w, self.policy, self.policy_name, self.record = window, policy, policy_name, record
+        self.market: str | None = None
+        self.setup_left = self.progress = self.cost = self.spot_h = self.od_h = 0.0
+        self.done_h: float | None = None
+        self.launches = 0
+        self.timeline: list[dict] = []
+
+    def decide(self, i: int) -> str:
+        w = self.w
+        preempted = False
+        if self.market == SPOT and not w.avail[i]:
+            self.market, preempted = None, True
+        obs = Observation(now_h=i * w.G, progress_h=self.progress, job_h=w.C0, deadline_h=w.R0, changeover_h=w.d,
+                          market=self.market, spot_available=bool(w.avail[i]), preempted=preempted, tick_h=w.G,
+                          spot_price=float(w.spot_prices[i]), on_demand_price=w.q)
+        decision = self.policy.decide(obs)
+        if decision not in (SPOT, ON_DEMAND, WAIT):
+            raise ValueError(f"policy {self.policy_name} answered {decision!r}")
+        return WAIT if decision == SPOT and not w.avail[i] else decision
+
+    def switch(self, decision: str) -> None:
+        if decision == WAIT:
+            self.market = None
+        elif decision != self.market:  # every launch first spends the changeover, billed
+            self.market, self.setup_left = decision, self.w.d
+            self.launches += 1
+
+    def hold(self, i: int) -> float:
+        """Hours held in tick ``i`` (changeover first, then work until the job is done)."""
+        w = self.w
+        if self.market is None:
+            return 0.0
+        setup = min(self.setup_left, w.G)
+        work = min(w.G - setup, w.C0 - self.progress)
+        held = setup + work
+        self.setup_left -= setup
+        self.progress += work
+        self.cost += w.N * (w.spot_prices[i] if self.market == SPOT else w.q) * held
+        if self.market == SPOT:
+            self.spot_h += held
+        else:
+            self.od_h += held
+        return held
+
+    def run(self, trace_name: str, start: int) -> Run:
+        w = self.w
+        for i in range(w.span):
+            decision = self.decide(i)
+            self.switch(decision)
+            held = self.hold(i)
+            if self.record:
+                self.timeline.append({"t": i * w.G, "market": self.market, "progress": self.progress,
+                                      "spot": bool(w.avail[i]), "decision": decision})
+            if self.progress >= w.C0 - EPS:
+                self.done_h = i * w.G + held
+                break
+        if self.done_h is None:  # finish on on-demand after the window, for the cost
+            rest = w.d + (w.C0 - self.progress)
+            self.cost += w.N * w.q * rest
+            self.od_h += rest
+        return Run(trace=trace_name, start=start, policy=self.policy_name, cost=self.cost,
+                   cost_vs_on_demand=self.cost / w.baseline, done_h=self.done_h,
+                   missed=self.done_h is None or self.done_h > w.R0 + 1e-7, spot_h=self.spot_h, on_demand_h=self.od_h,
+                   launches=self.launches, timeline=self.timeline)
+
+
 def simulate_policy(trace: Trace, start: int, policy_name: str, params: Params, *, record: bool = False,
                     policy_params: dict | None = None, policy=None) -> Run:
     """Replay one policy (by name, or a ready ``policy`` object) from tick ``start``."""
-    G, N, C0, R0, d = trace.tick_h, params.nodes, params.job_h, params.deadline_h, params.changeover_h
-    span = span_ticks(params, G)
-    avail = trace.spot_available(N)[start:start + span]
-    spot_prices = trace.spot_prices(params.spot_price)[start:start + span]
-    q = trace.on_demand_price(params.on_demand_price)
     if policy is None:
         policy = make_policy(policy_name, **(policy_params or {}))
-    market: str | None = None
-    setup_left = 0.0
-    progress = 0.0
-    cost = 0.0
-    done_h = None
-    spot_h = od_h = 0.0
-    launches = 0
-    timeline: list[dict] = []
-    for i in range(span):
-        now = i * G
-        preempted = False
-        if market == SPOT and not avail[i]:
-            market, preempted = None, True
-        obs = Observation(now_h=now, progress_h=progress, job_h=C0, deadline_h=R0, changeover_h=d, market=market,
-                          spot_available=bool(avail[i]), preempted=preempted, tick_h=G,
-                          spot_price=float(spot_prices[i]), on_demand_price=float(q))
-        decision = policy.decide(obs)
-        if decision not in (SPOT, ON_DEMAND, WAIT):
-            raise ValueError(f"policy {policy_name} answered {decision!r}")
-        if decision == SPOT and not avail[i]:
-            decision = WAIT
-        if decision == WAIT:
-            market = None
-        elif decision != market:
-            market, setup_left = decision, d
-            launches += 1
-        held = 0.0
-        if market is not None:
-            setup = min(setup_left, G)
-            work = min(G - setup, C0 - progress)
-            held = setup + work
-            setup_left -= setup
-            progress += work
-            price = spot_prices[i] if market == SPOT else q
-            cost += N * price * held
-            if market == SPOT:
-                spot_h += held
-            else:
-                od_h += held
-        if record:
-            timeline.append({"t": now, "market": market, "progress": progress, "spot": bool(avail[i]),
-                             "decision": decision})
-        if progress >= C0 - EPS:
-            done_h = now + held
-            break
-    missed = done_h is None or done_h > R0 + 1e-7
-    if done_h is None:  # finish on on-demand after the window, for the cost
-        cost += N * q * (d + (C0 - progress))
-        od_h += d + (C0 - progress)
-    baseline = N * q * (C0 + d)
-    return Run(trace=trace.name, start=start, policy=policy_name, cost=cost, cost_vs_on_demand=cost / baseline,
-               done_h=done_h, missed=missed, spot_h=spot_h, on_demand_h=od_h, launches=launches, timeline=timeline)
+    return _PolicyReplay(_Window.of(trace, start, params), policy, policy_name, record).run(trace.name, start)
 
 
 # --------------------------------------------------------------------------------------- opt
@@ -172,77 +215,76 @@ def _grid(G: float, d: float, C0: float) -> tuple[float, list[int], int]:
     return u, [math.ceil(p / u - 1e-9) for p in progress], math.floor(C0 / u + 1e-9)  # optimistic
 
 
-def simulate_opt(trace: Trace, start: int, params: Params) -> Run:
-    """Cheapest way to finish by R0 knowing the whole trace (same model, DP)."""
-    G, N, C0, R0, d = trace.tick_h, params.nodes, params.job_h, params.deadline_h, params.changeover_h
-    span = span_ticks(params, G)
-    avail = trace.spot_available(N)[start:start + span]
-    spot_prices = trace.spot_prices(params.spot_price)[start:start + span]
-    q = trace.on_demand_price(params.on_demand_price)
-    u, prog_units, target = _grid(G, d, C0)
-    P = len(prog_units)  # phases 0..P-1; the last one is "running"
-    inf = math.inf
-    # states: idle [target], spot[P][target], od[P][target]: min cost, compute (units) < target
-    idle = np.full(target, inf)
-    idle[0] = 0.0
-    spot = np.full((P, target), inf)
-    od = np.full((P, target), inf)
-    best = inf
-    idx = np.arange(target)
+class _Opt:
+    """The omniscient bound, by dynamic programming: per tick, the least cost of every state
+    (idle; spot or on-demand in phase j since launch; compute done, in grid units < target)."""
 
-    def advance(from_cost: np.ndarray, phase: int, price: float, now: float, dest: np.ndarray):
+    def __init__(self, window: _Window) -> None:
+        w = self.w = window
+        self.u, self.prog_units, self.target = _grid(w.G, w.d, w.C0)
+        self.P = len(self.prog_units)  # phases 0..P-1; the last one is "running"
+        self.idle = np.full(self.target, math.inf)
+        self.idle[0] = 0.0
+        self.spot = np.full((self.P, self.target), math.inf)
+        self.od = np.full((self.P, self.target), math.inf)
+        self.best = math.inf
+        self.idx = np.arange(self.target)
+
+    def advance(self, from_cost: np.ndarray, phase: int, price: float, now: float, dest: np.ndarray) -> None:
         """Hold one tick in ``phase`` from states ``from_cost``; finish or land in ``dest`` (next phase)."""
-        nonlocal best
-        setup_h = min(G, max(0.0, d - phase * G))
-        p = prog_units[phase]
-        finishing = idx + p >= target
+        w, target = self.w, self.target
+        setup_h = min(w.G, max(0.0, w.d - phase * w.G))
+        p = self.prog_units[phase]
+        finishing = self.idx + p >= target
         if finishing.any():
             fc = from_cost[finishing]
             if np.isfinite(fc).any():
-                rem_h = C0 - idx[finishing] * u
-                finish_t = now + setup_h + rem_h
-                ok = finish_t <= R0 + 1e-7
+                rem_h = w.C0 - self.idx[finishing] * self.u
+                ok = now + setup_h + rem_h <= w.R0 + 1e-7
                 if ok.any():
-                    c = fc[ok] + N * price * (setup_h + rem_h[ok])
-                    best = min(best, float(c.min()))
-        cont = ~finishing
+                    self.best = min(self.best, float((fc[ok] + w.N * price * (setup_h + rem_h[ok])).min()))
         if p == 0:
-            np.minimum(dest, from_cost + N * price * G, out=dest)
+            np.minimum(dest, from_cost + w.N * price * w.G, out=dest)
         else:
-            src = from_cost[: target - p]
-            np.minimum(dest[p:], src + N * price * G, out=dest[p:])
-        del cont
+            np.minimum(dest[p:], from_cost[: target - p] + w.N * price * w.G, out=dest[p:])
 
-    for i in range(span):
-        now = i * G
-        if now >= R0 - EPS:
-            break
-        new_idle = np.full(target, inf)
-        new_spot = np.full((P, target), inf)
-        new_od = np.full((P, target), inf)
-        if not avail[i]:
-            idle = np.minimum(idle, spot.min(axis=0))  # spot cluster lost
-            spot = np.full((P, target), inf)
-        anything = np.minimum(idle, np.minimum(spot.min(axis=0), od.min(axis=0)))
+    def tick(self, i: int) -> None:
+        w, P, now = self.w, self.P, i * self.w.G
+        new_idle = np.full(self.target, math.inf)
+        new_spot = np.full((P, self.target), math.inf)
+        new_od = np.full((P, self.target), math.inf)
+        if not w.avail[i]:
+            self.idle = np.minimum(self.idle, self.spot.min(axis=0))  # spot cluster lost
+            self.spot = np.full((P, self.target), math.inf)
         # wait
-        np.minimum(new_idle, anything, out=new_idle)
+        np.minimum(new_idle, np.minimum(self.idle, np.minimum(self.spot.min(axis=0), self.od.min(axis=0))),
+                   out=new_idle)
         # launch on-demand from idle or spot; continue on-demand
-        fresh_od = np.minimum(idle, spot.min(axis=0))
-        advance(fresh_od, 0, q, now, new_od[min(1, P - 1)])
+        self.advance(np.minimum(self.idle, self.spot.min(axis=0)), 0, w.q, now, new_od[min(1, P - 1)])
         for j in range(P):
-            advance(od[j], j, q, now, new_od[min(j + 1, P - 1)])
-        if avail[i]:
-            price = spot_prices[i]
-            fresh_spot = np.minimum(idle, od.min(axis=0))
-            advance(fresh_spot, 0, price, now, new_spot[min(1, P - 1)])
+            self.advance(self.od[j], j, w.q, now, new_od[min(j + 1, P - 1)])
+        if w.avail[i]:
+            price = w.spot_prices[i]
+            self.advance(np.minimum(self.idle, self.od.min(axis=0)), 0, price, now, new_spot[min(1, P - 1)])
             for j in range(P):
-                advance(spot[j], j, price, now, new_spot[min(j + 1, P - 1)])
-        idle, spot, od = new_idle, new_spot, new_od
-    baseline = N * q * (C0 + d)
-    missed = not math.isfinite(best)
-    cost = best if not missed else baseline
-    return Run(trace=trace.name, start=start, policy=OPT, cost=cost, cost_vs_on_demand=cost / baseline,
-               done_h=None, missed=missed)
+                self.advance(self.spot[j], j, price, now, new_spot[min(j + 1, P - 1)])
+        self.idle, self.spot, self.od = new_idle, new_spot, new_od
+
+    def run(self, trace_name: str, start: int) -> Run:
+        w = self.w
+        for i in range(w.span):
+            if i * w.G >= w.R0 - EPS:
+                break
+            self.tick(i)
+        missed = not math.isfinite(self.best)
+        cost = w.baseline if missed else self.best
+        return Run(trace=trace_name, start=start, policy=OPT, cost=cost, cost_vs_on_demand=cost / w.baseline,
+                   done_h=None, missed=missed)
+
+
+def simulate_opt(trace: Trace, start: int, params: Params) -> Run:
+    """Cheapest way to finish by R0 knowing the whole trace (same model, DP)."""
+    return _Opt(_Window.of(trace, start, params)).run(trace.name, start)
 
 
 def simulate(traces: list[Trace], policies: list[str], params: Params, *, policy_params: dict | None = None) -> dict:
@@ -297,41 +339,33 @@ def summarize(runs: list[Run], policies: list[str], params: Params, skipped: lis
 
 
 # --------------------------------------------------------------------------------------- plot
-def plot(traces: list[Trace], policies: list[str], params: Params, summary: dict, out: str) -> None:
-    """Progress vs time for one start, and cost per policy.
-
-    The start shown is, on the trace where the policies' mean costs differ most (on-demand and opt
-    left out), the start where they differ most.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _shown_start(traces: list[Trace], policies: list[str], params: Params, summary: dict) -> tuple[Trace, int]:
+    """On the trace where the policies' mean costs differ most (on-demand and opt left out), the
+    start where they differ most."""
     usable = [t for t in traces if start_ticks(t, params)]
+    if not usable:
+        raise InputError("no trace is long enough to plot", where="--plot", fix="use longer traces or a shorter deadline")
     per_trace = summary.get("per_trace") or {}
-
     compared = [p for p in policies if p not in (OPT, ON_DEMAND)]
 
     def spread(costs: list[float]) -> float:
         return max(costs) - min(costs) if len(costs) > 1 else 0.0
 
-    if not usable:
-        raise InputError("no trace is long enough to plot", where="--plot", fix="use longer traces or a shorter deadline")
     trace = max(usable, key=lambda t: spread([per_trace.get(t.name, {}).get(p, 0.0) for p in compared]))
     start = max(start_ticks(trace, params),
                 key=lambda s: spread([simulate_policy(trace, s, p, params).cost_vs_on_demand for p in compared]))
+    return trace, start
+
+
+def _plot_progress(ax, trace: Trace, start: int, policies: list[str], params: Params) -> None:
     G = trace.tick_h
-    fig, (ax, bars) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [2, 1]})
-    avail = trace.spot_available(params.nodes)[start:start + span_ticks(params, G)]
-    for i, up in enumerate(avail):
+    for i, up in enumerate(trace.spot_available(params.nodes)[start:start + span_ticks(params, G)]):
         if up:
             ax.axvspan(i * G, (i + 1) * G, color="tab:green", alpha=0.08, lw=0)
     ax.plot([0, params.deadline_h], [0, params.job_h], "k--", lw=1, label="uniform progress")
     ax.axvline(params.deadline_h, color="tab:red", lw=1, ls=":", label="deadline")
-    live = [p for p in policies if p != OPT]
     colors = {"spot": "tab:green", "on-demand": "tab:red"}
-    for n, name in enumerate(live):
+    for n, name in enumerate(p for p in policies if p != OPT):
         run = simulate_policy(trace, start, name, params, record=True)
         ts = [0.0] + [row["t"] + G for row in run.timeline]
         ps = [0.0] + [row["progress"] for row in run.timeline]
@@ -347,6 +381,9 @@ def plot(traces: list[Trace], policies: list[str], params: Params, summary: dict
     ax.set_title(f"{trace.name}, start tick {start}: progress (green shade: spot up; bands: spot/on-demand)",
                  fontsize=9)
     ax.legend(fontsize=7, loc="upper left")
+
+
+def _plot_costs(bars, policies: list[str], summary: dict) -> None:
     names = [p for p in policies if summary["cost_vs_on_demand"].get(p) is not None]
     values = [summary["cost_vs_on_demand"][p] for p in names]
     bars.bar(names, values, color=["tab:gray" if p == OPT else "tab:blue" for p in names])
@@ -356,6 +393,19 @@ def plot(traces: list[Trace], policies: list[str], params: Params, summary: dict
     misses = ", ".join(f"{p}={summary['deadline_misses'][p]}" for p in names if summary["deadline_misses"][p])
     bars.set_title(f"{summary['runs']} runs; deadline misses: {misses or 'none'}", fontsize=9)
     bars.tick_params(axis="x", rotation=30, labelsize=8)
+
+
+def plot(traces: list[Trace], policies: list[str], params: Params, summary: dict, out: str) -> None:
+    """Progress vs time for one start (``_shown_start``), and cost per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    trace, start = _shown_start(traces, policies, params, summary)
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [2, 1]})
+    _plot_progress(ax, trace, start, policies, params)
+    _plot_costs(bars, policies, summary)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

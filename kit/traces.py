@@ -13,6 +13,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kit.errors import InputError
 from kit.paths import SPOT_TRACES_DIR
@@ -65,7 +66,24 @@ def _number(value, where: str, *, positive: bool = False) -> float:
 
 
 def load_trace(path: str | Path) -> Trace:
+    """A trace file, checked: every problem is an InputError naming the file and the field."""
     path = Path(path)
+    raw = _read_object(path)
+    metadata = raw.get("metadata")
+    if not isinstance(metadata, dict):
+        raise InputError("missing 'metadata' object", where=str(path), fix=FIX)
+    if "gap_seconds" not in metadata:
+        raise InputError("missing metadata.gap_seconds", where=f"{path}: metadata.gap_seconds", fix=FIX)
+    gap = _number(metadata["gap_seconds"], f"{path}: metadata.gap_seconds", positive=True)
+    for key in ("spot_price_per_hour", "on_demand_price_per_hour"):
+        if metadata.get(key) is not None:
+            _number(metadata[key], f"{path}: metadata.{key}", positive=True)
+    counts = _counts(raw.get("data"), path)
+    return Trace(path=path, gap_seconds=gap, data=counts, metadata=dict(metadata),
+                 prices=_prices(raw.get("prices"), path, len(counts)))
+
+
+def _read_object(path: Path) -> dict:
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -78,29 +96,24 @@ def load_trace(path: str | Path) -> Trace:
         raise InputError(f"not valid JSON ({error.msg} at line {error.lineno})", where=str(path), fix=FIX) from None
     if not isinstance(raw, dict):
         raise InputError("a trace must be a JSON object with 'metadata' and 'data'", where=str(path), fix=FIX)
-    metadata = raw.get("metadata")
-    if not isinstance(metadata, dict):
-        raise InputError("missing 'metadata' object", where=str(path), fix=FIX)
-    if "gap_seconds" not in metadata:
-        raise InputError("missing metadata.gap_seconds", where=f"{path}: metadata.gap_seconds", fix=FIX)
-    gap = _number(metadata["gap_seconds"], f"{path}: metadata.gap_seconds", positive=True)
-    for key in ("spot_price_per_hour", "on_demand_price_per_hour"):
-        if metadata.get(key) is not None:
-            _number(metadata[key], f"{path}: metadata.{key}", positive=True)
-    data = raw.get("data")
+    return raw
+
+
+def _counts(data: Any, path: Path) -> tuple[int, ...]:
     if not isinstance(data, list) or not data:
         raise InputError("'data' must be a non-empty list of spot instance counts", where=f"{path}: data", fix=FIX)
-    counts = []
     for i, value in enumerate(data):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
             raise InputError(f"expected a count >= 0, got {value!r}", where=f"{path}: data[{i}]", fix=FIX)
-        counts.append(int(value))
-    prices = raw.get("prices")
-    if prices is not None:
-        if not isinstance(prices, list) or len(prices) != len(counts):
-            raise InputError(f"'prices' must be a list as long as 'data' ({len(counts)})", where=f"{path}: prices", fix=FIX)
-        prices = tuple(_number(p, f"{path}: prices[{i}]", positive=True) for i, p in enumerate(prices))
-    return Trace(path=path, gap_seconds=gap, data=tuple(counts), metadata=dict(metadata), prices=prices)
+    return tuple(int(value) for value in data)
+
+
+def _prices(prices: Any, path: Path, n: int) -> tuple[float, ...] | None:
+    if prices is None:
+        return None
+    if not isinstance(prices, list) or len(prices) != n:
+        raise InputError(f"'prices' must be a list as long as 'data' ({n})", where=f"{path}: prices", fix=FIX)
+    return tuple(_number(p, f"{path}: prices[{i}]", positive=True) for i, p in enumerate(prices))
 
 
 def bundled_sets() -> list[Path]:

@@ -88,7 +88,6 @@ def plan(
     The plans are saved; `kit apply` applies exactly these."""
     from kit import render as r
     from kit import terraform
-    from kit.backends.gcp_firewall import network_warnings
     from kit.errors import InputError
     from kit.plan_summary import hourly_cost
     from kit.spec import check_ssh_key
@@ -101,7 +100,7 @@ def plan(
     r.render(s, out_dir, market=market)
     summary = terraform.plan(out_dir)
     summary.cost = hourly_cost(s, market or s.market, terraform.deployed_nodes(out_dir))
-    summary.warnings = network_warnings(s)
+    summary.warnings = s.cloud_facts.plan_warnings(s)
     typer.echo(summary.markdown() if fmt == "markdown" else summary.text())
 
 

@@ -99,6 +99,11 @@ class Cloud(ABC):
         """The endpoint is only opened to the network when the nodes are told where to reach it."""
         return "0.0.0.0:8787" if advertise_url else "127.0.0.1:0"
 
+    def plan_warnings(self, spec: Any) -> list[str]:
+        """What a reviewer of ``kit plan`` must know that the plan cannot show (e.g. firewall rules
+        of an existing network that admit SSH more widely than the spec); looked up, never fatal."""
+        return []
+
     @abstractmethod
     def event_source(self, spec: Any, deploy_dir: Path) -> EventSource:
         """The poller that tells the watcher what the cloud says about the cluster's instances."""

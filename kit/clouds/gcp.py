@@ -137,6 +137,11 @@ class Gcp(Cloud):
         """The attached disk's device_name (``kit-data``, in the instances module) under by-id."""
         return "/dev/disk/by-id/google-kit-data"
 
+    def plan_warnings(self, spec) -> list[str]:
+        from kit.backends.gcp_firewall import network_warnings
+
+        return network_warnings(spec)
+
     def event_source(self, spec, deploy_dir: Path):
         from kit.watch.sources.gcp import GcpSource
 

@@ -116,7 +116,19 @@ class Injector:
         log.warning("injector: preemption notice to node-%d (%s), kill in %.1f s", rank, instance, self.grace)
 
     def step(self) -> None:
+        """One pass: relay overdue notices, kill instances whose grace is over, preempt more."""
         wall = self.wall()
+        self._relay_overdue(wall)
+        self._kill_due(wall)
+        if not self.enabled:
+            return
+        capacity = self.capacity()
+        if capacity is not None:
+            self._preempt_over_capacity(capacity)
+        elif self.preempt_every is not None:
+            self._preempt_periodically(wall, self.preempt_every)
+
+    def _relay_overdue(self, wall: float) -> None:
         for rank, (relay_by, instance) in list(self.relay_by.items()):
             if rank not in self.pending or self.pending[rank][1] != instance or not self._current(rank, instance):
                 del self.relay_by[rank]  # replaced meanwhile: the new instance got no notice
@@ -126,6 +138,8 @@ class Injector:
                 if not stop.exists():
                     log.warning("injector: node-%d's agent did not relay the notice; writing the stop file", rank)
                     stop.write_text("preempted\n")
+
+    def _kill_due(self, wall: float) -> None:
         for rank, (kill_at, instance) in list(self.pending.items()):
             if wall >= kill_at:
                 del self.pending[rank]
@@ -133,24 +147,25 @@ class Injector:
                                          market=SPOT):
                     log.info("injector: node-%d's %s was replaced before its kill; the replacement keeps running",
                              rank, instance)
-        if not self.enabled:
-            return
+
+    def _preempt_over_capacity(self, capacity: int) -> None:
+        """The trace: spot instances beyond the zone's capacity now get a notice, highest rank first."""
         running = self.running_spot()
-        capacity = self.capacity()
-        if capacity is not None:
-            excess = len(running) + len([r for r in self.pending]) - capacity
-            for rank in sorted(running, reverse=True)[:max(0, excess)]:
-                self.notice(rank)
-        elif self.preempt_every is not None:
-            if len(running) < self.nodes or not self.training_started():
-                self.last_every = None
-                return
-            if self.last_every is None:
-                self.last_every = wall
-            elif wall - self.last_every >= self.preempt_every:
-                self.notice(self.next_rank % self.nodes)
-                self.next_rank += 1
-                self.last_every = None
+        excess = len(running) + len(self.pending) - capacity
+        for rank in sorted(running, reverse=True)[:max(0, excess)]:
+            self.notice(rank)
+
+    def _preempt_periodically(self, wall: float, every: float) -> None:
+        """--preempt-every: one node, round robin, every ``every`` wall seconds of a full, training gang."""
+        if len(self.running_spot()) < self.nodes or not self.training_started():
+            self.last_every = None
+            return
+        if self.last_every is None:
+            self.last_every = wall
+        elif wall - self.last_every >= every:
+            self.notice(self.next_rank % self.nodes)
+            self.next_rank += 1
+            self.last_every = None
 
     def training_started(self) -> bool:
         for rank in range(self.nodes):
