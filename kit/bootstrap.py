@@ -14,10 +14,14 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kit.errors import InputError, KitError
 from kit.paths import ANSIBLE_DIR, TRAINING_PACKAGE_DIR
 from training.contract import DISK_MOUNT, PREEMPTED_MARKER, PROGRESS_FILE, RENDEZVOUS_PORT, STOP_FILE
+
+if TYPE_CHECKING:
+    from kit.spec import SpecBase
 
 PLAYBOOK = ANSIBLE_DIR / "site.yml"
 
@@ -32,7 +36,7 @@ class BootstrapResult:
 
 
 
-def ssh_private_key(spec) -> str | None:
+def ssh_private_key(spec: SpecBase) -> str | None:
     """The private half of ``ssh.public_key`` (``id_x.pub`` -> ``id_x``) when it exists here; else
     None and ssh uses its own defaults (agent, ~/.ssh/config)."""
     key = str(spec.ssh.public_key)
@@ -41,7 +45,7 @@ def ssh_private_key(spec) -> str | None:
     return None
 
 
-def inventory_from_spec(spec, outputs: dict, role_vars: dict | None = None) -> dict:
+def inventory_from_spec(spec: SpecBase, outputs: dict, role_vars: dict | None = None) -> dict:
     """Ansible inventory (YAML/JSON-shaped dict) for the deployed nodes, rank order."""
     from kit.spec import training_args
 

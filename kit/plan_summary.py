@@ -96,13 +96,14 @@ class HourlyCost:
                 f"after ${self._dollars(self.after):,.2f}/h ({self._nodes(self.after)})")
 
 
-def hourly_cost(spec, market: str, deployed: list[dict]) -> HourlyCost:
-    """``deployed``: the cluster's ``nodes`` output before the plan (each with the market it really
-    runs on); after the plan, ``spec.nodes`` instances run on ``market``."""
+def hourly_cost(prices: tuple[float | None, float | None], nodes: int, market: str,
+                deployed: list[dict]) -> HourlyCost:
+    """``prices``: spot and on-demand $/h per node; ``deployed``: the cluster's ``nodes`` output
+    before the plan (each with the market it really runs on); after it, ``nodes`` run on ``market``."""
     before = Counter(str(node.get("market") or "on-demand") for node in deployed)
-    return HourlyCost(spot_per_hour=float(spec.prices.spot_per_hour or 0),
-                      on_demand_per_hour=float(spec.prices.on_demand_per_hour or 0),
-                      before=dict(before), after={market: spec.nodes})
+    spot, on_demand = prices
+    return HourlyCost(spot_per_hour=float(spot or 0), on_demand_per_hour=float(on_demand or 0),
+                      before=dict(before), after={market: nodes})
 
 
 @dataclass

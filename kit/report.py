@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kit.spec import SpecBase
 
 
-def plot_run(ledger, spec, out: Path, *, scale: float = 1.0) -> Path:
+def plot_run(ledger, spec: SpecBase, out: Path, *, scale: float = 1.0) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")

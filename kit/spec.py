@@ -157,7 +157,7 @@ def _training_section() -> type[_Model]:
 
 if TYPE_CHECKING:  # statically a model; its fields exist only at run time, built from training/config.py
     class TrainingSection(_Model):
-        pass
+        def __getattr__(self, name: str) -> Any: ...
 else:
     TrainingSection = _training_section()
 
@@ -257,6 +257,11 @@ class SpecBase(_Model):
         """The existing network the spec opts into, whose other firewall rules reach the nodes (GCP)."""
         return None
 
+    @property
+    def installs_ssh_key(self) -> bool:
+        """Whether kit installs ``ssh.public_key`` on the nodes (not with GCP's OS Login)."""
+        return True
+
     def with_run_options(self, **options: Any) -> SpecBase:
         """``kit train``'s options that change how this cloud runs the job (the local cloud's
         time scale and injected preemptions); other clouds have none and refuse them."""
@@ -271,7 +276,7 @@ class SpecBase(_Model):
             raise InputError(f"unknown market {market!r}", where="market", fix="use spot or on-demand")
         itype = self.instance
         if market == "on-demand" and itype is not None and not itype.on_demand:
-            raise InputError(f"{getattr(self, 'instance_type', None)} cannot run on-demand ({itype.note})",
+            raise InputError(f"{itype.name} cannot run on-demand ({itype.note})",
                              where="market", fix="use spot, or an instance type sold on-demand")
         return self.model_copy(update={"market": market}, deep=True)
 
@@ -293,6 +298,13 @@ class CloudSpec(SpecBase):
     @property
     def instance(self):
         return self.cloud_facts.instance(self.instance_type)
+
+    @property
+    def state(self) -> BackendSection:
+        """Where the Terraform state lives (validation made sure the spec says)."""
+        if self.backend is None:
+            raise RuntimeError("a validated cloud spec always has a backend")
+        return self.backend
 
     @property
     def summary(self) -> str:
@@ -331,7 +343,7 @@ class CloudSpec(SpecBase):
 
 def _check_state(spec: CloudSpec) -> None:
     if spec.backend is None:
-        hint = {"aws": "s3", "gcp": "gcs"}.get(spec.cloud, "s3")
+        hint = spec.cloud_facts.state_backend
         raise SpecProblem("backend", "a cloud cluster needs its Terraform state somewhere that outlives this machine",
                           f"add backend: {{type: {hint}, bucket: <an existing bucket>}}, or backend: {{type: local}} "
                           "to keep the state in deploy/<name>/ on this machine only")
@@ -410,8 +422,7 @@ def policy_may_use_on_demand(spec: SpecBase) -> bool:
 def spec_warnings(spec: SpecBase) -> list[str]:
     """What a valid spec still risks, for the commands that act on it to print."""
     out = []
-    backend = getattr(spec, "backend", None)
-    if isinstance(spec, CloudSpec) and backend is not None and backend.type == "local":
+    if isinstance(spec, CloudSpec) and spec.backend is not None and spec.backend.type == "local":
         out.append("the Terraform state stays in deploy/<name>/ on this machine (backend: local): if it is lost, "
                    "kit no longer knows the cluster's instances and data disks, and `kit destroy` cannot delete "
                    "them; use an s3/gcs backend for anything that matters")

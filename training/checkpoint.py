@@ -32,6 +32,8 @@ from typing import IO, cast
 import torch
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
+from .contract import fsync_dir
+
 MARKER = "COMPLETE"
 STATE_FILE = "state.pt"
 FORMAT = 1
@@ -86,14 +88,6 @@ class UnloadableCheckpoint(Exception):
 
 def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _HashingWriter:
@@ -234,7 +228,7 @@ def _quarantine(path: Path, log=print) -> None:
     target = path.with_name(f"corrupt-{path.name}-{int(time.time() * 1000)}")
     try:
         os.rename(path, target)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except OSError as e:
         log(f"WARNING could not move {path} aside: {e}")
 
@@ -381,13 +375,13 @@ class Checkpointer:
                 f.write(marker.model_dump_json())
                 f.flush()
                 os.fsync(f.fileno())
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             trash = None
             if final.exists():  # same step written again (rare: save(if_missing=False) of a held step)
                 trash = self.directory / f".tmp-replaced-{final.name}-{os.getpid()}"
                 os.rename(final, trash)
             os.rename(tmp, final)
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
             if trash is not None:
                 shutil.rmtree(trash, ignore_errors=True)
             stats.bytes = w.n

@@ -24,10 +24,20 @@ SPOT, ON_DEMAND = "spot", "on-demand"
 MARKETS = (SPOT, ON_DEMAND)
 
 
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make the entries of directory ``path`` (a rename into it, a new file) durable: fsync(2) of
+    the file alone does not persist its directory entry."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_atomic(path: str | os.PathLike, text: str, *, durable: bool = False) -> None:
     """Write a small file so that a reader polling it never sees it half-written: a temporary file
-    beside it, then a rename. ``durable``: fsync before the rename (a state that must survive a
-    power loss, e.g. the final progress)."""
+    beside it, then a rename. ``durable``: fsync the file before the rename and the directory
+    after it (a state that must survive a power loss, e.g. the final progress)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -37,6 +47,8 @@ def write_atomic(path: str | os.PathLike, text: str, *, durable: bool = False) -
             f.flush()
             os.fsync(f.fileno())
     os.replace(tmp, path)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def write_json_atomic(path: str | os.PathLike, data: dict, *, durable: bool = False) -> None:

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from training import checkpoint as ckpt
+from training.contract import fsync_dir
 from training.model import parameter_names, params_sha256_of
 
 
@@ -89,7 +90,7 @@ def export(ckpt_dir: str | Path, out: str | Path, *, step: int | None = None,
     ckpt.verify(tmp / "checkpoint")  # the copy, not just the source
     os.sync()
     tmp.rename(final)
-    ckpt._fsync_dir(out)  # the rename itself is durable before anyone deletes the source disks
+    fsync_dir(out)  # the rename itself is durable before anyone deletes the source disks
     return {**manifest, "path": str(final)}
 
 

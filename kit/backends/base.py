@@ -14,9 +14,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kit.errors import KitError
 from training.contract import RENDEZVOUS_PORT
+
+if TYPE_CHECKING:
+    from kit.spec import SpecBase
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ class Backend(ABC):
         """The run is over (done or not)."""
 
     @abstractmethod
-    def apply(self, spec, market: str) -> list[Node]:
+    def apply(self, spec: SpecBase, market: str) -> list[Node]:
         """Render ``spec`` on ``market`` and converge the deployment; nodes in rank order.
         Raises CapacityError when the cloud has no capacity, KitError on other failures."""
 

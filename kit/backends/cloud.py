@@ -8,21 +8,26 @@ the point of use so the watcher does not pull Terraform or Ansible in until it a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
 from training.contract import PROGRESS_FILE
 
+if TYPE_CHECKING:
+    from kit.spec import CloudSpec, SpecBase
+
 
 class TerraformBackend(Backend):
-    def __init__(self, spec, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None):
-        self.spec = spec
+    def __init__(self, spec: CloudSpec, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None):
+        self.spec: SpecBase = spec
         self.cloud = spec.cloud
+        self.instance_type = spec.instance_type  # what a market switch never changes
         self.deploy_dir = Path(deploy_dir)
         self.watcher_url = watcher_url
         self.watcher_token = watcher_token
 
-    def apply(self, spec, market: str) -> list[Node]:
+    def apply(self, spec: SpecBase, market: str) -> list[Node]:
         from kit import render, terraform
         from kit.spec import check_ssh_key
 
@@ -37,7 +42,7 @@ class TerraformBackend(Backend):
         except KitError as error:
             if spec.cloud_facts.is_capacity_error(str(error)):
                 raise CapacityError(f"no {market} capacity for {spec.nodes} x "
-                                    f"{getattr(spec, 'instance_type', None) or 'nodes'}: {error.what}",
+                                    f"{self.instance_type}: {error.what}",
                                     where=str(self.deploy_dir), fix="kit watch retries with backoff") from error
             raise
         return self.nodes()
@@ -105,5 +110,5 @@ class TerraformBackend(Backend):
         terraform.destroy(self.deploy_dir, with_disks=not keep_disks)
 
 
-def backend_for(spec, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None) -> Backend:
+def backend_for(spec: SpecBase, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None) -> Backend:
     return spec.cloud_facts.backend(spec, deploy_dir, watcher_url=watcher_url, watcher_token=watcher_token)

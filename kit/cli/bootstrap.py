@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from kit.cli.app import App
+
+if TYPE_CHECKING:
+    from kit.spec import SpecBase
 
 app = App()
 console = Console()
@@ -34,7 +37,7 @@ def _progress_printer(verbose: int):
     return on_event
 
 
-def _inventory(spec, hosts: Path | None) -> dict:
+def _inventory(spec: SpecBase, hosts: Path | None) -> dict:
     """The ansible inventory: the --hosts file, else the cluster's terraform output."""
     import yaml
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from kit.cli.app import App
+
+if TYPE_CHECKING:
+    from kit.spec import SpecBase
 
 app = App()
 console = Console()
@@ -18,7 +21,7 @@ OutOption = Annotated[Path | None, typer.Option("--out", help="deployment direct
 MarketOption = Annotated[str | None, typer.Option(help="spot or on-demand (default: the spec's)")]
 
 
-def warn_about(spec) -> None:
+def warn_about(spec: SpecBase) -> None:
     """What a valid spec still risks (kit.spec.spec_warnings), before anything acts on it."""
     from kit.spec import spec_warnings
 
@@ -99,7 +102,8 @@ def plan(
     warn_about(s)
     r.render(s, out_dir, market=market)
     summary = terraform.plan(out_dir)
-    summary.cost = hourly_cost(s, market or s.market, terraform.deployed_nodes(out_dir))
+    summary.cost = hourly_cost((s.prices.spot_per_hour, s.prices.on_demand_per_hour), s.nodes, market or s.market,
+                               terraform.deployed_nodes(out_dir))
     summary.warnings = s.cloud_facts.plan_warnings(s)
     typer.echo(summary.markdown() if fmt == "markdown" else summary.text())
 

@@ -9,13 +9,14 @@ A new cloud is a new module here and its name in ``NAMES``.
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from kit.clouds.base import Cloud
 
 NAMES = ("aws", "gcp", "local")
 
 
-def get(name: str) -> Cloud:
+def get(name: str) -> Cloud[Any]:
     if name not in NAMES:
         from kit.errors import InputError
 

@@ -63,8 +63,9 @@ def _t(name: str, gpus: int, gpu: str, on_demand: float, spot: float, *, efa: bo
     return InstanceType(name, gpus, gpu, on_demand, spot, efa=efa, disk_types=EBS_TYPES)
 
 
-class Aws(Cloud):
+class Aws(Cloud[AwsSpec]):
     name = "aws"
+    state_backend = "s3"
     spec_model = AwsSpec
     cluster_tag = "kit:cluster"
     tags_variable = "tags"
@@ -94,10 +95,10 @@ class Aws(Cloud):
         "eu-west-1": ("eu-west-1a", "eu-west-1b", "eu-west-1c"),
     }
 
-    def tags(self, spec) -> dict[str, str]:
+    def tags(self, spec: AwsSpec) -> dict[str, str]:
         return {**spec.labels, self.cluster_tag: spec.name, "kit:managed-by": "kit"}
 
-    def instance_variables(self, spec) -> list[Variable]:
+    def instance_variables(self, spec: AwsSpec) -> list[Variable]:
         return [Variable("max_price", "number", "Spot price cap, $/h per node.", spec.max_price, nullable=True),
                 Variable("image", "string", "AMI id (null: latest AWS Deep Learning Base AMI, Ubuntu 22.04).",
                          spec.image, nullable=True),
@@ -106,7 +107,7 @@ class Aws(Cloud):
                          spec.network.subnet_id, nullable=True),
                 Variable("detailed_monitoring", "bool", "CloudWatch detailed monitoring.", spec.monitoring)]
 
-    def access_variables(self, spec) -> list[Variable]:
+    def access_variables(self, spec: AwsSpec) -> list[Variable]:
         return [Variable("egress_cidrs", "list(string)", "CIDRs the nodes may reach on every port.",
                          list(spec.network.egress_cidrs))]
 
@@ -116,12 +117,12 @@ class Aws(Cloud):
         disk_id = node.get("disk_id") or ""
         return "/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_" + disk_id.replace("-", "") if disk_id else ""
 
-    def event_source(self, spec, deploy_dir: Path):
+    def event_source(self, spec: AwsSpec, deploy_dir: Path):
         from kit.watch.sources.aws import AwsSource
 
         return AwsSource(cluster=spec.name, region=spec.region)
 
-    def backend(self, spec, deploy_dir: Path, *, watcher_url=None, watcher_token=None):
+    def backend(self, spec: AwsSpec, deploy_dir: Path, *, watcher_url=None, watcher_token=None):
         from kit.backends.cloud import TerraformBackend
 
         return TerraformBackend(spec, deploy_dir, watcher_url=watcher_url, watcher_token=watcher_token)

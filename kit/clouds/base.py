@@ -12,7 +12,7 @@ import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 if TYPE_CHECKING:
     from kit.backends.base import Backend
@@ -50,7 +50,10 @@ class Variable:
     nullable: bool = False
 
 
-class Cloud(ABC):
+S = TypeVar("S", bound="SpecBase")  # the cloud's own spec model
+
+
+class Cloud(ABC, Generic[S]):
     name: ClassVar[str]
     spec_model: ClassVar[type[SpecBase]]
     renders_terraform: ClassVar[bool] = True
@@ -60,6 +63,7 @@ class Cloud(ABC):
     instance_types: ClassVar[tuple[InstanceType, ...]] = ()
     zones: ClassVar[dict[str, tuple[str, ...]]] = {}  # region -> zones, for the regions kit knows
     disk_types: ClassVar[tuple[str, ...]] = ()        # every data-disk type the cloud has
+    state_backend: ClassVar[str] = ""                 # Terraform's backend for state in this cloud's storage
 
     def instance(self, name: str | None) -> InstanceType | None:
         return next((t for t in self.instance_types if t.name == name), None)
@@ -71,18 +75,18 @@ class Cloud(ABC):
     def is_capacity_error(self, message: str) -> bool:
         return any(re.search(p, message, re.IGNORECASE) for p in self.capacity_patterns)
 
-    def tags(self, spec: SpecBase) -> dict[str, str]:
+    def tags(self, spec: S) -> dict[str, str]:
         return dict(spec.labels)
 
     # The Terraform variables only this cloud has, in the rendered roots' order: after the cluster's
     # name (identity), after its instance type/market/placement (instance), after the SSH access.
-    def identity_variables(self, spec: Any) -> list[Variable]:
+    def identity_variables(self, spec: S) -> list[Variable]:
         return []
 
-    def instance_variables(self, spec: Any) -> list[Variable]:
+    def instance_variables(self, spec: S) -> list[Variable]:
         return []
 
-    def access_variables(self, spec: Any) -> list[Variable]:
+    def access_variables(self, spec: S) -> list[Variable]:
         return []
 
     def data_device(self, node: dict) -> str:
@@ -99,16 +103,16 @@ class Cloud(ABC):
         """The endpoint is only opened to the network when the nodes are told where to reach it."""
         return "0.0.0.0:8787" if advertise_url else "127.0.0.1:0"
 
-    def plan_warnings(self, spec: Any) -> list[str]:
+    def plan_warnings(self, spec: S) -> list[str]:
         """What a reviewer of ``kit plan`` must know that the plan cannot show (e.g. firewall rules
         of an existing network that admit SSH more widely than the spec); looked up, never fatal."""
         return []
 
     @abstractmethod
-    def event_source(self, spec: Any, deploy_dir: Path) -> EventSource:
+    def event_source(self, spec: S, deploy_dir: Path) -> EventSource:
         """The poller that tells the watcher what the cloud says about the cluster's instances."""
 
     @abstractmethod
-    def backend(self, spec: Any, deploy_dir: Path, *, watcher_url: str | None = None,
+    def backend(self, spec: S, deploy_dir: Path, *, watcher_url: str | None = None,
                 watcher_token: str | None = None) -> Backend:
         """What the watcher acts through: apply, bootstrap, destroy."""

@@ -74,9 +74,14 @@ class GcpSpec(CloudSpec):
     def existing_network(self) -> str | None:
         return None if self.creates_network else (self.network.name or "default")
 
+    @property
+    def installs_ssh_key(self) -> bool:
+        return not self.ssh.os_login
 
-class Gcp(Cloud):
+
+class Gcp(Cloud[GcpSpec]):
     name = "gcp"
+    state_backend = "gcs"
     spec_model = GcpSpec
     cluster_tag = "kit-cluster"
     tags_variable = "labels"
@@ -110,13 +115,13 @@ class Gcp(Cloud):
         "asia-northeast1": ("asia-northeast1-a", "asia-northeast1-b", "asia-northeast1-c"),
     }
 
-    def tags(self, spec) -> dict[str, str]:
+    def tags(self, spec: GcpSpec) -> dict[str, str]:
         return {**spec.labels, self.cluster_tag: spec.name, "kit-managed-by": "kit"}
 
-    def identity_variables(self, spec) -> list[Variable]:
+    def identity_variables(self, spec: GcpSpec) -> list[Variable]:
         return [Variable("project", "string", "GCP project id.", spec.project)]
 
-    def instance_variables(self, spec) -> list[Variable]:
+    def instance_variables(self, spec: GcpSpec) -> list[Variable]:
         itype = spec.instance
         accel = ({"type": itype.guest_accelerator, "count": itype.gpus}
                  if itype is not None and itype.guest_accelerator else None)
@@ -137,17 +142,17 @@ class Gcp(Cloud):
         """The attached disk's device_name (``kit-data``, in the instances module) under by-id."""
         return "/dev/disk/by-id/google-kit-data"
 
-    def plan_warnings(self, spec) -> list[str]:
+    def plan_warnings(self, spec: GcpSpec) -> list[str]:
         from kit.backends.gcp_firewall import network_warnings
 
         return network_warnings(spec)
 
-    def event_source(self, spec, deploy_dir: Path):
+    def event_source(self, spec: GcpSpec, deploy_dir: Path):
         from kit.watch.sources.gcp import GcpSource
 
         return GcpSource(cluster=spec.name, project=spec.project, zone=spec.zone)
 
-    def backend(self, spec, deploy_dir: Path, *, watcher_url=None, watcher_token=None):
+    def backend(self, spec: GcpSpec, deploy_dir: Path, *, watcher_url=None, watcher_token=None):
         from kit.backends.cloud import TerraformBackend
 
         return TerraformBackend(spec, deploy_dir, watcher_url=watcher_url, watcher_token=watcher_token)

@@ -67,7 +67,7 @@ class LocalSpec(SpecBase):
         return self
 
 
-class Local(Cloud):
+class Local(Cloud[LocalSpec]):
     name = "local"
     spec_model = LocalSpec
     renders_terraform = False
@@ -78,12 +78,12 @@ class Local(Cloud):
     def listen_default(self, advertise_url) -> str:
         return "127.0.0.1:0"
 
-    def event_source(self, spec, deploy_dir: Path):
+    def event_source(self, spec: LocalSpec, deploy_dir: Path):
         from kit.watch.sources.local import LocalSource
 
         return LocalSource(cluster=spec.name, state_dir=LocalSource.state_dir_for(deploy_dir))
 
-    def backend(self, spec, deploy_dir: Path, *, watcher_url=None, watcher_token=None):
+    def backend(self, spec: LocalSpec, deploy_dir: Path, *, watcher_url=None, watcher_token=None):
         from kit.backends.local import LocalBackend
 
         return LocalBackend(spec, deploy_dir, watcher_url=watcher_url, watcher_token=watcher_token)

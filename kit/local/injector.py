@@ -18,11 +18,31 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
 
 from kit.errors import InputError
 from training.contract import SPOT
 
 log = logging.getLogger("kit.local")
+
+
+class LocalNodes(Protocol):
+    """What the injector needs of the local backend (kit.backends.local.LocalBackend): the nodes'
+    state and the files a cloud would use to tell them (notice, stop file, progress)."""
+
+    use_agent: bool  # False: no node agent relays notices; the injector writes the stop file itself
+
+    def read_state(self, rank: int) -> dict | None: ...
+
+    def notice_file(self, rank: int) -> Path: ...
+
+    def stop_file(self, rank: int) -> Path: ...
+
+    def progress_file(self, rank: int) -> Path: ...
+
+    def mark(self, rank: int, state: str, reason: str | None = None, *, instance_id: str | None = None,
+             market: str | None = None) -> bool: ...
 
 
 class VirtualClock:
@@ -39,7 +59,7 @@ class VirtualClock:
 
 
 class Injector:
-    def __init__(self, backend, *, nodes: int, clock: Callable[[], float], origin: float,
+    def __init__(self, backend: LocalNodes, *, nodes: int, clock: Callable[[], float], origin: float,
                  trace: str | None = None, preempt_every: float | None = None, grace_seconds: float = 5.0,
                  enabled: bool = True, wall: Callable[[], float] = time.time, period: float = 0.1):
         self.backend = backend
@@ -107,7 +127,7 @@ class Injector:
         path = self.backend.notice_file(rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("TRUE")
-        if not getattr(self.backend, "use_agent", False):  # no agent to relay it: ask the trainer directly
+        if not self.backend.use_agent:  # no agent to relay it: ask the trainer directly
             self.backend.stop_file(rank).write_text("preempted\n")
         else:  # the agent relays it; if it has not within the relay timeout, the injector does
             self.relay_by[rank] = (self.wall() + min(self.relay_timeout, self.grace / 2), instance)

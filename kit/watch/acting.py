@@ -22,12 +22,16 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
 from kit.watch.events import CAPACITY_ERROR, Event
 from kit.watch.ledger import Apply, Decision, Ledger
 from kit.watch.sources.base import EventSource, SourceError
+
+if TYPE_CHECKING:
+    from kit.spec import SpecBase
 
 log = logging.getLogger("kit.watch")
 
@@ -57,7 +61,7 @@ class Outcome:
 
 
 class Actor:
-    def __init__(self, backend: Backend, ledger: Ledger, spec, *, backoff: Backoff | None = None,
+    def __init__(self, backend: Backend, ledger: Ledger, spec: SpecBase, *, backoff: Backoff | None = None,
                  clock: Callable[[], float] = time.time, source: EventSource | None = None):
         self.backend = backend
         self.ledger = ledger

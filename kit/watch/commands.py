@@ -7,11 +7,15 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from kit.errors import InputError, KitError
 from kit.watch.session import LEDGER_FILE, LOCK_FILE, make_policy_for, parse_listen  # noqa: F401 - re-exported
+
+if TYPE_CHECKING:
+    from kit.spec import SpecBase
 
 
 def _load(spec_path: Path):
@@ -22,14 +26,7 @@ def _load(spec_path: Path):
     return spec, Path(deployment_dir(spec))
 
 
-def observation_type():
-    """The Observation class the policy expects."""
-    from kit.policy import Observation
-
-    return Observation
-
-
-def status_line(result, report_cost, spec) -> str:
+def status_line(result, report_cost, spec: SpecBase) -> str:
     progress = f"step {result.step}/{result.total_steps}" if result.step is not None else "no heartbeat yet"
     nodes = f"{result.nodes_up}/{spec.nodes} up" + (f", {result.nodes_lost} lost" if result.nodes_lost else "")
     action = ""

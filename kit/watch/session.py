@@ -17,6 +17,7 @@ from kit.watch.ledger import Ledger, WatcherLock
 
 if TYPE_CHECKING:
     from kit.backends.base import Backend
+    from kit.spec import SpecBase
     from kit.watch.server import WatcherServer
 
 LEDGER_FILE = "ledger.sqlite"
@@ -33,7 +34,7 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
-def make_policy_for(spec):
+def make_policy_for(spec: SpecBase):
     """The spec's ``policy`` section -> a kit.policy Policy."""
     from kit.policy import make_policy
 
@@ -46,7 +47,7 @@ def make_policy_for(spec):
 
 
 class Session:
-    def __init__(self, spec, deploy_dir: Path):
+    def __init__(self, spec: SpecBase, deploy_dir: Path):
         self.spec = spec
         self.deploy_dir = Path(deploy_dir)
         self.wake = threading.Event()  # an agent's notice or "done" ends the wait for the next tick
@@ -83,7 +84,6 @@ class Session:
         from kit.backends.cloud import backend_for
         from kit.watch import sources
         from kit.watch.acting import Actor
-        from kit.watch.commands import observation_type
         from kit.watch.progress import ProgressPuller
         from kit.watch.server import WatcherServer, cluster_token, ledger_sink
         from kit.watch.watcher import Watcher
@@ -104,7 +104,7 @@ class Session:
         # bootstrap takes longer (kit.watch.watcher.Watcher.tick_hours).
         self.watcher = Watcher(spec, self.ledger, Actor(backend, self.ledger, spec, clock=self.clock, source=source),
                                self.policy, source=source, interval_s=self.interval_s, clock=self.clock,
-                               observation=observation_type(), time_scale=backend.time_scale)
+                               time_scale=backend.time_scale)
         self.watcher.wake = self.wake
         self.puller = ProgressPuller(backend, self.ledger, source=spec.cloud, clock=self.clock,
                                      time_scale=backend.time_scale, every_s=backend.progress_every_s)

@@ -26,12 +26,15 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kit.policy import DEFAULT_CHANGEOVER_H
 from kit.watch.events import CAPACITY_ERROR, NOTICE, PREEMPTION, REBALANCE
 from kit.watch.ledger import Ledger
 from training.contract import ON_DEMAND, SPOT
+
+if TYPE_CHECKING:
+    from kit.spec import SpecBase
 
 
 def node_hours(ledger: Ledger, now: float) -> dict[str, float]:
@@ -42,14 +45,12 @@ def node_hours(ledger: Ledger, now: float) -> dict[str, float]:
     return hours
 
 
-def prices_of(spec) -> dict[str, float | None]:
-    prices = getattr(spec, "prices", None)
-    return {SPOT: getattr(prices, "spot_per_hour", None), ON_DEMAND: getattr(prices, "on_demand_per_hour", None)}
+def prices_of(spec: SpecBase) -> dict[str, float | None]:
+    return {SPOT: spec.prices.spot_per_hour, ON_DEMAND: spec.prices.on_demand_per_hour}
 
 
-def changeover_of(spec) -> float:
-    value = getattr(getattr(spec, "policy", None), "changeover_hours", None)
-    return DEFAULT_CHANGEOVER_H if value is None else float(value)
+def changeover_of(spec: SpecBase) -> float:
+    return float(spec.policy.changeover_hours)
 
 
 def median_step_s(ledger: Ledger) -> float | None:
@@ -108,8 +109,8 @@ def cost_summary(ledger: Ledger, prices: dict[str, float | None], now: float, *,
     }
 
 
-def cost_of(ledger: Ledger, spec, now: float, *, steps: int | None = None, finished: bool = False) -> dict[str, Any]:
-    return cost_summary(ledger, prices_of(spec), now, nodes=int(getattr(spec, "nodes", 1) or 1),
+def cost_of(ledger: Ledger, spec: SpecBase, now: float, *, steps: int | None = None, finished: bool = False) -> dict[str, Any]:
+    return cost_summary(ledger, prices_of(spec), now, nodes=spec.nodes,
                         changeover_h=changeover_of(spec), steps=steps, finished=finished)
 
 
@@ -135,7 +136,7 @@ def market_switches(ledger: Ledger) -> int:
     return sum(1 for before, after in itertools.pairwise(markets) if before != after)
 
 
-def status_report(ledger: Ledger, spec, now: float | None = None) -> dict[str, Any]:
+def status_report(ledger: Ledger, spec: SpecBase, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     progress = ledger.latest_progress()
     started = ledger.started_at()

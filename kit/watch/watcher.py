@@ -26,14 +26,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from kit.policy import WAIT
+from kit.policy import WAIT, Observation, Policy
 from kit.watch.acting import Actor, Outcome
 from kit.watch.events import CAPACITY_ERROR, LOSS_KINDS, Event
 from kit.watch.ledger import Ledger
 from kit.watch.sources.base import EventSource, SourceError, loss_events
 from kit.watch.status import changeover_of, prices_of
 from training.contract import ON_DEMAND, SPOT
+
+if TYPE_CHECKING:
+    from kit.spec import SpecBase
 
 log = logging.getLogger("kit.watch")
 
@@ -55,22 +59,9 @@ class TickResult:
     source_error: str | None = None
 
 
-def _policy_field(spec, name: str, default=None):
-    policy = getattr(spec, "policy", None)
-    value = getattr(policy, name, None) if policy is not None else None
-    return default if value is None else value
-
-
-def _default_observation(**fields):
-    from kit.policy import Observation
-
-    return Observation(**fields)
-
-
 class Watcher:
-    def __init__(self, spec, ledger: Ledger, actor: Actor, policy, *, source: EventSource | None = None,
-                 interval_s: float = 15.0, clock: Callable[[], float] = time.time,
-                 observation: Callable[..., object] = _default_observation, time_scale: float = 1.0):
+    def __init__(self, spec: SpecBase, ledger: Ledger, actor: Actor, policy: Policy, *, source: EventSource | None = None,
+                 interval_s: float = 15.0, clock: Callable[[], float] = time.time, time_scale: float = 1.0):
         self.spec = spec
         # ``clock`` seconds per wall second (the local cloud's compressed clock): one interval of
         # the loop lasts interval_s * time_scale on the ledger's clock.
@@ -81,7 +72,6 @@ class Watcher:
         self.source = source
         self.interval_s = interval_s
         self.clock = clock
-        self.make_observation = observation
         self.wake = threading.Event()  # set by the HTTP server on a notice
 
     # ------------------------------------------------------------------ start-up
@@ -90,10 +80,10 @@ class Watcher:
         self.job_started = self.ledger.job_started(now)
         replayed = 0
         for tick in self.ledger.ticks():  # rebuild the policy's memory of past preemptions
-            self.policy.decide(self.make_observation(**tick["observation"]))
+            self.policy.decide(Observation(**tick["observation"]))
             replayed += 1
         if replayed:
-            log.info("replayed %d recorded ticks into policy %s", replayed, getattr(self.policy, "name", "?"))
+            log.info("replayed %d recorded ticks into policy %s", replayed, self.policy.name)
         self.actor.resume()
         self._adopt_deployment(now)
 
@@ -111,7 +101,7 @@ class Watcher:
                                        reason="nothing deployed yet: launch on the spec's market", now=now)
 
     def _policy_name(self) -> str:
-        return str(getattr(self.policy, "name", "?"))
+        return self.policy.name
 
     # ------------------------------------------------------------------ one tick
     def tick(self) -> TickResult:
@@ -144,7 +134,7 @@ class Watcher:
                                         spot_available=not capacity_blocked and not spot_lost)
         observed = max([cursor] + [e["id"] for e in fresh])
         if observation is not None:
-            decision = self.policy.decide(self.make_observation(**observation))
+            decision = self.policy.decide(Observation(**observation))
         else:  # no heartbeat yet: keep the market, recover what was lost
             decision = deployed_market or self.spec.market
         # The observation and the events it covered are committed together (a crash in between
@@ -202,7 +192,7 @@ class Watcher:
             "now_h": (now - self.job_started) / 3600.0,
             "progress_h": progress["step"] * step_time_h,
             "job_h": progress["total_steps"] * step_time_h,
-            "deadline_h": _policy_field(self.spec, "deadline_hours"),
+            "deadline_h": self.spec.policy.deadline_hours,
             "changeover_h": changeover_h,
             "market": market,
             # False in the tick a spot node was lost (the simulator's model: a spot cluster is

@@ -1,0 +1,21 @@
+"""What the tests share: the repository's root, the test SSH key, fakes of the clouds' APIs and of
+the parts kit drives (``watch``, ``gcp_api``, ``nvidia``), real SSH hosts in network namespaces
+(``netns_hosts``), trainer helpers (``trainer``) and the scripts tests run as child processes
+(``ckpt_harness``, ``watch_crash_child``)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# The public key the examples' ~/.ssh/id_ed25519.pub stands for in tests and golden files: kit puts
+# the key's content into the rendered tfvars, so rendering needs one (not a real key).
+TEST_PUBLIC_KEY = REPO / "tests" / "golden" / "id_ed25519.pub"
+
+
+def make_home(base: Path) -> Path:
+    """A home directory holding the test key as ~/.ssh/id_ed25519.pub."""
+    (base / ".ssh").mkdir(parents=True, exist_ok=True)
+    shutil.copy(TEST_PUBLIC_KEY, base / ".ssh" / "id_ed25519.pub")
+    return base

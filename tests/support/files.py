@@ -1,0 +1,28 @@
+"""Helpers that read kit's shipped files the way kit or Ansible would."""
+
+from __future__ import annotations
+
+import shlex
+
+import jinja2
+import yaml
+
+from kit.paths import ANSIBLE_DIR, EXAMPLES_DIR
+from kit.spec import SpecBase, parse_spec
+
+
+def render_template(role: str, name: str, variables: dict) -> str:
+    """A role's Jinja2 template rendered as Ansible renders it (StrictUndefined, the quote filter)."""
+    text = (ANSIBLE_DIR / "roles" / role / "templates" / name).read_text()
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.filters["quote"] = shlex.quote
+    return env.from_string(text).render(ansible_managed="Ansible managed", **variables)
+
+
+def switchable_spec(name: str) -> SpecBase:
+    """The example as a spec that can run either market. a3-highgpu-1g is sold only as spot, so the
+    GCP market-switch renders use a3-highgpu-8g (sold on-demand too) with the rest of the example."""
+    data = yaml.safe_load((EXAMPLES_DIR / f"{name}.yaml").read_text())
+    if data["instance_type"] == "a3-highgpu-1g":
+        data["instance_type"] = "a3-highgpu-8g"
+    return parse_spec(data, f"examples/{name}.yaml")

@@ -1,0 +1,83 @@
+"""TerraformBackend's use of kit.render / kit.terraform / kit.bootstrap (replaced by recorders here)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+import kit
+from kit import clouds
+from kit.backends.base import CapacityError, rendezvous_endpoint
+from kit.backends.cloud import TerraformBackend
+from kit.errors import KitError
+from tests.support.watch import cloud_spec
+
+NODES = [{"name": "demo-0", "instance_id": "i-a", "private_ip": "10.0.0.5", "public_ip": "1.2.3.4",
+          "disk_id": "vol-0", "zone": "us-east-1a", "market": "on-demand"},
+         {"name": "demo-1", "instance_id": "i-b", "private_ip": "10.0.0.6", "public_ip": None,
+          "disk_id": "vol-1", "zone": "us-east-1a", "market": "on-demand"}]
+
+
+@pytest.fixture
+def parts(monkeypatch):
+    calls = []
+    render = types.ModuleType("kit.render")
+    render.render = lambda spec, out=None, market=None: calls.append(("render", spec.market, market, out))
+    terraform = types.ModuleType("kit.terraform")
+    terraform.failure = None
+
+    def apply(deploy_dir, parallelism=10):
+        calls.append(("apply", deploy_dir, parallelism))
+        if terraform.failure:
+            raise KitError(terraform.failure)
+
+    terraform.plan = lambda deploy_dir: calls.append(("plan", deploy_dir))
+    terraform.apply = apply
+    terraform.output = lambda deploy_dir: {"nodes": NODES, "zone": "us-east-1a", "market": "on-demand"}
+    terraform.destroy = lambda deploy_dir, with_disks=False: calls.append(("destroy", with_disks))
+    bootstrap = types.ModuleType("kit.bootstrap")
+    bootstrap.inventory_from_spec = lambda spec, outputs, role_vars=None: {"nodes": outputs["nodes"], **role_vars}
+    bootstrap.bootstrap_nodes = lambda inventory: (calls.append(("bootstrap", inventory)),
+                                                   types.SimpleNamespace(ok=True, failures={}))[1]
+    from kit import spec as kit_spec
+
+    monkeypatch.setattr(kit_spec, "check_ssh_key", lambda spec: calls.append(("check_ssh_key", spec.cloud)))
+    for name, module in (("render", render), ("terraform", terraform), ("bootstrap", bootstrap)):
+        monkeypatch.setitem(sys.modules, f"kit.{name}", module)
+        monkeypatch.setattr(kit, name, module, raising=False)
+    return calls, terraform
+
+
+def test_apply_rerenders_with_the_market_plans_fresh_then_applies(parts, tmp_path):
+    calls, _ = parts
+    backend = TerraformBackend(cloud_spec("aws"), tmp_path, watcher_url="http://w:8787", watcher_token="t")
+    nodes = backend.apply(cloud_spec("aws").with_market("on-demand"), "on-demand")
+    assert calls == [("check_ssh_key", "aws"), ("render", "on-demand", "on-demand", tmp_path), ("plan", tmp_path),
+                     ("apply", tmp_path, 2)], "the key is checked first; parallelism >= the node count"
+    assert [(n.rank, n.instance_id, n.market) for n in nodes] == [(0, "i-a", "on-demand"), (1, "i-b", "on-demand")]
+    assert rendezvous_endpoint(nodes) == "10.0.0.5:29500"
+    backend.bootstrap(nodes)
+    inventory = calls[-1][1]
+    assert inventory["preemption_agent_watcher_url"] == "http://w:8787"
+    assert inventory["preemption_agent_watcher_token"] == "t"
+    backend.destroy()
+    assert calls[-1] == ("destroy", False)  # keep_disks=True never destroys the disks root
+
+
+@pytest.mark.parametrize("message, capacity", [
+    ("Error: creating EC2 Instance: InsufficientInstanceCapacity: We currently do not have sufficient p4d capacity", True),
+    ("Error: waiting for instance: ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", True),
+    ("The zone 'us-central1-a' does not have enough resources available to fulfill the request", True),
+    ("Error: UnauthorizedOperation: You are not authorized", False),
+])
+def test_capacity_errors_are_told_apart(parts, tmp_path, message, capacity):
+    _, terraform = parts
+    terraform.failure = message
+    cloud = "gcp" if "zone" in message.lower() else "aws"
+    backend = TerraformBackend(cloud_spec(cloud), tmp_path)
+    with pytest.raises(KitError) as raised:
+        backend.apply(cloud_spec(cloud), "spot")
+    assert isinstance(raised.value, CapacityError) == capacity
+    assert clouds.get(cloud).is_capacity_error(message) == capacity

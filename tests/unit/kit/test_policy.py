@@ -1,0 +1,205 @@
+"""kit.policy on hand-made observations: safety net, UP hysteresis, threshold window and cooldown."""
+
+from __future__ import annotations
+
+import pytest
+
+from kit.errors import InputError
+from kit.policy import ON_DEMAND, POLICY_NAMES, SPOT, WAIT, Observation, make_policy, safety_net
+
+
+def obs(now, progress=0.0, *, job=5.0, deadline=10.0, d=0.2, market=None, spot=True, preempted=False, tick=0.5):
+    return Observation(now_h=now, progress_h=progress, job_h=job, deadline_h=deadline, changeover_h=d,
+                       market=market, spot_available=spot, preempted=preempted, tick_h=tick)
+
+
+def test_names_and_unknown_policy():
+    assert POLICY_NAMES == ("on-demand", "spot", "threshold", "up", "greedy", "default")
+    for name in POLICY_NAMES:
+        assert make_policy(name).name == name
+    with pytest.raises(InputError) as err:
+        make_policy("cheapest")
+    assert "greedy" in err.value.render()
+    with pytest.raises(InputError):
+        make_policy("threshold", k=0)
+    with pytest.raises(InputError):
+        make_policy("greedy", bogus=1)
+    # the parameters the watcher passes from spec.policy.threshold
+    assert make_policy("threshold", k=2, window_hours=3.0, cooldown_hours=1.0).k == 2
+
+
+def test_safety_net_fires_exactly_when_it_must():
+    # deadline 10, job 5, d 0.2, tick 0.5: finishing on on-demand from t needs 5.2 h, so the last
+    # moment to still afford one more tick elsewhere is slack = 10 - t - 5.2 > 0.5, i.e. t < 4.3.
+    assert not safety_net(obs(4.29))
+    assert safety_net(obs(4.30))
+    assert not safety_net(obs(4.30, deadline=None))
+    for name in ("spot", "threshold", "up", "greedy", "default"):
+        policy = make_policy(name)
+        assert policy.decide(obs(4.29, spot=True, market=SPOT)) == SPOT, name
+        assert make_policy(name).decide(obs(4.30, spot=True, market=SPOT)) == ON_DEMAND, name
+        # progress buys slack: with 1 h done the net fires one hour later
+        assert make_policy(name).decide(obs(5.29, 1.0, spot=True, market=SPOT)) == SPOT, name
+        assert make_policy(name).decide(obs(5.30, 1.0, spot=True, market=SPOT)) == ON_DEMAND, name
+    # a finished job holds nothing
+    assert make_policy("on-demand").decide(obs(3.0, 5.0)) == WAIT
+
+
+def test_greedy_net_is_sticky_and_waits_without_spot():
+    greedy = make_policy("greedy")
+    assert greedy.decide(obs(0.0, spot=False)) == WAIT
+    assert greedy.decide(obs(0.5, spot=True)) == SPOT
+    assert greedy.decide(obs(4.5, spot=False)) == ON_DEMAND
+    # spot comes back and (hypothetically) slack too: greedy stays on on-demand until the end
+    assert greedy.decide(obs(5.0, 2.0, spot=True, market=ON_DEMAND)) == ON_DEMAND
+    # no deadline: plain spot
+    assert make_policy("greedy").decide(obs(100.0, deadline=None, spot=True)) == SPOT
+
+
+def test_up_hysteresis():
+    # C0 = 5, R0 = 10: ep(t) = t / 2. d = 0.2 -> stays on on-demand until cp >= ep(t + 0.4).
+    up = make_policy("up")
+    assert up.decide(obs(1.0, 0.4, spot=False)) == ON_DEMAND  # idle and behind (0.4 < 0.5)
+    assert up.decide(obs(1.0, 0.6, spot=False, market=None)) == WAIT  # ahead: thrifty
+    # on on-demand, ahead of ep(t) = 1.0 but behind ep(t + 2d) = 1.2: stays, even with spot up
+    assert up.decide(obs(2.0, 1.1, spot=True, market=ON_DEMAND)) == ON_DEMAND
+    assert up.decide(obs(2.0, 1.19, spot=True, market=ON_DEMAND)) == ON_DEMAND
+    # caught up with ep(t + 2d): takes spot
+    assert up.decide(obs(2.0, 1.2, spot=True, market=ON_DEMAND)) == SPOT
+    # behind and spot up: takes spot (rule 2), even when behind
+    assert make_policy("up").decide(obs(3.0, 0.0, spot=True)) == SPOT
+    # on on-demand and caught up, but no spot: stays on on-demand (no release to idle)
+    assert make_policy("up").decide(obs(2.0, 1.3, spot=False, market=ON_DEMAND)) == ON_DEMAND
+    # idle, ahead, no spot: waits (thrifty)
+    assert make_policy("up").decide(obs(2.0, 1.3, spot=False, market=None)) == WAIT
+
+
+def test_threshold_counts_only_inside_the_window():
+    t = make_policy("threshold", k=2, window_hours=3.0, cooldown_hours=2.0)
+    big = {"deadline": None}
+    assert t.decide(obs(0.0, preempted=True, **big)) == SPOT
+    assert t.decide(obs(2.0, **big)) == SPOT
+    # second preemption 4 h after the first: the first is outside the 3 h window
+    assert t.decide(obs(4.0, preempted=True, **big)) == SPOT
+    assert t.decide(obs(5.0, **big)) == SPOT
+    # third one 2 h after the second: two inside the window -> on-demand
+    assert t.decide(obs(6.0, preempted=True, **big)) == ON_DEMAND
+
+
+def test_threshold_cooldown_returns_to_spot_and_backs_off():
+    t = make_policy("threshold", k=2, window_hours=3.0, cooldown_hours=2.0)
+    big = {"deadline": None}
+    t.decide(obs(0.0, preempted=True, **big))
+    assert t.decide(obs(1.0, preempted=True, **big)) == ON_DEMAND  # cooldown until t = 3
+    assert t.decide(obs(2.5, market=ON_DEMAND, **big)) == ON_DEMAND
+    assert t.decide(obs(3.0, market=ON_DEMAND, **big)) == SPOT  # cooldown over, history cleared
+    assert t.decide(obs(3.5, preempted=True, **big)) == SPOT  # one preemption after the cooldown
+    assert t.decide(obs(4.0, preempted=True, **big)) == ON_DEMAND  # second trip: cooldown 4 h
+    assert t.decide(obs(7.9, market=ON_DEMAND, **big)) == ON_DEMAND
+    assert t.decide(obs(8.0, market=ON_DEMAND, **big)) == SPOT
+    assert t.decide(obs(8.5, spot=False, **big)) == WAIT  # spot mode, none available: wait
+
+
+def _cycles(policy, up_h, down_h, cycles, *, job, deadline, tick=1 / 6, t=0.0, progress=0.0):
+    """Feed ``policy`` a market of outages of ``down_h`` then spot runs of ``up_h`` (held on spot)."""
+    for _ in range(cycles):
+        for _ in range(round(down_h / tick)):
+            policy.decide(obs(t, progress, job=job, deadline=deadline, spot=False, tick=tick))
+            t += tick
+        for _ in range(round(up_h / tick)):
+            policy.decide(obs(t, progress, job=job, deadline=deadline, spot=True, market=SPOT, tick=tick))
+            t, progress = t + tick, progress + tick
+    return t, progress
+
+
+def test_default_takes_the_price_ratio_from_the_observation():
+    def priced(t, spot_price, on_demand_price):
+        return Observation(now_h=t, progress_h=0.0, job_h=5.0, deadline_h=100.0, changeover_h=0.2, market=None,
+                           spot_available=True, preempted=False, tick_h=0.1, spot_price=spot_price,
+                           on_demand_price=on_demand_price)
+
+    def learned(**params):
+        # spot runs of 0.4 h: worth a 0.2 h changeover when k (0.4 - 0.2) > 0.4, i.e. k > 2
+        policy = make_policy("default", prior_weight=0.01, **params)
+        t = 0.0
+        for _ in range(20):
+            for i in range(8):
+                policy.decide(obs(t, 0.0, job=5.0, deadline=100.0, spot=i < 4, tick=0.1))
+                t += 0.1
+        return policy, t
+
+    policy, t = learned()
+    assert policy.price_ratio(priced(t, 2.0, 12.0)) == pytest.approx(6.0)
+    assert policy.price_ratio(obs(t)) == 4.0  # no prices: the price_ratio parameter
+    assert learned()[0].decide(priced(t, 1.0, 6.0)) == SPOT
+    assert learned()[0].decide(priced(t, 1.0, 1.5)) == WAIT  # spot barely cheaper: not worth a changeover
+    assert learned(price_ratio=1.5)[0].decide(obs(t, 0.0, job=5.0, deadline=100.0, spot=True, tick=0.1)) == WAIT
+    assert Observation(now_h=0, progress_h=0, job_h=1, deadline_h=None, changeover_h=0, market=None,
+                       spot_available=True, preempted=False, tick_h=1).spot_price is None  # old callers still work
+    with pytest.raises(InputError):
+        make_policy("default", price_ratio=1.0)
+
+
+def test_default_learns_which_spot_runs_pay():
+    tick = 1 / 6
+    # always-spot market, slack to spare: it waits out an outage instead of paying on-demand (Greedy)
+    policy = make_policy("default")
+    for i in range(40):
+        policy.decide(obs(i * 0.5, i * 0.5, job=48.0, deadline=72.0, spot=True, market=SPOT))
+    assert policy.decide(obs(20.0, 20.0, job=48.0, deadline=72.0, spot=False, preempted=True)) == WAIT
+    # on on-demand with spot back: a flickering market (one 10-minute tick of spot in three) keeps it
+    # on on-demand (a run must first outlast a tick), a steady one moves it to spot
+    flicker, steady = make_policy("default"), make_policy("default")
+    for i in range(60):
+        flicker.decide(obs(i * tick, 0.0, job=48.0, deadline=60.0, spot=i % 3 == 0, tick=tick))
+    steady.decide(obs(0.0, 0.0, job=48.0, deadline=60.0, spot=True, tick=tick))
+    on_demand = obs(10.0, 8.0, job=48.0, deadline=60.0, spot=True, market=ON_DEMAND, tick=tick)
+    assert flicker.decide(on_demand) == ON_DEMAND
+    assert steady.decide(on_demand) == SPOT
+    # idle: spot runs of one tick never make progress (d > tick); after a few it stops launching them
+    short = make_policy("default")
+    answers = [short.decide(obs(i * tick, 0.0, job=48.0, deadline=60.0, spot=i % 2 == 0, tick=tick))
+               for i in range(60)]
+    assert answers[0] == SPOT and SPOT not in answers[30:]
+
+
+def test_default_goes_on_demand_only_through_long_outages_when_slack_is_scarce():
+    tick = 1 / 6
+
+    def next_outage(up_h, down_h, cycles, job, deadline):
+        policy = make_policy("default")
+        t, progress = _cycles(policy, up_h, down_h, cycles, job=job, deadline=deadline)
+        return "".join(policy.decide(obs(t + i * tick, progress, job=job, deadline=deadline, spot=False, tick=tick))[0]
+                       for i in range(18))
+
+    # 2 h runs, 4 h outages, 11.8 h of slack for 54 h: it waits the first hour of an outage, then on-demand
+    assert next_outage(2.0, 4.0, 3, 48.0, 72.0) == "w" * 6 + "o" * 12
+    # the same market with a small job: the slack covers every outage, so Greedy
+    assert next_outage(2.0, 4.0, 3, 10.0, 72.0) == "w" * 18
+    # 10-minute outages: an on-demand launch cannot pay for itself, so it waits
+    assert next_outage(2.0, 1 / 6, 3, 48.0, 60.0) == "w" * 18
+
+
+def test_the_specs_policy_section_builds_the_policy():
+    from kit.watch.session import make_policy_for
+    from tests.support.watch import local_spec
+
+    spec = local_spec(policy={"name": "threshold", "threshold": {"k": 2, "window_hours": 1.0, "cooldown_hours": 0.5}})
+    policy = make_policy_for(spec)
+    assert policy.name == "threshold" and (policy.k, policy.window_h, policy.cooldown_h) == (2, 1.0, 0.5)
+
+
+def test_replaying_the_same_ticks_gives_the_same_decisions():
+    # the watcher rebuilds a policy's memory on restart by replaying recorded observations
+    import random
+
+    rng = random.Random(7)
+    ticks = []
+    progress = 0.0
+    for i in range(300):
+        ticks.append(obs(i / 6, progress, job=30.0, deadline=40.0, spot=rng.random() < 0.6,
+                         market=rng.choice([None, SPOT, ON_DEMAND]), preempted=rng.random() < 0.1, tick=1 / 6))
+        progress = min(30.0, progress + rng.choice([0.0, 1 / 6]))
+    for name in POLICY_NAMES:
+        first, second = make_policy(name), make_policy(name)
+        assert [first.decide(t) for t in ticks] == [second.decide(t) for t in ticks], name

@@ -1,0 +1,262 @@
+"""kit.terraform: offline provider failure (fast, one paragraph), KIT_TERRAFORM_BIN, plan summary, disk guard."""
+
+from __future__ import annotations
+
+import json
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kit import terraform
+from kit.cli import app
+from kit.errors import KitError
+from kit.paths import EXAMPLES_DIR
+from kit.render import render
+from kit.spec import load_spec
+
+FAKE = r'''#!{python}
+import json, os, sys
+argv = sys.argv[1:]
+chdir = argv[0].split("=", 1)[1]
+root = os.path.basename(chdir)
+cmd, args = argv[1], argv[2:]
+with open(os.environ["FAKE_LOG"], "a") as fh:
+    fh.write(json.dumps([root, cmd] + args) + "\n")
+plans = json.loads(os.environ.get("FAKE_PLANS", "{{}}"))
+if cmd == "plan":
+    out = [a.split("=", 1)[1] for a in args if a.startswith("-out=")][0]
+    open(os.path.join(chdir, out), "w").write("plan")
+elif cmd == "show":
+    print(json.dumps(plans.get(root, {{}})))
+elif cmd == "state":
+    print(os.environ.get("FAKE_STATE_" + root, ""))
+elif cmd == "output":
+    print(json.dumps({{"nodes": {{"value": [{{"name": "n0", "market": "spot"}}]}}, "zone": {{"value": "z"}}}}))
+elif cmd == "apply":
+    if os.path.exists(os.path.join(chdir, "../modules/aws/disks/kit_destroy_override.tf")):
+        open(os.path.join(chdir, "override-seen"), "w").write("yes")
+sys.exit(0)
+'''
+
+
+def _change(rtype, actions, name="this"):
+    return {"address": f"module.x.{rtype}.{name}", "type": rtype, "change": {"actions": actions}}
+
+
+@pytest.fixture
+def deploy(tmp_path, example_home):
+    d = tmp_path / "deploy"
+    render(load_spec(EXAMPLES_DIR / "aws-g5-spot.yaml"), d)
+    return d
+
+
+@pytest.fixture
+def fake_tf(tmp_path, monkeypatch):
+    script = tmp_path / "fake-terraform"
+    script.write_text(FAKE.format(python=sys.executable))
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    log = tmp_path / "tf.log"
+    monkeypatch.setenv("KIT_TERRAFORM_BIN", str(script))
+    monkeypatch.setenv("FAKE_LOG", str(log))
+
+    def calls():
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return calls
+
+
+def _ssh_home(tmp_path: Path, monkeypatch) -> None:
+    """A HOME with the examples' key (~/.ssh/id_ed25519.pub): kit plan checks it before rendering."""
+    from tests.support import make_home
+
+    monkeypatch.setenv("HOME", str(make_home(tmp_path / "home")))
+
+
+def _offline_config(tmp_path: Path, kind: str) -> Path:
+    cfg = tmp_path / f"{kind}.tfrc"
+    if kind == "filesystem":
+        (tmp_path / "empty-mirror").mkdir()
+        body = f'filesystem_mirror {{\n    path    = "{tmp_path / "empty-mirror"}"\n    include = ["*/*/*"]\n  }}'
+    else:  # a network mirror on a loopback port nothing listens on: refused at once
+        body = 'network_mirror {\n    url = "https://127.0.0.1:9/providers/"\n  }'
+    cfg.write_text(f"provider_installation {{\n  {body}\n}}\n")
+    return cfg
+
+
+@pytest.mark.parametrize("kind", ["filesystem", "network"])
+def test_provider_download_failure_is_one_clear_paragraph(deploy, tmp_path, monkeypatch, kind):
+    monkeypatch.delenv("KIT_TERRAFORM_BIN", raising=False)
+    monkeypatch.setenv("TF_CLI_CONFIG_FILE", str(_offline_config(tmp_path, kind)))
+    start = time.monotonic()
+    with pytest.raises(KitError) as info:
+        terraform.plan(deploy)
+    assert time.monotonic() - start < 60, "must fail fast, not after network timeouts"
+    message = info.value.what
+    assert "\n" not in message and "Traceback" not in message
+    assert "could not download the providers" in message and "TF_CLI_CONFIG_FILE" in message
+    assert "registry.terraform.io" in message and "hashicorp/aws" in message
+    # the CLI: exit 1, the paragraph, no traceback
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "cli-deploy"))
+    _ssh_home(tmp_path, monkeypatch)
+    result = CliRunner().invoke(app, ["plan", str(EXAMPLES_DIR / "aws-g5-spot.yaml")])
+    assert result.exit_code == 1 and "TF_CLI_CONFIG_FILE" in result.output and "Traceback" not in result.output
+
+
+def test_plan_summary_text_and_markdown(deploy, fake_tf, monkeypatch):
+    """Every resource with its action; a replacement says what forces it; Terraform's totals."""
+    monkeypatch.setenv("FAKE_STATE_disks", "module.disks.aws_ebs_volume.this[0]")
+    replaced = _change("aws_instance", ["delete", "create"], "node[0]")
+    replaced["action_reason"] = "replace_by_triggers"
+    attachment = _change("aws_volume_attachment", ["delete", "create"])
+    attachment["change"]["replace_paths"] = [["instance_id"]]
+    monkeypatch.setenv("FAKE_PLANS", json.dumps({
+        "disks": {"resource_changes": [_change("aws_ebs_volume", ["no-op"])]},
+        "cluster": {"resource_changes": [_change("aws_instance", ["create"], "node[1]"), replaced,
+                                         _change("aws_security_group", ["update"]), attachment,
+                                         {**_change("aws_ami", ["read"]), "mode": "data"}]}}))
+    summary = terraform.plan(deploy)
+    assert summary.totals == {"add": 3, "change": 1, "destroy": 2}
+    assert [c.address for c in summary.changes] == ["module.x.aws_instance.node[0]", "module.x.aws_instance.node[1]",
+                                                    "module.x.aws_security_group.this",
+                                                    "module.x.aws_volume_attachment.this"]
+    text = summary.text()
+    assert "-/+ cluster  module.x.aws_instance.node[0]  (forced by lifecycle.replace_triggered_by)" in text
+    assert "-/+ cluster  module.x.aws_volume_attachment.this  (forced by instance_id)" in text
+    assert "  + cluster  module.x.aws_instance.node[1]" in text and "Plan: 3 to add, 1 to change, 2 to destroy." in text
+    assert "1 instance(s) replaced" in text
+    md = summary.markdown()
+    assert md.startswith("| action | root | resource | why |")
+    assert "| replace | cluster | `module.x.aws_volume_attachment.this` | forced by instance_id |" in md
+    calls = fake_tf()
+    assert [c[:2] for c in calls if c[1] in ("init", "plan")] == [["disks", "init"], ["disks", "plan"],
+                                                                  ["cluster", "init"], ["cluster", "plan"]]
+    assert (deploy / "cluster" / "tfplan").is_file() and (deploy / "disks" / "tfplan").is_file()
+    terraform.apply(deploy)
+    applied = [c for c in fake_tf() if c[1] == "apply"]
+    assert [c[0] for c in applied] == ["disks", "cluster"] and all(c[-1] == "tfplan" for c in applied)
+    assert not (deploy / "cluster" / "tfplan").exists()  # a saved plan applies once
+    assert terraform.output(deploy) == {"nodes": [{"name": "n0", "market": "spot"}], "zone": "z"}
+
+
+FIRST = {"disks": {"resource_changes": [_change("aws_ebs_volume", ["create"], "this[0]")]},
+         "cluster": {"resource_changes": [_change("aws_instance", ["create"], "node[0]"),
+                                          _change("aws_volume_attachment", ["create"], "data[0]")]}}
+
+
+def test_first_deployment_shows_the_cluster_plan_and_applies_only_that(deploy, fake_tf, monkeypatch):
+    """Reviewers see what apply will create on a first deployment too: the cluster is planned with
+    its disk ids pending (a preview, never applied); apply plans it again once the disks exist and
+    applies that plan because it makes exactly the changes shown."""
+    monkeypatch.setenv("FAKE_PLANS", json.dumps(FIRST))
+    summary = terraform.plan(deploy)
+    assert summary.previews == ["cluster"] and "ids show as pending" in summary.text()
+    assert {c.address for c in summary.changes} == {"module.x.aws_ebs_volume.this[0]", "module.x.aws_instance.node[0]",
+                                                    "module.x.aws_volume_attachment.data[0]"}
+    cluster_plan = [c for c in fake_tf() if c[:2] == ["cluster", "plan"]]
+    assert "-var=read_disks_state=false" in cluster_plan[0]  # no disks state yet: the ids are placeholders
+    assert not (deploy / "cluster" / "tfplan").exists() and (deploy / "cluster" / "tfplan.shown.json").is_file()
+    terraform.apply(deploy, parallelism=16)
+    cluster = [c for c in fake_tf() if c[0] == "cluster" and c[1] in ("plan", "apply")]
+    assert [c[1] for c in cluster] == ["plan", "plan", "apply"]
+    assert "-var=read_disks_state=false" not in cluster[1] and "-parallelism=16" in cluster[2]
+    assert not (deploy / "cluster" / "tfplan.shown.json").exists()
+
+
+def test_a_cluster_plan_that_differs_from_the_shown_preview_is_not_applied(deploy, fake_tf, monkeypatch):
+    monkeypatch.setenv("FAKE_PLANS", json.dumps(FIRST))
+    terraform.plan(deploy)
+    changed = {**FIRST, "cluster": {"resource_changes": FIRST["cluster"]["resource_changes"] + [
+        _change("aws_security_group", ["delete"])]}}
+    monkeypatch.setenv("FAKE_PLANS", json.dumps(changed))
+    with pytest.raises(KitError, match="no longer the one `kit plan` showed") as error:
+        terraform.apply(deploy)
+    assert "aws_security_group" in error.value.what and "kit plan SPEC" in error.value.fix
+    assert [c[0] for c in fake_tf() if c[1] == "apply"] == ["disks"], "the cluster plan was not applied"
+    assert not (deploy / "cluster" / "tfplan").exists()
+
+
+def test_apply_without_a_shown_plan_is_refused(deploy, fake_tf, monkeypatch):
+    monkeypatch.setenv("FAKE_STATE_disks", "module.disks.aws_ebs_volume.this[0]")
+    terraform.plan(deploy)
+    (deploy / "cluster" / "tfplan").unlink()
+    with pytest.raises(KitError, match="no saved plan"):
+        terraform.apply(deploy)
+
+
+def test_apply_parallelism_is_at_least_terraforms_default(deploy, fake_tf, monkeypatch):
+    monkeypatch.setenv("FAKE_STATE_disks", "module.disks.aws_ebs_volume.this[0]")
+    terraform.plan(deploy)
+    terraform.apply(deploy, parallelism=4)
+    assert all("-parallelism=10" in c for c in fake_tf() if c[1] == "apply")
+
+
+@pytest.mark.parametrize("actions", [["delete"], ["delete", "create"], ["create", "delete"]])
+def test_plan_that_loses_a_disk_is_refused(deploy, fake_tf, monkeypatch, actions):
+    monkeypatch.setenv("FAKE_PLANS", json.dumps({"disks": {"resource_changes": [_change("aws_ebs_volume", actions)]}}))
+    with pytest.raises(KitError, match="refusing a plan that would delete or replace data disk"):
+        terraform.plan(deploy)
+    assert not (deploy / "disks" / "tfplan").exists()
+
+
+def test_destroy_keeps_disks_unless_asked(deploy, fake_tf, monkeypatch):
+    monkeypatch.setenv("FAKE_PLANS", json.dumps({"disks": {"resource_changes": [_change("aws_ebs_volume", ["delete"])]}}))
+    terraform.destroy(deploy)
+    assert {c[0] for c in fake_tf() if c[1] in ("plan", "apply")} == {"cluster"}
+    assert any("-destroy" in c for c in fake_tf() if c[1] == "plan")
+    terraform.destroy(deploy, with_disks=True)
+    assert [c[0] for c in fake_tf() if c[1] == "apply"] == ["cluster", "cluster", "disks"]
+    assert (deploy / "disks" / "override-seen").read_text() == "yes"  # prevent_destroy lifted for the run
+    assert not (deploy / "modules" / "aws" / "disks" / "kit_destroy_override.tf").exists()
+
+
+def test_terraform_bin_override_same_args(deploy, fake_tf):
+    rc, _, _ = terraform.run_terraform(["fmt", "-check", "."], deploy)
+    assert rc == 0 and fake_tf()[-1] == ["deploy", "fmt", "-check", "."]
+
+
+def test_missing_binary_and_missing_render(tmp_path, monkeypatch):
+    monkeypatch.setenv("KIT_TERRAFORM_BIN", str(tmp_path / "nope"))
+    with pytest.raises(KitError, match="terraform binary not found"):
+        terraform.run_terraform(["version"], tmp_path)
+    with pytest.raises(KitError, match="kit render"):
+        terraform.plan(tmp_path)
+    with pytest.raises(KitError, match="run `kit plan"):
+        (tmp_path / "disks").mkdir()
+        (tmp_path / "disks" / "main.tf").write_text("")
+        terraform.apply(tmp_path)
+
+
+def test_embedded_terraform_runs(tmp_path, monkeypatch):
+    monkeypatch.delenv("KIT_TERRAFORM_BIN", raising=False)
+    rc, out, _ = terraform.run_terraform(["version"], tmp_path, timeout=120)
+    assert rc == 0 and "Terraform v1." in out
+
+
+def test_cli_plan_markdown_apply_destroy(tmp_path, fake_tf, monkeypatch):
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "d"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the examples' key: ~/.ssh/id_ed25519.pub
+    spec = str(EXAMPLES_DIR / "aws-g5-spot.yaml")
+    result = CliRunner().invoke(app, ["plan", spec])
+    assert result.exit_code == 2 and "ssh.public_key" in result.output and "ssh-keygen" in result.output
+    assert not (tmp_path / "d").exists(), "nothing rendered before the key check"
+    (tmp_path / "home" / ".ssh").mkdir(parents=True)
+    (tmp_path / "home" / ".ssh" / "id_ed25519.pub").write_text("not a key\n")
+    assert "not an OpenSSH public key" in CliRunner().invoke(app, ["plan", spec]).output
+    _ssh_home(tmp_path, monkeypatch)
+    monkeypatch.setenv("FAKE_STATE_disks", "x")
+    monkeypatch.setenv("FAKE_PLANS", json.dumps({"cluster": {"resource_changes": [_change("aws_instance", ["create"])]}}))
+    spec = str(EXAMPLES_DIR / "aws-g5-spot.yaml")
+    result = CliRunner().invoke(app, ["plan", spec, "--format", "markdown", "--market", "on-demand"])
+    assert result.exit_code == 0, result.output
+    assert "| create | cluster | `module.x.aws_instance.this` |  |" in result.output
+    # the cost per hour now (the deployed nodes as the outputs report them: 1 spot) and after (4 on-demand)
+    assert "now $0.65/h (1 spot), after $6.50/h (4 on-demand)" in result.output
+    assert 'market              = "on-demand"' in (tmp_path / "d" / "g5-spot" / "cluster" / "terraform.tfvars").read_text()
+    assert CliRunner().invoke(app, ["plan", spec, "--format", "html"]).exit_code == 2
+    result = CliRunner().invoke(app, ["apply", spec])
+    assert result.exit_code == 0 and "n0" in result.output, result.output
+    result = CliRunner().invoke(app, ["destroy", spec])
+    assert result.exit_code == 0 and "disks kept" in result.output, result.output

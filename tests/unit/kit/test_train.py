@@ -1,0 +1,196 @@
+"""`kit train` on a cloud spec: the same loop through the cloud backend interface (faked here:
+no Terraform, no Ansible); the "agents" post heartbeats to the in-process watcher endpoint."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+
+import pytest
+from rich.console import Console
+
+from kit.paths import EXAMPLES_DIR
+from tests.support.trainer import write_final_checkpoint
+from tests.support.watch import BackendSource, RecordingBackend
+
+
+@pytest.fixture(autouse=True)
+def ssh_key_home(tmp_path, monkeypatch):
+    """The examples' key, ~/.ssh/id_ed25519.pub, which kit train checks before it starts."""
+    from tests.support import make_home
+
+    monkeypatch.setenv("HOME", str(make_home(tmp_path / "home")))
+
+
+def test_missing_ssh_key_stops_before_anything_starts(tmp_path, monkeypatch):
+    from kit.errors import InputError
+    from kit.train import run_train
+
+    (tmp_path / "home" / ".ssh" / "id_ed25519.pub").unlink()
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
+    with pytest.raises(InputError, match="ssh public key"):
+        run_train(EXAMPLES_DIR / "aws-g5-spot.yaml", cloud="aws")
+    assert not (tmp_path / "deploy").exists()
+
+
+class AgentBackend(RecordingBackend):
+    """bootstrap starts a fake agent that reports steps 0..total then done; the first run is
+    preempted half-way once (node 0), so the loop must recover and bootstrap again."""
+
+    def __init__(self, url, token, cluster, total=20, preempt_at=8):
+        super().__init__(nodes=2)
+        self.url, self.token, self.cluster, self.total, self.preempt_at = url, token, cluster, total, preempt_at
+        self.step = 0
+        self.final_sha = None
+
+    def post(self, body):
+        req = urllib.request.Request(f"{self.url}/v1/clusters/{self.cluster}/events", data=json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {self.token}",
+                                              "Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=5).read()
+
+    def bootstrap(self, nodes):
+        super().bootstrap(nodes)
+        threading.Thread(target=self.train, daemon=True).start()
+
+    def train(self):
+        import time
+
+        while self.step < self.total:
+            self.step += 1
+            state = "done" if self.step == self.total else "running"
+            detail = {"state": state, **({"params_sha256": self.final_sha} if state == "done" and self.final_sha else {})}
+            self.post({"kind": "progress", "instance": self.deployed[0].instance_id if self.deployed else "x",
+                       "node_rank": 0, "time": time.time(), "cloud": "aws", "detail": detail,
+                       "step": self.step, "total_steps": self.total, "step_time_s": 0.05})
+            if self.step == self.preempt_at:
+                self.preempt_at = None
+                self.preempt(0)
+                return
+            time.sleep(0.02)
+
+
+def test_cloud_loop_recovers_and_keeps_disks(tmp_path, monkeypatch):
+    from kit.backends import cloud
+    from kit.train import run_train
+    from kit.watch import sources
+
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
+    made = {}
+
+    def backend_for(spec, deploy_dir, *, watcher_url=None, watcher_token=None):
+        made["b"] = AgentBackend(watcher_url, watcher_token, spec.name)
+        return made["b"]
+
+    monkeypatch.setattr(cloud, "backend_for", backend_for)
+    monkeypatch.setattr(sources, "source_for", lambda spec, deploy_dir: BackendSource(made["b"]))
+    with open(tmp_path / "out", "w") as out:
+        report = run_train(EXAMPLES_DIR / "aws-g5-spot.yaml", cloud="aws", json_report=tmp_path / "r.json",
+                           interval_s=0.1, listen="127.0.0.1:0", console=Console(file=out))
+    backend = made["b"]
+    assert report["steps"] == 20 and report["preemptions"] == 1
+    assert len(backend.of("bootstrap")) == 2, "recovered once"
+    assert backend.of("destroy") == [("destroy", True)], "no export (this fake has no checkpoints): disks kept"
+    assert report["export"] is None and report["disks"] == "kept"
+    written = json.loads((tmp_path / "r.json").read_text())
+    assert written == {k: v for k, v in report.items()}
+    # cost: the node-hours held x their prices; cost_on_demand: the same *job* all on-demand, the
+    # spec's nodes x on-demand price x (20 steps x the measured 0.05 s + one changeover) — not the
+    # node-hours held (which a preemption, lost steps and idle nodes inflate).
+    from kit.spec import load_spec
+
+    spec = load_spec(EXAMPLES_DIR / "aws-g5-spot.yaml")
+    prices = spec.prices
+    assert report["cost"] == pytest.approx(report["spot_hours"] * prices.spot_per_hour
+                                           + report["on_demand_hours"] * prices.on_demand_per_hour, abs=1e-3)
+    assert report["compute_hours"] == pytest.approx(20 * 0.05 / 3600)
+    # d: the first launch's start-up as measured (here: the fake starts at once), else the spec's
+    startup = report["startup_hours"]
+    assert startup < 5 / 3600 if report["startup_measured"] else startup == spec.policy.changeover_hours
+    assert 0 <= report["finish_hours"] < 10 / 3600
+    assert report["cost_on_demand"] == pytest.approx(
+        spec.nodes * prices.on_demand_per_hour * (startup + 20 * 0.05 / 3600 + report["finish_hours"]), rel=1e-3)
+
+
+class DiskBackend(AgentBackend):
+    """Nodes whose disks hold the final checkpoint: node 0's copy is truncated, node 1's is good."""
+
+    def __init__(self, *args, disks, **kw):
+        super().__init__(*args, **kw)
+        self.disks = disks
+
+    def checkpoint_dir(self, node, scratch):
+        return self.disks / f"node-{node.rank}"
+
+
+def test_cloud_disks_deleted_only_after_a_verified_export(tmp_path, monkeypatch):
+    import shutil
+
+    from kit.backends import cloud
+    from kit.train import run_train
+    from kit.watch import sources
+
+    disks = tmp_path / "disks"
+    sha = write_final_checkpoint(disks / "node-0", 20)
+    shutil.copytree(disks / "node-0", disks / "node-1")
+    state = disks / "node-0" / "step-00000020" / "state.pt"
+    state.write_bytes(state.read_bytes()[:1000])  # node 0's copy is damaged: node 1's is exported
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
+    made = {}
+
+    def backend_for(spec, deploy_dir, *, watcher_url=None, watcher_token=None):
+        made["b"] = DiskBackend(watcher_url, watcher_token, spec.name, disks=disks, preempt_at=None)
+        made["b"].final_sha = sha
+        return made["b"]
+
+    monkeypatch.setattr(cloud, "backend_for", backend_for)
+    monkeypatch.setattr(sources, "source_for", lambda spec, deploy_dir: BackendSource(made["b"]))
+    with open(tmp_path / "out", "w") as out:
+        report = run_train(EXAMPLES_DIR / "aws-g5-spot.yaml", cloud="aws", interval_s=0.1, listen="127.0.0.1:0",
+                           console=Console(file=out))
+    assert report["params_sha256"] == sha
+    assert report["export"].endswith("export/step-00000020") and report["disks"] == "deleted"
+    assert made["b"].of("destroy") == [("destroy", False)]
+    assert "skipping step-00000020" in (tmp_path / "out").read_text()
+
+
+def test_no_trainer_digest_keeps_the_disks_and_export_time_is_billed(tmp_path, monkeypatch):
+    """Finding 14: without the trainer's params_sha256 the export checks nothing, yet the disks were
+    deleted; and the nodes were released before the export, so its time was not billed."""
+    import shutil
+    import time
+
+    from kit.backends import cloud
+    from kit.train import run_train
+    from kit.watch import sources
+    from kit.watch.ledger import Ledger
+
+    disks = tmp_path / "disks"
+    write_final_checkpoint(disks / "node-0", 20)
+    shutil.copytree(disks / "node-0", disks / "node-1")
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
+    made, exporting = {}, []
+
+    class SlowDiskBackend(DiskBackend):
+        def checkpoint_dir(self, node, scratch):
+            exporting.append(time.time())
+            time.sleep(0.3)  # copying the checkpoint over SSH takes a while: the nodes are still billed
+            return super().checkpoint_dir(node, scratch)
+
+    def backend_for(spec, deploy_dir, *, watcher_url=None, watcher_token=None):
+        made["b"] = SlowDiskBackend(watcher_url, watcher_token, spec.name, disks=disks, preempt_at=None)
+        return made["b"]  # final_sha stays None: the trainer reported no digest
+
+    monkeypatch.setattr(cloud, "backend_for", backend_for)
+    monkeypatch.setattr(sources, "source_for", lambda spec, deploy_dir: BackendSource(made["b"]))
+    with open(tmp_path / "out", "w") as out:
+        report = run_train(EXAMPLES_DIR / "aws-g5-spot.yaml", cloud="aws", interval_s=0.1, listen="127.0.0.1:0",
+                           console=Console(file=out))
+    assert report["params_sha256"] is None
+    assert report["export"].endswith("export/step-00000020"), "exported all the same"
+    assert report["disks"] == "kept" and made["b"].of("destroy") == [("destroy", True)]
+    assert "no final params_sha256" in (tmp_path / "out").read_text()
+    ledger = Ledger(next((tmp_path / "deploy").glob("*/ledger.sqlite")))
+    ends = [n.until for n in ledger.all_nodes() if n.state == "released"]
+    assert ends and min(ends) >= exporting[0] + 0.3, "billed until the export was done"

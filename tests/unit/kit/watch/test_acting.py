@@ -1,0 +1,521 @@
+"""The acting path with a recording backend: market switch, recovery, capacity backoff, release."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+
+import pytest
+
+from kit.watch.acting import Actor, Backoff
+from kit.watch.events import CAPACITY_ERROR, PREEMPTION
+from kit.watch.ledger import Ledger
+from kit.watch.status import status_report
+from kit.watch.watcher import Watcher
+from tests.support.watch import (
+    BackendSource,
+    RecordingBackend,
+    ScriptedPolicy,
+    heartbeat,
+    local_spec,
+    with_policy,
+)
+
+
+class Clock:
+    def __init__(self, t: float = 1_000_000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(tmp_path, answers, *, deployed_market="spot", nodes=2, seed=1):
+    clock = Clock()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    backend = RecordingBackend(nodes)
+    if deployed_market:
+        backend.apply(local_spec(market=deployed_market), deployed_market)
+        backend.calls.clear()
+    spec = local_spec(nodes=nodes, market="spot")
+    actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(seed)), clock=clock)
+    policy = ScriptedPolicy(answers)
+    watcher = Watcher(spec, ledger, actor, policy, source=BackendSource(backend), interval_s=15, clock=clock)
+    watcher.start()
+    return watcher, backend, ledger, policy, clock
+
+
+
+def make_bootstrap_fail(backend) -> dict:
+    """Make the backend's bootstrap raise (an SSH failure) while the returned switch says "on"."""
+    from kit.errors import KitError
+
+    real_bootstrap, failing = backend.bootstrap, {"on": True}
+
+    def bootstrap(nodes):
+        if failing["on"]:
+            raise KitError("ssh: connection refused")
+        real_bootstrap(nodes)
+
+    backend.bootstrap = bootstrap
+    return failing
+
+def test_market_switch_rerenders_applies_and_bootstraps_every_node(tmp_path):
+    watcher, backend, ledger, policy, clock = make(tmp_path, ["on-demand"])
+    old = {n.instance_id for n in backend.deployed}
+    ledger.record(heartbeat(100, 1000, 2.0))
+    result = watcher.tick()
+
+    assert result.action == "switch"
+    assert backend.of("apply") == [("apply", "on-demand", "on-demand")]  # spec re-rendered with the new market
+    (_, booted, rendezvous), = backend.of("bootstrap")
+    assert len(booted) == 2 and not old & set(booted)  # every node replaced and bootstrapped
+    assert rendezvous == f"{backend.deployed[0].private_ip}:29500"
+    decision = ledger.decisions()[0]
+    assert (decision.action, decision.market_before, decision.market_after, decision.status) == \
+        ("switch", "spot", "on-demand", "done")
+    assert {n.instance_id for n in ledger.nodes(("replaced",))} == old
+    assert all(n.market == "on-demand" for n in ledger.nodes(("up",)))
+    obs = policy.seen[-1]
+    assert obs.market == "spot" and obs.preempted is False and obs.spot_available is True
+    assert obs.progress_h == pytest.approx(100 * 2.0 / 3600) and obs.job_h == pytest.approx(1000 * 2.0 / 3600)
+    # Nothing more to do on the next tick: the policy still says on-demand and it is running.
+    clock.t += 15
+    assert watcher.tick().action is None and len(backend.of("apply")) == 1
+
+
+def test_preemption_without_switch_reapplies_and_moves_the_rendezvous(tmp_path):
+    watcher, backend, ledger, policy, clock = make(tmp_path, ["spot"])
+    ledger.record(heartbeat(10, 1000))
+    watcher.tick()
+    lost = backend.preempt(0)  # the rendezvous master goes
+    survivor = backend.deployed[0].instance_id
+    clock.t += 15
+    result = watcher.tick()
+
+    assert [e.kind for e in result.new_events] == [PREEMPTION]
+    assert result.action == "recover"
+    assert backend.of("apply") == [("apply", "spot", "spot")]
+    (_, booted, rendezvous), = backend.of("bootstrap")
+    assert survivor in booted and lost.instance_id not in booted and len(booted) == 2
+    assert rendezvous == f"{backend.deployed[0].private_ip}:29500" != f"{lost.private_ip}:29500"
+    obs = policy.seen[-1]
+    # As in the simulator, spot counts as unavailable in the tick a spot node was lost (a policy
+    # answering spot there still gets a recovery, which is how the watcher finds out).
+    assert obs.preempted is True and obs.market is None and obs.spot_available is False
+    assert [n.instance_id for n in ledger.nodes(("replaced",))] == [lost.instance_id]
+    # The same terminated instance polled again is not a second preemption.
+    clock.t += 15
+    again = watcher.tick()
+    assert again.new_events == [] and policy.seen[-1].preempted is False and len(backend.of("apply")) == 1
+
+
+def test_capacity_errors_back_off_exponentially_with_jitter_and_count_as_pressure(tmp_path):
+    watcher, backend, ledger, policy, clock = make(tmp_path, ["spot"])
+    ledger.record(heartbeat(10, 1000))
+    backend.preempt(1)
+    backend.capacity_failures = 2
+    start = clock.t
+    watcher.tick()  # loss seen, recover attempt 1 fails
+    first = ledger.pending_decision()
+    assert first.attempts == 1 and 30 * 0.6 <= first.next_attempt - start <= 30 * 1.4
+    clock.t = first.next_attempt - 1
+    watcher.tick()  # still backing off: no apply
+    assert len(backend.of("apply")) == 1
+    assert policy.seen[-1].preempted is True and policy.seen[-1].spot_available is False  # pressure
+    clock.t = first.next_attempt
+    watcher.tick()  # attempt 2 fails, longer wait
+    second = ledger.pending_decision()
+    assert second.id == first.id and second.attempts == 2
+    assert 48 * 0.6 <= second.next_attempt - clock.t <= 48 * 1.4
+    clock.t = second.next_attempt
+    watcher.tick()  # attempt 3 succeeds
+    assert ledger.pending_decision() is None and ledger.decision(first.id).status == "done"
+    assert len(backend.of("apply")) == 3 and len(backend.of("bootstrap")) == 1
+    assert len(ledger.events(kinds=(CAPACITY_ERROR,))) == 2
+    assert [a.status for a in ledger.applies(decision_id=first.id)] == ["capacity", "capacity", "ok"]
+
+
+def test_policy_switch_supersedes_a_spot_launch_stuck_on_capacity(tmp_path):
+    watcher, backend, ledger, _policy, clock = make(tmp_path, ["spot", "spot", "on-demand"])
+    ledger.record(heartbeat(10, 1000))
+    backend.preempt(0)
+    backend.capacity_failures = 1
+    watcher.tick()  # recover on spot fails
+    watcher.tick()  # backoff
+    clock.t += 1
+    watcher.tick()  # policy: on-demand now
+    statuses = [d.status for d in reversed(ledger.decisions())]
+    assert statuses[-2:] == ["superseded", "done"]
+    assert backend.of("apply")[-1] == ("apply", "on-demand", "on-demand")
+
+
+def test_wait_releases_instances_and_keeps_disks(tmp_path):
+    watcher, backend, ledger, _policy, _clock = make(tmp_path, ["wait"])
+    ledger.record(heartbeat(10, 1000))
+    watcher.tick()
+    assert backend.of("destroy") == [("destroy", True)]
+    assert ledger.market() is None and len(ledger.nodes(("released",))) == 2
+
+
+def test_backoff_grows_by_1_6_and_is_capped():
+    backoff = Backoff(initial_s=30, factor=1.6, cap_s=300, jitter=0.0)
+    assert [round(backoff.delay(n), 1) for n in (1, 2, 3, 6, 20)] == [30.0, 48.0, 76.8, 300.0, 300.0]
+    jittered = Backoff(jitter=0.4, rng=random.Random(7))
+    delays = [jittered.delay(1) for _ in range(200)]
+    assert min(delays) >= 18 and max(delays) <= 42 and max(delays) - min(delays) > 10
+
+
+def test_no_heartbeat_keeps_the_spec_market_and_done_stops(tmp_path):
+    watcher, backend, ledger, policy, _clock = make(tmp_path, ["on-demand"])
+    watcher.tick()
+    assert policy.seen == [] and backend.of("apply") == []  # no job size known: no policy call
+    ledger.record(heartbeat(1000, 1000, state="done"))
+    assert watcher.tick().done is True
+
+
+def test_fresh_cluster_is_launched_on_the_spec_market(tmp_path):
+    watcher, backend, ledger, _policy, _clock = make(tmp_path, ["spot"], deployed_market=None)
+    watcher.tick()
+    assert backend.of("apply") == [("apply", "spot", "spot")] and len(ledger.nodes(("up",))) == 2
+
+
+def test_bad_policy_answer_is_an_error(tmp_path):
+    watcher, *_, ledger, _policy, _clock = make(tmp_path, ["maybe"])
+    ledger.record(heartbeat(1, 10))
+    with pytest.raises(ValueError, match="maybe"):
+        watcher.tick()
+
+
+def test_restart_replays_recorded_ticks_into_a_fresh_policy(tmp_path):
+    watcher, backend, ledger, policy, clock = make(tmp_path, ["spot"])
+    ledger.record(heartbeat(10, 1000))
+    for _ in range(3):
+        watcher.tick()
+        clock.t += 15
+    backend.preempt(0)
+    watcher.tick()
+    fresh = ScriptedPolicy(["spot"])
+    again = Watcher(watcher.spec, ledger, watcher.actor, fresh, source=BackendSource(backend), clock=clock)
+    again.start()
+    assert fresh.seen == policy.seen  # same observations, same order: history rebuilt
+    assert [o.preempted for o in fresh.seen] == [False, False, False, True]
+
+
+def test_bootstrap_failure_retries_bootstrap_only_then_gives_up(tmp_path):
+    from kit.errors import KitError
+
+    watcher, backend, ledger, _policy, clock = make(tmp_path, ["on-demand"])
+    ledger.record(heartbeat(10, 1000))
+    failures = []
+
+    def failing_bootstrap(nodes):
+        failures.append(len(nodes))
+        raise KitError("ssh: connection refused")
+
+    backend.bootstrap = failing_bootstrap
+    outcomes = []
+    for _ in range(5):
+        result = watcher.tick()
+        outcomes.append(result.outcome.status if result.outcome else None)
+        clock.t += 400  # past any backoff
+    assert len(backend.of("apply")) == 1  # applied once; only bootstrap was retried
+    assert failures == [2] * 5 and outcomes == ["retry"] * 4 + ["failed"]
+    assert ledger.decisions()[0].status == "failed" and "bootstrap failed 5 times" in ledger.decisions()[0].error
+
+
+# ---------------------------------------------------------------------------------------------
+# Review findings: each test failed before its fix.
+
+
+class SameIdBackend(RecordingBackend):
+    """A GCP spot cluster with termination action STOP: a preempted VM keeps its id and the next
+    apply restarts it (desired_status = RUNNING)."""
+
+    def __init__(self, nodes=2):
+        super().__init__(nodes)
+        self.stopped: set[str] = set()
+
+    def apply(self, spec, market):
+        self.calls.append(("apply", market, spec.market))
+        if not self.deployed:
+            self.deployed = [self._new(r, market) for r in range(self.size)]
+        self.stopped.clear()  # restarted, same instance ids
+        return list(self.deployed)
+
+
+class StoppedSource(BackendSource):
+    name = "gcp"
+
+    def poll(self):
+        from kit.watch.sources.base import RUNNING, STOPPED, InstanceStatus, Poll
+
+        return Poll([InstanceStatus(n.instance_id, STOPPED if n.instance_id in self.backend.stopped else RUNNING,
+                                    n.market, preempted=n.instance_id in self.backend.stopped)
+                     for n in self.backend.deployed])
+
+
+def test_an_instance_id_that_comes_back_is_up_again_and_can_be_lost_again(tmp_path):
+    """Finding 1: a lost node whose id came back stayed `lost` forever (recover on every tick) and
+    its second preemption was deduplicated away."""
+    clock = Clock()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    backend = SameIdBackend(2)
+    backend.apply(local_spec(), "spot")
+    backend.calls.clear()
+    spec = local_spec()
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, clock=clock), ScriptedPolicy(["spot"]),
+                      source=StoppedSource(backend), clock=clock)
+    watcher.start()
+    ledger.record(heartbeat(10, 1000))
+    watcher.tick()
+    vm = backend.deployed[1].instance_id
+    backend.stopped.add(vm)  # preempted
+    actions = []
+    for _ in range(5):
+        clock.t += 15
+        result = watcher.tick()
+        actions.append((result.action, result.nodes_up, result.nodes_lost))
+    # recovered once (the restart brings the same id back), then quiet
+    assert [a for a, *_ in actions] == ["recover", None, None, None, None], actions
+    assert actions[-1][1:] == (2, 0) and len(backend.of("apply")) == 1
+    assert [(n.instance_id, n.state) for n in ledger.nodes()] == [(backend.deployed[0].instance_id, "up"), (vm, "up")]
+    clock.t += 3600
+    backend.stopped.add(vm)  # the same VM preempted again
+    result = watcher.tick()
+    assert [e.kind for e in result.new_events] == [PREEMPTION], "a second preemption of the same VM is a new one"
+    assert result.action == "recover" and len(backend.of("apply")) == 2
+    report = status_report(ledger, spec, now=clock.t)
+    assert (report["preemptions"], report["nodes_lost"]) == (2, 2)
+    runs = [n for n in ledger.all_nodes() if n.instance_id == vm]
+    assert [n.state for n in runs] == ["replaced", "replaced", "up"]
+    # cost: the stopped time between loss and restart is not billed, the runs before are
+    assert runs[0].until == pytest.approx(runs[1].since) and runs[1].until == pytest.approx(runs[2].since)
+
+
+@pytest.mark.parametrize("name", ["greedy", "spot", "up"])
+def test_capacity_backoff_grows_across_decisions_with_a_real_policy(tmp_path, name):
+    """Finding 3: a real policy answers wait (or on-demand) while spot is blocked, so every spot
+    retry was a new decision with attempt 1: a spot request every ~30 s forever."""
+    from kit.policy import make_policy
+
+    clock = Clock()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    backend = RecordingBackend(2)
+    backend.apply(local_spec(), "spot")
+    backend.calls.clear()
+    spec = local_spec()
+    actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1), jitter=0.0), clock=clock)
+    watcher = Watcher(spec, ledger, actor, make_policy(name), source=BackendSource(backend), interval_s=15,
+                      clock=clock)
+    watcher.start()
+    ledger.record(heartbeat(10, 100_000, 1.0))
+    backend.preempt(1)
+    backend.capacity_failures = 10**6  # spot never available
+    attempts = []
+    for _ in range(400):  # 100 minutes of 15 s ticks
+        before = len(backend.of("apply"))
+        watcher.tick()
+        if len(backend.of("apply")) != before:
+            attempts.append(clock.t)
+        clock.t += 15
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert gaps[0] >= 30 and all(b >= a for a, b in itertools.pairwise(gaps)), gaps
+    assert gaps[4] >= 180 and max(gaps) >= 300, gaps  # 30, 48, 77, 123, 197, then the 5 min cap
+    assert len(attempts) <= 25, f"{len(attempts)} spot applies in 100 minutes"
+    assert all(c[1] == "spot" for c in backend.of("apply"))
+    assert ledger.capacity_failures("spot") == len(attempts)
+    backend.capacity_failures = 0  # capacity is back: the next attempt works, the count starts over
+    for _ in range(30):
+        watcher.tick()
+        clock.t += 15
+    assert ledger.capacity_failures("spot") == 0 and len(ledger.nodes(("up",))) == 2
+
+
+def test_bootstrap_failure_after_apply_leaves_no_stale_ledger(tmp_path):
+    """Finding 4: after an apply whose bootstrap failed, the ledger still described the old
+    nodes: spurious losses, a switch counted as a recovery, and a restart that finished the
+    superseded decision by bootstrapping deleted nodes."""
+
+    watcher, backend, ledger, _policy, clock = make(tmp_path, ["on-demand", "spot"])
+    ledger.record(heartbeat(10, 1000))
+    failing = make_bootstrap_fail(backend)
+    result = watcher.tick()  # switch to on-demand: applied, bootstrap fails
+    assert (result.action, result.outcome.status) == ("switch", "retry")
+    assert ledger.market() == "on-demand", "the cloud runs on-demand now"
+    assert {n.instance_id for n in ledger.nodes(("up",))} == {n.instance_id for n in backend.deployed}
+    failing["on"] = False
+    clock.t += 400
+    result = watcher.tick()  # the policy wants spot back
+    assert result.new_events == [] and result.action == "switch", "no spurious losses of the replaced nodes"
+    assert result.outcome.status == "done" and ledger.market() == "spot"
+    report = status_report(ledger, watcher.spec, now=clock.t)
+    assert (report["market_switches"], report["nodes_lost"], report["preemptions"]) == (2, 0, 0)
+    assert [a.status for a in ledger.applies()] == ["ok", "interrupted", "ok"]  # adopted launch, switch, switch
+
+    calls = len(backend.calls)
+    again = Watcher(watcher.spec, ledger, Actor(backend, ledger, watcher.spec, clock=clock), ScriptedPolicy(["spot"]),
+                    source=BackendSource(backend), clock=clock)
+    again.start()  # a restart must not finish the superseded switch
+    assert backend.calls[calls:] == [] and ledger.market() == "spot"
+    assert [(d.action, d.status) for d in ledger.decisions()] == [("switch", "done"), ("switch", "superseded"),
+                                                                  ("launch", "done")]
+
+
+def test_restart_does_not_finish_an_applied_attempt_of_a_superseded_decision(tmp_path):
+    """Finding 4, restart side: an `applied` attempt whose decision is no longer pending (a ledger
+    written before the fix, or a crash between the two writes) is closed, not bootstrapped."""
+    watcher, backend, ledger, _policy, clock = make(tmp_path, ["spot"])
+    old = ledger.begin_decision(policy="x", decision="on-demand", action="switch", market_before="spot",
+                                market_after="on-demand", reason="test", now=clock.t)
+    attempt = ledger.start_apply(old, "on-demand", clock.t)
+    with ledger.transaction() as db:  # applied, then superseded without closing the attempt (old kit)
+        db.execute("UPDATE applies SET status = 'applied', nodes = '[]' WHERE id = ?", (attempt,))
+        db.execute("UPDATE decisions SET status = 'superseded' WHERE id = ?", (old,))
+    Watcher(watcher.spec, ledger, Actor(backend, ledger, watcher.spec, clock=clock), ScriptedPolicy(["spot"]),
+            source=BackendSource(backend), clock=clock).start()
+    assert backend.of("bootstrap") == [] and ledger.decision(old).status == "superseded"
+    assert ledger.applies(decision_id=old)[0].status == "interrupted" and ledger.market() != "on-demand"
+
+
+def test_recover_whose_bootstrap_failed_is_bootstrapped_again(tmp_path):
+    """With the node table updated at apply time nothing looks lost any more after a recovery
+    whose bootstrap failed; the pending decision must still get its bootstrap."""
+
+    watcher, backend, ledger, _policy, clock = make(tmp_path, ["spot"])
+    ledger.record(heartbeat(10, 1000))
+    watcher.tick()
+    backend.preempt(0)
+    failing = make_bootstrap_fail(backend)
+    clock.t += 15
+    assert watcher.tick().outcome.status == "retry"  # recovered, bootstrap failed
+    failing["on"] = False
+    clock.t += 400
+    result = watcher.tick()
+    assert (result.action, result.outcome.status) == ("recover", "done") and len(backend.of("apply")) == 1
+    assert len(backend.of("bootstrap")) == 1 and ledger.pending_decision() is None
+
+
+def test_default_policy_sees_spot_unavailable_in_the_tick_of_a_spot_loss(tmp_path):
+    """Finding 8: `default` learns spot run lengths from spot_available going false, which in the
+    watcher happened only during a capacity backoff: a preemption now ends a run, as in the
+    simulator. A `wait` in that tick keeps the survivors (the next tick recovers)."""
+    from kit.policy import make_policy
+
+    class Recording:
+        def __init__(self, policy):
+            self.policy, self.seen, self.name = policy, [], policy.name
+
+        def decide(self, obs):
+            self.seen.append(obs)
+            return self.policy.decide(obs)
+
+    clock = Clock()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    backend = RecordingBackend(2)
+    backend.apply(local_spec(), "spot")
+    backend.calls.clear()
+    spec = local_spec(policy={"name": "default", "deadline_hours": 200.0})
+    policy = Recording(make_policy("default"))
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, clock=clock), policy,
+                      source=BackendSource(backend), clock=clock)
+    watcher.start()
+    ledger.record(heartbeat(10, 100_000, 1.0))
+    actions = []
+    for i in range(6):
+        if i == 2:
+            backend.preempt(1)
+        actions.append(watcher.tick().action)
+        clock.t += 15
+    assert [o.spot_available for o in policy.seen] == [True, True, False, True, True, True]
+    assert [o.preempted for o in policy.seen] == [False, False, True, False, False, False]
+    assert actions[2] is None and actions[3] == "recover", actions
+    assert backend.of("destroy") == [] and len(ledger.nodes(("up",))) == 2
+
+
+def test_safety_net_margin_covers_a_slow_apply(tmp_path):
+    """Finding 7: the safety net kept one 15 s tick of margin while one apply + bootstrap can take
+    many minutes, during which the loop decides nothing."""
+    from kit.policy import make_policy
+
+    clock = Clock()
+
+    class SlowBackend(RecordingBackend):
+        def apply(self, spec, market):
+            clock.t += 20 * 60  # terraform + boot
+            return super().apply(spec, market)
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    backend = SlowBackend(2)
+    RecordingBackend.apply(backend, local_spec(), "spot")
+    backend.calls.clear()
+    start = clock.t
+    spec = local_spec(policy={"name": "greedy", "deadline_hours": 1000.0})
+    policy = make_policy("greedy")
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, clock=clock), policy,
+                      source=BackendSource(backend), interval_s=15, clock=clock)
+    watcher.start()
+    ledger.record(heartbeat(10, 1000, 1.0))
+    watcher.tick()
+    backend.preempt(1)
+    for _ in range(3):
+        clock.t += 15
+        if watcher.tick().action == "recover":  # takes 20 minutes
+            break
+    assert len(backend.of("apply")) == 1
+    clock.t += 15
+    # the deadline leaves 0.1 h of slack now: more than one 15 s interval, less than one apply
+    deadline = (clock.t - start) / 3600 + (990 * 1.0 / 3600 + 0.2) + 0.1
+    watcher.spec = with_policy(spec, name="greedy", deadline_hours=deadline)
+    result = watcher.tick()
+    assert ledger.ticks()[-1]["observation"]["tick_h"] == pytest.approx(20 * 60 / 3600, rel=0.01)
+    # the spec's prices reach the policy (default weighs spot against on-demand with them)
+    assert (ledger.ticks()[-1]["observation"]["spot_price"],
+            ledger.ticks()[-1]["observation"]["on_demand_price"]) == (1.0, 4.0)
+    assert result.decision == "on-demand" and result.action == "switch", \
+        "0.1 h of slack is less than one 20-minute apply: the net must fire now"
+
+
+class NoOpSwitchBackend(RecordingBackend):
+    """terraform-provider-aws's no-op: removing instance_market_options plans no change, so a
+    switch to on-demand leaves every instance on spot. ``claims`` is what the Terraform outputs
+    said: the requested market (the old ``market = var.market``) or the real one."""
+
+    def __init__(self, nodes: int, claims: str):
+        super().__init__(nodes)
+        self.claims = claims
+
+    def apply(self, spec, market: str):
+        if market == "on-demand" and self.deployed:
+            self.calls.append(("apply", market, spec.market))
+            reported = market if self.claims == "requested" else "spot"
+            return [dataclasses.replace(n, market=reported) for n in self.deployed]
+        return super().apply(spec, market)
+
+
+@pytest.mark.parametrize("claims", ["requested", "real"])
+def test_a_switch_the_instances_did_not_follow_is_a_failed_apply(tmp_path, claims):
+    """After every apply the real market is checked (the cloud API through the event source, and
+    the outputs): a mismatch is a failed apply, never a switch recorded as done."""
+    clock = Clock()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    backend = NoOpSwitchBackend(2, claims)
+    backend.apply(local_spec(market="spot"), "spot")
+    source = BackendSource(backend)  # the cloud: the instances as they really are (spot)
+    spec = local_spec(nodes=2, market="spot")
+    actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1)), clock=clock, source=source)
+    watcher = Watcher(spec, ledger, actor, ScriptedPolicy(["spot", "on-demand"]), source=source, interval_s=15,
+                      clock=clock)
+    watcher.start()
+    ledger.record(heartbeat(10, 1000))
+    watcher.tick()
+    clock.t += 15
+    result = watcher.tick()
+    assert result.action == "switch" and result.outcome.status == "retry", result
+    assert "still run elsewhere" in result.outcome.error and "(spot)" in result.outcome.error
+    decision = max(ledger.decisions(), key=lambda d: d.id)
+    assert decision.status == "pending" and decision.market_after == "on-demand"
+    assert ledger.applies(decision_id=decision.id)[-1].status == "failed"
+    assert all(n.market == "spot" for n in ledger.nodes(("up",))), "the ledger keeps the real market"
+    assert status_report(ledger, spec, now=clock())["market"] == "spot"

@@ -1,0 +1,188 @@
+"""Ledger: deduplication, the per-cluster lock, and crash recovery with exactly one apply."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit.errors import KitError
+from kit.watch.events import INSTANCE_LOST, Event
+from kit.watch.ledger import Ledger, WatcherLock
+from tests.support import REPO
+
+CHILD = REPO / "tests" / "support" / "watch_crash_child.py"
+
+
+def run_child(workdir: Path, crash_at: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(CHILD), str(workdir), crash_at],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.mark.parametrize("crash_at", ["after-decision", "apply-begun", "apply-done", "bootstrap"])
+def test_watcher_killed_between_decision_and_done_applies_exactly_once(tmp_path, crash_at):
+    killed = run_child(tmp_path, crash_at)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr  # it really died mid-way
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    assert ledger.pending_decision() is not None  # the decision was durable before acting
+    ledger.close()
+
+    restarted = run_child(tmp_path, "none")
+    assert restarted.returncode == 0, restarted.stderr
+
+    calls = [tuple(c) for c in json.loads((tmp_path / "cloud.json").read_text())["calls"]]
+    completed = [c for c in calls if c[0] == "apply"]
+    assert completed == [("apply", "on-demand", "on-demand")]  # converged exactly once
+    begun = [c for c in calls if c[0] == "apply-begun"]
+    # Only an apply that never converged is started again.
+    assert len(begun) == (1 if crash_at == "apply-begun" else 0)
+    assert calls[-1][0] == "bootstrap"  # training restarted on the final nodes
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    switches = [d for d in ledger.decisions() if d.action == "switch"]
+    assert [(d.status, d.market_after) for d in switches] == [("done", "on-demand")]
+    assert ledger.pending_decision() is None and ledger.market() == "on-demand"
+    ok = [a for a in ledger.applies() if a.status == "ok" and a.decision_id == switches[0].id]
+    assert len(ok) == 1 and ok[0].adopted == (crash_at == "apply-done")
+
+
+def test_second_watcher_on_the_same_cluster_is_refused(tmp_path):
+    with WatcherLock(tmp_path / "watcher.lock"):
+        with pytest.raises(KitError, match="already watching"):
+            WatcherLock(tmp_path / "watcher.lock").acquire()
+        # Another process too (flock is per open file description, checked across processes).
+        code = ("import sys; from kit.watch.ledger import WatcherLock\n"
+                f"try:\n WatcherLock({str(tmp_path / 'watcher.lock')!r}).acquire()\n"
+                "except Exception as e:\n print(e); sys.exit(3)")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False)
+        assert proc.returncode == 3 and "already watching" in proc.stdout
+    WatcherLock(tmp_path / "watcher.lock").acquire().release()  # free again once released
+
+
+def test_events_are_recorded_once_and_wal_is_on(tmp_path):
+    ledger = Ledger(tmp_path / "l.sqlite")
+    event = Event(kind=INSTANCE_LOST, instance="i-1", time=1.0, source="aws", dedup_key="loss:i-1")
+    assert ledger.record(event) is True
+    assert ledger.record(event) is False
+    assert len(ledger.events()) == 1
+    assert ledger._query("PRAGMA journal_mode")[0][0] == "wal"
+
+
+def test_job_start_is_fixed_once(tmp_path):
+    ledger = Ledger(tmp_path / "l.sqlite")
+    assert ledger.job_started(100.0) == 100.0
+    assert Ledger(tmp_path / "l.sqlite").job_started(999.0) == 100.0
+
+
+def test_newer_ledger_schema_is_refused(tmp_path):
+    import sqlite3
+
+    Ledger(tmp_path / "l.sqlite").close()
+    db = sqlite3.connect(tmp_path / "l.sqlite")
+    db.execute("PRAGMA user_version = 99")
+    db.close()
+    with pytest.raises(KitError, match="schema version 99"):
+        Ledger(tmp_path / "l.sqlite")
+
+
+def test_a_crash_after_the_tick_is_recorded_does_not_count_its_preemption_twice(tmp_path):
+    """Finding 12: the tick and the event cursor were two transactions; a watcher killed between
+    them replayed the tick (preempted) on restart and then saw its events again (preempted twice)."""
+    from kit.watch.acting import Actor
+    from kit.watch.watcher import Watcher
+    from tests.support.watch import BackendSource, RecordingBackend, ScriptedPolicy, heartbeat, local_spec
+
+    class Killed(BaseException):
+        pass
+
+    class KilledAfterTick(Ledger):
+        armed = False
+
+        def record_tick(self, *args, **kwargs):
+            super().record_tick(*args, **kwargs)
+            if self.armed:
+                raise Killed  # the process dies right after the tick is durable
+
+    backend = RecordingBackend(2)
+    backend.apply(local_spec(), "spot")
+    backend.calls.clear()
+    spec = local_spec()
+    ledger = KilledAfterTick(tmp_path / "ledger.sqlite")
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec), ScriptedPolicy(["spot"]),
+                      source=BackendSource(backend))
+    watcher.start()
+    ledger.record(heartbeat(10, 1000))
+    watcher.tick()
+    backend.preempt(1)
+    ledger.armed = True
+    with pytest.raises(Killed):
+        watcher.tick()
+    ledger.close()
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    policy = ScriptedPolicy(["spot"])
+    again = Watcher(spec, ledger, Actor(backend, ledger, spec), policy, source=BackendSource(backend))
+    again.start()  # replays the recorded ticks
+    again.tick()
+    assert [o.preempted for o in policy.seen] == [False, True, False], "one preemption, seen once"
+
+
+def test_latest_progress_is_the_newest_record_and_done_is_final(tmp_path):
+    """Finding 12: the highest step ever recorded overstated progress after a restart from an
+    older checkpoint."""
+    from tests.support.watch import heartbeat
+
+    ledger = Ledger(tmp_path / "l.sqlite")
+    ledger.record(heartbeat(380, 1000))
+    ledger.record(heartbeat(350, 1000))  # resumed from the checkpoint at 350
+    assert ledger.latest_progress()["step"] == 350
+    ledger.record(heartbeat(1000, 1000, state="done"))
+    ledger.record(heartbeat(990, 1000))  # a slower reporter's late heartbeat
+    assert (ledger.latest_progress()["step"], ledger.latest_progress()["state"]) == (1000, "done")
+
+
+V1_SCHEMA = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE events (id INTEGER PRIMARY KEY, time REAL NOT NULL, recorded REAL NOT NULL, kind TEXT NOT NULL,
+    instance TEXT NOT NULL, node_rank INTEGER, source TEXT NOT NULL, detail TEXT NOT NULL, dedup_key TEXT UNIQUE);
+CREATE TABLE nodes (instance_id TEXT PRIMARY KEY, name TEXT NOT NULL, rank INTEGER NOT NULL, market TEXT,
+    zone TEXT, private_ip TEXT, public_ip TEXT, disk_id TEXT,
+    state TEXT NOT NULL CHECK (state IN ('up', 'lost', 'replaced', 'released')),
+    since REAL NOT NULL, until REAL, apply_id INTEGER);
+INSERT INTO meta VALUES ('schema_version', '1'), ('market', 'spot'), ('job_started', '0.0'),
+                        ('capacity_failures:spot', '3'), ('local_clock_origin', '12.5');
+INSERT INTO events VALUES (1, 50.0, 50.0, 'preemption', 'i-2', 1, 'aws', '{}', 'loss:i-2'),
+                          (2, 40.0, 40.0, 'preemption', 'i-1', 0, 'agent', '{}', 'agent:i-1');
+INSERT INTO nodes VALUES ('i-1', 'node-0', 0, 'spot', NULL, NULL, NULL, NULL, 'up', 0.0, NULL, 1),
+                         ('i-2', 'node-1', 1, 'spot', NULL, NULL, NULL, NULL, 'replaced', 0.0, 50.0, 1),
+                         ('i-3', 'node-1', 1, 'spot', NULL, NULL, NULL, NULL, 'up', 50.0, NULL, 2);
+"""
+
+
+def test_a_version_1_ledger_is_migrated(tmp_path):
+    """A job started with the previous kit continues: nodes get incarnations and how they ended."""
+    import sqlite3
+
+    from kit.watch.status import status_report
+    from tests.support.watch import local_spec
+
+    db = sqlite3.connect(tmp_path / "l.sqlite")
+    db.executescript(V1_SCHEMA)
+    db.close()
+    ledger = Ledger(tmp_path / "l.sqlite")
+    assert ledger._query("PRAGMA user_version")[0][0] == 3
+    # the job's facts, from text in `meta` to typed columns (and `meta` is gone)
+    assert (ledger.market(), ledger.started_at(), ledger.capacity_failures("spot")) == ("spot", 0.0, 3)
+    assert ledger.clock_origin(999.0) == 12.5 and not ledger._query(
+        "SELECT 1 FROM sqlite_master WHERE name = 'meta'")
+    rows = {n.instance_id: n for n in ledger.all_nodes()}
+    assert {i: (n.state, n.lost_kind) for i, n in rows.items()} == {
+        "i-1": ("up", None), "i-2": ("replaced", "preemption"), "i-3": ("up", None)}
+    report = status_report(ledger, local_spec(), now=100.0)
+    assert (report["preemptions"], report["nodes_lost"], report["notices"]) == (1, 1, 1)
+    assert report["spot_hours"] == pytest.approx((100 + 50 + 50) / 3600, abs=1e-6)
+    ledger.close()
+    assert Ledger(tmp_path / "l.sqlite").market() == "spot"  # reopened: nothing to do

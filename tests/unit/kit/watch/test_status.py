@@ -1,0 +1,203 @@
+"""Cost accounting and the ledger view (`kit status`), plus the local node-state source."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import random
+
+import pytest
+from rich.console import Console
+
+from kit.errors import KitError
+from kit.spec import SpecBase
+from kit.watch import commands
+from kit.watch.acting import Actor, Backoff
+from kit.watch.ledger import Ledger
+from kit.watch.sources.base import RUNNING, TERMINATED, SourceError
+from kit.watch.sources.local import LocalSource
+from kit.watch.status import render_status, status_report
+from kit.watch.watcher import Watcher
+from tests.support.watch import (
+    BackendSource,
+    RecordingBackend,
+    ScriptedPolicy,
+    cloud_spec,
+    heartbeat,
+    local_spec,
+)
+
+HOUR = 3600.0
+
+
+class Clock:
+    t = 1_000_000.0
+
+    def __call__(self):
+        return self.t
+
+
+def run_scenario(tmp_path, spec: SpecBase | None = None):
+    """2 spot nodes for 1 h, node 1 preempted and replaced, then a switch to on-demand for 0.5 h."""
+    clock = Clock()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    backend = RecordingBackend(2)
+    spec = spec or local_spec()
+    policy = ScriptedPolicy(["spot", "on-demand"])  # first call: at the first heartbeat
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(0)), clock=clock),
+                      policy, source=BackendSource(backend), clock=clock)
+    watcher.start()
+    watcher.tick()  # launch spot at t0
+    ledger.record(heartbeat(100, 1000, 1.8))
+    clock.t += HOUR
+    backend.preempt(1)
+    watcher.tick()  # node 1 lost at t0+1h (source time = now), recovered at once
+    watcher.tick()  # policy: on-demand -> switch
+    clock.t += 0.5 * HOUR
+    return ledger, spec, clock
+
+
+def test_cost_is_node_hours_per_market_times_price(tmp_path):
+    ledger, spec, clock = run_scenario(tmp_path)
+    report = status_report(ledger, spec, now=clock.t)
+    assert report["spot_hours"] == pytest.approx(2.0)  # 2 nodes x 1 h (the replacement lived 0 s)
+    assert report["on_demand_hours"] == pytest.approx(1.0)  # 2 nodes x 0.5 h
+    assert report["cost"] == pytest.approx(2.0 * 1.0 + 1.0 * 4.0)
+    # The same job on on-demand: 2 nodes x $4 x (100 steps x 1.8 s + one 0.2 h changeover) — not
+    # the node-hours actually held (3.0 h, preemption and switch included) x $4.
+    assert report["compute_hours"] == pytest.approx(100 * 1.8 / HOUR)
+    assert report["startup_measured"] is False  # the heartbeat's time is before the launch: spec's d
+    assert report["cost_all_on_demand"] == pytest.approx(2 * 4.0 * (100 * 1.8 / HOUR + 0.2))
+    assert report["market"] == "on-demand" and report["market_switches"] == 1
+    assert report["preemptions"] == 1 and report["nodes_lost"] == 1
+    assert report["progress"]["step"] == 100 and report["progress"]["fraction"] == pytest.approx(0.1)
+    assert [d["action"] for d in report["decisions"]] == ["switch", "recover", "launch"]
+    out = io.StringIO()
+    render_status(report, Console(file=out, width=140))
+    text = out.getvalue()
+    assert "market: on-demand" in text and "$6.00" in text and "preemptions: 1" in text and "$2.00" in text
+
+
+def test_all_on_demand_uses_the_measured_first_start_up(tmp_path):
+    """d of N x Q x (d + C0) is the first launch as measured when a heartbeat follows it: launched
+    at t0, the first heartbeat at t0 + 0.5 h says step 100 at 1.8 s/step, so step 0 ran at
+    t0 + 0.45 h."""
+    clock = Clock()
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    backend = RecordingBackend(2)
+    spec = local_spec()
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, clock=clock), ScriptedPolicy(["spot"]),
+                      source=BackendSource(backend), clock=clock)
+    watcher.start()
+    t0 = clock.t
+    watcher.tick()  # launch
+    beat = heartbeat(100, 1000, 1.8)
+    ledger.record(dataclasses.replace(beat, time=t0 + 0.5 * HOUR))
+    clock.t += HOUR
+    report = status_report(ledger, spec, now=clock.t)
+    assert report["startup_measured"] is True and report["startup_hours"] == pytest.approx(0.45)
+    assert report["cost_all_on_demand"] == pytest.approx(2 * 4.0 * (0.45 + 100 * 1.8 / HOUR))
+
+
+def test_unknown_price_leaves_cost_unknown(tmp_path):
+    # an instance type outside the catalog, with only its on-demand price said
+    unknown = cloud_spec("aws", instance_type="x9.custom", gpus_per_node=1, prices={"on_demand_per_hour": 4.0})
+    ledger, spec, clock = run_scenario(tmp_path, unknown)
+    report = status_report(ledger, spec, now=clock.t)
+    assert report["cost"] is None and report["cost_all_on_demand"] == pytest.approx(2.0)
+
+
+def test_kit_status_json_and_missing_ledger(tmp_path, monkeypatch, capsys):
+    _, spec, _ = run_scenario(tmp_path)
+    monkeypatch.setattr(commands, "_load", lambda path: (spec, tmp_path))
+    commands.run_status(tmp_path / "cluster.yaml", as_json=True)
+    report = json.loads(capsys.readouterr().out)
+    assert report["cluster"] == "demo" and report["preemptions"] == 1
+    monkeypatch.setattr(commands, "_load", lambda path: (spec, tmp_path / "elsewhere"))
+    with pytest.raises(KitError, match="no ledger"):
+        commands.run_status(tmp_path / "cluster.yaml", as_json=False)
+
+
+def test_local_source_reads_node_state_files(tmp_path):
+    nodes = LocalSource.state_dir_for(tmp_path)
+    nodes.mkdir(parents=True)
+    (nodes / "node-0.json").write_text(json.dumps({"name": "node-0", "instance_id": "node-0-1", "rank": 0,
+                                                   "market": "spot", "state": "running", "time": 5.0}))
+    (nodes / "node-1.json").write_text(json.dumps({"name": "node-1", "instance_id": "node-1-2", "rank": 1,
+                                                   "market": "spot", "state": "preempted",
+                                                   "reason": "injected", "time": 9.0}))
+    statuses = {s.instance: s for s in LocalSource("demo", nodes).poll().instances}
+    assert statuses["node-0-1"].state == RUNNING and not statuses["node-0-1"].preempted
+    assert statuses["node-1-2"].state == TERMINATED and statuses["node-1-2"].preempted
+    (nodes / "node-2.json").write_text("{broken")
+    with pytest.raises(SourceError, match="node-2.json"):
+        LocalSource("demo", nodes).poll()
+
+
+def test_bad_listen_address_is_input_error():
+    from kit.errors import InputError
+
+    assert commands.parse_listen("0.0.0.0:8787") == ("0.0.0.0", 8787)
+    with pytest.raises(InputError, match="HOST:PORT"):
+        commands.parse_listen("localhost")
+
+
+def test_kit_watch_runs_server_and_loop_until_the_trainer_reports_done(tmp_path, monkeypatch):
+    """`kit watch` wiring: lock, ledger, token, HTTP endpoint, adoption, policy ticks, exit on done."""
+    import threading
+    import urllib.request
+
+    import kit.backends.cloud
+    import kit.watch.session
+    import kit.watch.sources
+    from kit.watch.server import cluster_token
+
+    spec = local_spec()
+    backend = RecordingBackend(2)
+    backend.apply(spec, "spot")
+    backend.calls.clear()
+    policy = ScriptedPolicy(["spot"])
+    monkeypatch.setattr(commands, "_load", lambda path: (spec, tmp_path))
+    monkeypatch.setattr(kit.watch.session, "make_policy_for", lambda s: policy)
+    monkeypatch.setattr(kit.backends.cloud, "backend_for", lambda s, d, **kw: backend)
+    monkeypatch.setattr(kit.watch.sources, "source_for", lambda s, d: BackendSource(backend))
+    port = __import__("socket").socket()
+    port.bind(("127.0.0.1", 0))
+    free = port.getsockname()[1]
+    port.close()
+    codes = []
+    # A long interval: the loop must be woken by the agent's reports, not by its timer.
+    runner = threading.Thread(target=lambda: codes.append(commands.run_watch(
+        tmp_path / "cluster.yaml", interval_s=60, listen=f"127.0.0.1:{free}", advertise_url=None, once=False)),
+        daemon=True)
+    runner.start()
+
+    def post(body):
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{free}/v1/clusters/demo/events", data=json.dumps(body).encode(), method="POST",
+            headers={"Authorization": f"Bearer {cluster_token(tmp_path)}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return reply.status
+
+    beat = {"kind": "progress", "instance": "i-0001", "node_rank": 0, "time": 1.0, "cloud": "local",
+            "detail": {"state": "running"}, "step": 5, "total_steps": 10, "step_time_s": 0.5}
+    for _ in range(100):  # the endpoint comes up with the watcher
+        try:
+            assert post(beat) == 202
+            break
+        except OSError:
+            __import__("time").sleep(0.05)
+    assert post({**beat, "kind": "preemption-notice", "detail": {"action": "terminate"}}) == 202  # wakes
+    for _ in range(200):
+        if policy.seen:
+            break
+        __import__("time").sleep(0.05)
+    assert policy.seen, "a preemption notice did not wake the watch loop"
+    assert post({**beat, "step": 10, "detail": {"state": "done"}}) == 202  # wakes, and the loop ends
+    runner.join(timeout=20)
+    assert not runner.is_alive() and codes == [0]
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    assert policy.seen and policy.seen[0].job_h == pytest.approx(10 * 0.5 / 3600)
+    assert [d.action for d in ledger.decisions()] == ["launch"]  # adopted, nothing else to do
+    assert backend.of("apply") == []
