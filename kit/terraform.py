@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -222,12 +223,17 @@ def output(deploy_dir: str | Path) -> dict:
     return {name: item.get("value") if isinstance(item, dict) else item for name, item in raw.items()}
 
 
+# The disk resource of a cloud's disks module (terraform/modules/<cloud>/disks/main.tf), the one
+# that carries prevent_destroy; read from the module itself, so no list of clouds is kept here.
+DISK_RESOURCE_RE = re.compile(r'^resource "(\w+)" "this" \{', re.MULTILINE)
+
+
 def _disks_override(deploy_dir: Path) -> Path | None:
-    for cloud, rtype in (("aws", "aws_ebs_volume"), ("gcp", "google_compute_disk")):
-        module = deploy_dir / "modules" / cloud / "disks"
-        if module.is_dir():
+    for module in sorted((deploy_dir / "modules").glob("*/disks")):
+        found = DISK_RESOURCE_RE.search((module / "main.tf").read_text())
+        if found:
             path = module / OVERRIDE_NAME
-            path.write_text(f'# Written by `kit destroy --with-disks` for this run only.\nresource "{rtype}" "this" {{\n'
+            path.write_text(f'# Written by `kit destroy --with-disks` for this run only.\nresource "{found[1]}" "this" {{\n'
                             "  lifecycle {\n    prevent_destroy = false\n  }\n}\n")
             return path
     return None

@@ -30,11 +30,12 @@ def train(
              "reads progress over SSH)")] = None,
 ) -> None:
     """Train on spot nodes: apply, bootstrap, watch, recover, report cost, tear down."""
+    from kit import clouds
     from kit.errors import InputError
     from kit.train import run_train
 
-    if cloud is not None and cloud not in ("local", "aws", "gcp"):
-        raise InputError(f"--cloud {cloud!r}", where="--cloud", fix="use local, aws or gcp")
+    if cloud is not None and cloud not in clouds.NAMES:
+        raise InputError(f"--cloud {cloud!r}", where="--cloud", fix=f"use one of: {', '.join(clouds.NAMES)}")
     run_train(spec, cloud=cloud, time_scale=time_scale, preempt_every=preempt_every,
               no_preemptions=no_preemptions, json_report=json_report, plot=plot, keep_disks=keep_disks,
               listen=listen, advertise_url=advertise_url, fresh=fresh)
