@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, m
 WIRE_KINDS = ("preemption-notice", "rebalance-recommendation", "shutdown", "progress")
 CLOUDS = ("aws", "gcp", "local")
 MAX_DETAIL_BYTES = 16_384
+MAX_STEPS = 10**12        # far beyond any job, and well inside SQLite's 64-bit integers
+MAX_RANK = 100_000
+MAX_TIME = 10**11         # unix seconds (year 5138)
 
 
 class AgentReport(BaseModel):
@@ -22,13 +25,13 @@ class AgentReport(BaseModel):
 
     kind: Literal["preemption-notice", "rebalance-recommendation", "shutdown", "progress"]
     instance: str = Field(min_length=1, max_length=256)
-    node_rank: StrictInt = Field(ge=0)
-    time: float = Field(ge=0, allow_inf_nan=False)  # unix seconds
+    node_rank: StrictInt = Field(ge=0, le=MAX_RANK)
+    time: float = Field(ge=0, le=MAX_TIME, allow_inf_nan=False)  # unix seconds
     cloud: Literal["aws", "gcp", "local"]
     detail: dict[str, Any] = Field(default_factory=dict)
-    step: StrictInt | None = Field(None, ge=0)
-    total_steps: StrictInt | None = Field(None, ge=1)
-    step_time_s: float | None = Field(None, ge=0, allow_inf_nan=False)
+    step: StrictInt | None = Field(None, ge=0, le=MAX_STEPS)
+    total_steps: StrictInt | None = Field(None, ge=1, le=MAX_STEPS)
+    step_time_s: float | None = Field(None, ge=0, le=MAX_TIME, allow_inf_nan=False)
 
     @field_validator("instance")
     @classmethod
@@ -44,6 +47,8 @@ class AgentReport(BaseModel):
             raise ValueError("must be a number")
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError("must be finite")
+        if isinstance(value, int) and abs(value) > MAX_TIME:  # a 400-digit integer has no float
+            raise ValueError(f"must be at most {MAX_TIME}")
         return value
 
     @field_validator("detail", mode="before")
@@ -62,4 +67,6 @@ class AgentReport(BaseModel):
         if self.kind == "progress" and (self.step is None) != (self.total_steps is None):
             raise ValueError("a 'progress' report needs both 'step' and 'total_steps' (or neither, before training "
                              "starts)")
+        if self.step is not None and self.total_steps is not None and self.step > self.total_steps:
+            raise ValueError(f"step {self.step} is past total_steps {self.total_steps}")
         return self

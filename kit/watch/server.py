@@ -3,8 +3,14 @@
 Each cluster has its own bearer token (``cluster_token``), written once to
 ``<deploy_dir>/watcher/token`` (mode 0600) and handed to the agents by bootstrap. Answers:
 202 ``{"ok": true}`` (recorded), 400 (malformed body or Content-Length, with the reason), 401
-(missing or wrong token), 404 (unknown path or cluster), 405 (not POST), 408 (the body did not
-arrive within the 10 s socket timeout), 413 (body over 64 KiB).
+(missing or wrong token), 403 (a report from an instance that is not one of the cluster's nodes,
+or at another rank), 404 (unknown path or cluster), 405 (not POST), 408 (the body did not arrive
+within the 10 s socket timeout), 413 (body over 64 KiB). Every malformed body gets its 4xx: the
+agent does not retry those.
+
+Slow clients cannot hold the server: every read times out after 10 s, a connection lives at most
+``REQUEST_DEADLINE_S`` in all (a client trickling a byte every few seconds is cut off there), and
+at most ``MAX_CONNECTIONS`` are served at once (more are closed at once, unread).
 
 It is stdlib ``ThreadingHTTPServer`` in a daemon thread: the load is a few requests per node per
 minute, and a dependency-free server keeps the watcher installable anywhere.
@@ -18,16 +24,20 @@ import logging
 import os
 import re
 import secrets
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from kit.watch.events import BadReport, Event, event_from_agent
+from kit.watch.ledger import Ledger
 
 log = logging.getLogger("kit.watch.server")
 
 MAX_BODY = 64 * 1024
+REQUEST_DEADLINE_S = 30.0  # a whole connection: request line, headers, body and reply
+MAX_CONNECTIONS = 64       # served at once; an agent posts a few times a minute
 PATH = re.compile(r"^/v1/clusters/(?P<cluster>[A-Za-z0-9][A-Za-z0-9_.-]{0,62})/events/?$")
 
 
@@ -54,6 +64,29 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, fmt: str, *args) -> None:  # route through logging, not stderr
         log.debug("%s " + fmt, self.address_string(), *args)
 
+    def setup(self) -> None:
+        super().setup()
+        # The per-read timeout does not stop a client that trickles a byte every few seconds: past
+        # the deadline the socket is shut down, and the pending read ends.
+        self._deadline = threading.Timer(self.server.deadline_s, self._cut_off)
+        self._deadline.daemon = True
+        self._deadline.start()
+
+    def _cut_off(self) -> None:
+        log.info("closing a connection from %s: no complete request within %.0f s", self.address_string(),
+                 self.server.deadline_s)
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def finish(self) -> None:
+        self._deadline.cancel()
+        try:
+            super().finish()
+        except OSError:  # the client (or the deadline) closed the socket first
+            pass
+
     def _reply(self, status: int, body: dict) -> None:
         if status != 202:
             # An early refusal leaves the body unread on the socket: never reuse this connection.
@@ -71,42 +104,74 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(405, {"ok": False, "error": "use POST"})
 
     def do_POST(self) -> None:
+        """Each step replies itself (4xx) and returns None when the request goes no further."""
+        cluster = self._authorized_cluster()
+        raw = self._body() if cluster is not None else None
+        event = self._event(raw) if raw is not None else None
+        if cluster is not None and event is not None:
+            self._record(cluster, event)
+
+    def _authorized_cluster(self) -> str | None:
         match = PATH.match(self.path)
         if not match:
-            return self._reply(404, {"ok": False, "error": f"no such endpoint {self.path}"})
+            self._reply(404, {"ok": False, "error": f"no such endpoint {self.path}"})
+            return None
         cluster = match.group("cluster")
         expected = self.server.tokens.get(cluster)
         if expected is None:
-            return self._reply(404, {"ok": False, "error": f"this watcher does not watch cluster {cluster!r}"})
+            self._reply(404, {"ok": False, "error": f"this watcher does not watch cluster {cluster!r}"})
+            return None
         header = self.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
         # Constant-time compare: the token is the only thing between the internet and our ledger.
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
-            return self._reply(401, {"ok": False, "error": "missing or wrong bearer token"})
+            self._reply(401, {"ok": False, "error": "missing or wrong bearer token"})
+            return None
+        return cluster
+
+    def _body(self) -> bytes | None:
         try:
             length = int(self.headers.get("Content-Length", ""))
         except ValueError:
-            return self._reply(400, {"ok": False, "error": "Content-Length required (a non-negative integer)"})
+            self._reply(400, {"ok": False, "error": "Content-Length required (a non-negative integer)"})
+            return None
         if length < 0:  # rfile.read(-1) would read to EOF, past the size limit
-            return self._reply(400, {"ok": False, "error": f"Content-Length must be >= 0, got {length}"})
+            self._reply(400, {"ok": False, "error": f"Content-Length must be >= 0, got {length}"})
+            return None
         if length > MAX_BODY:
-            return self._reply(413, {"ok": False, "error": f"body over {MAX_BODY} bytes"})
+            self._reply(413, {"ok": False, "error": f"body over {MAX_BODY} bytes"})
+            return None
         try:
             raw = self.rfile.read(length)
         except TimeoutError:
-            return self._reply(408, {"ok": False, "error": f"body not received within {self.timeout} s"})
+            self._reply(408, {"ok": False, "error": f"body not received within {self.timeout} s"})
+            return None
         if len(raw) < length:
-            return self._reply(400, {"ok": False, "error": f"body ended after {len(raw)} of {length} bytes"})
+            self._reply(400, {"ok": False, "error": f"body ended after {len(raw)} of {length} bytes"})
+            return None
+        return raw
+
+    def _event(self, raw: bytes) -> Event | None:
         try:
-            event = event_from_agent(json.loads(raw))
-        except (ValueError, UnicodeDecodeError) as error:  # BadReport and JSONDecodeError are ValueErrors
-            reason = str(error) if isinstance(error, BadReport) else f"body is not JSON: {error}"
-            return self._reply(400, {"ok": False, "error": reason})
+            return event_from_agent(json.loads(raw))
+        except BadReport as error:
+            self._reply(400, {"ok": False, "error": str(error)})
+            return None
+        except (ValueError, UnicodeDecodeError, RecursionError) as error:  # RecursionError: nested too deep
+            self._reply(400, {"ok": False, "error": f"body is not JSON this endpoint can read: "
+                                                           f"{type(error).__name__}"})
+            return None
+
+    def _record(self, cluster: str, event: Event) -> None:
         try:
             self.server.sink(cluster, event)
+        except NotANode as error:
+            self._reply(403, {"ok": False, "error": str(error)})
+            return
         except Exception:  # a ledger failure is ours, not the agent's: 500 makes it retry
             log.exception("recording an agent event failed")
-            return self._reply(500, {"ok": False, "error": "could not record the event"})
+            self._reply(500, {"ok": False, "error": "could not record the event"})
+            return
         self._reply(202, {"ok": True})
 
 
@@ -114,16 +179,38 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     tokens: dict[str, str]
     sink: Callable[[str, Event], None]
+    deadline_s: float = REQUEST_DEADLINE_S
+    slots: threading.BoundedSemaphore
+
+    def process_request(self, request, client_address) -> None:
+        if not self.slots.acquire(blocking=False):
+            log.warning("refusing a connection from %s: %d already served", client_address[0], MAX_CONNECTIONS)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class WatcherServer:
     """``with WatcherServer({cluster: token}, sink) as server: server.url``"""
 
     def __init__(self, tokens: dict[str, str], sink: Callable[[str, Event], None], *,
-                 host: str = "127.0.0.1", port: int = 0):
+                 host: str = "127.0.0.1", port: int = 0, deadline_s: float = REQUEST_DEADLINE_S,
+                 max_connections: int = MAX_CONNECTIONS):
         self._server = _Server((host, port), _Handler)
         self._server.tokens = dict(tokens)
         self._server.sink = sink
+        self._server.deadline_s = deadline_s
+        self._server.slots = threading.BoundedSemaphore(max_connections)
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="kit-watch-http", daemon=True)
 
@@ -153,12 +240,29 @@ class WatcherServer:
         self.stop()
 
 
-def ledger_sink(ledger, wake: threading.Event | None = None) -> Callable[[str, Event], None]:
-    """Record agent events in the ledger. A notice, a shutdown or the trainer's "done" wakes the
-    watch loop at once (poll the cloud now / stop), instead of at the next interval."""
+class NotANode(ValueError):
+    """A report from an instance the ledger has never had as a node of the cluster, or at another rank."""
+
+
+def check_sender(ledger: Ledger, event: Event) -> None:
+    """Only the cluster's own nodes report, each at its own rank: an instance the ledger has had as
+    a node (now or earlier: a notice may arrive after the cloud listed the node gone)."""
+    for node in ledger.all_nodes():
+        if event.instance in (node.instance_id, node.name):
+            if event.node_rank is not None and event.node_rank != node.rank:
+                raise NotANode(f"{event.instance} is node {node.rank}, not node {event.node_rank}")
+            return
+    raise NotANode(f"{event.instance!r} is not a node of this cluster")
+
+
+def ledger_sink(ledger: Ledger, wake: threading.Event | None = None) -> Callable[[str, Event], None]:
+    """Record agent events from the cluster's nodes in the ledger. A notice, a shutdown or the
+    trainer's "done" wakes the watch loop at once (poll the cloud now / stop), instead of at the
+    next interval."""
     from kit.watch.events import PREEMPTION, PROGRESS, REBALANCE, SHUTDOWN
 
     def sink(cluster: str, event: Event) -> None:
+        check_sender(ledger, event)
         ledger.record(event)
         urgent = event.kind in (PREEMPTION, REBALANCE, SHUTDOWN) or (
             event.kind == PROGRESS and event.detail.get("state") == "done")

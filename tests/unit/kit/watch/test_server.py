@@ -36,19 +36,28 @@ def notice(**overrides) -> dict:
     return {**body, **overrides}
 
 
+NODES = [{"name": "demo-0", "instance_id": "i-0abc", "rank": 0, "market": "spot", "private_ip": "10.0.0.5"},
+         {"name": "demo-1", "instance_id": "i-0def", "rank": 1, "market": "spot", "private_ip": "10.0.0.6"}]
+
+
 @pytest.fixture
 def served(tmp_path):
     ledger = Ledger(tmp_path / "ledger.sqlite")
+    ledger.adopt_deployment(NODES, "spot", "default", now=1_700_000_000.0)  # the nodes that may report
     wake = threading.Event()
-    with WatcherServer({"demo": TOKEN}, ledger_sink(ledger, wake)) as server:
+    with WatcherServer({"demo": TOKEN}, ledger_sink(ledger, wake), deadline_s=2.0, max_connections=4) as server:
         yield f"{server.url}/v1/clusters/demo/events", ledger, wake, server
+
+
+def agent_events(ledger: Ledger) -> list[dict]:
+    return [e for e in ledger.events() if e["source"] == "agent"]
 
 
 def test_notice_is_accepted_recorded_once_and_wakes_the_loop(served):
     url, ledger, wake, _ = served
     assert post(url, notice()) == (202, {"ok": True})
     assert post(url, notice()) == (202, {"ok": True})  # the agent's retry of the same notice
-    events = ledger.events()
+    events = agent_events(ledger)
     assert len(events) == 1 and events[0]["kind"] == "preemption" and events[0]["instance"] == "i-0abc"
     assert events[0]["detail"] == {"action": "terminate", "cloud": "aws"}
     assert wake.is_set()
@@ -74,7 +83,7 @@ def test_bad_or_missing_token_is_401_and_records_nothing(served, token):
     url, ledger, _, _ = served
     status, body = post(url, notice(), token=token)
     assert status == 401 and body["ok"] is False
-    assert ledger.events() == []
+    assert agent_events(ledger) == []
 
 
 @pytest.mark.parametrize("body, reason", [
@@ -87,13 +96,18 @@ def test_bad_or_missing_token_is_401_and_records_nothing(served, token):
     (notice(detail=[1, 2]), "detail"),
     (notice(kind="progress", step=3), "total_steps"),
     (notice(kind="progress", step=1, total_steps=0), "total_steps"),
+    (notice(kind="progress", step=501, total_steps=500), "past total_steps"),
+    (notice(kind="progress", step=10**400, total_steps=10**401), "step"),
+    (notice(kind="progress", step=1, total_steps=2**63), "total_steps"),
+    (notice(time=10**400), "time"),
+    (notice(node_rank=10**30), "node_rank"),
     ([1, 2, 3], "object"),
 ])
 def test_malformed_body_is_400_with_the_reason(served, body, reason):
     url, ledger, _, _ = served
     status, reply = post(url, body)
     assert status == 400 and reason in reply["error"]
-    assert ledger.events() == [] and ledger.latest_progress() is None
+    assert agent_events(ledger) == [] and ledger.latest_progress() is None
 
 
 def test_not_json_is_400(served):
@@ -138,16 +152,16 @@ def headers(length: str) -> bytes:
 
 
 def test_negative_content_length_is_400_and_nothing_is_read_past_it(served):
-    """Finding 9: int("-1") passed the size check and rfile.read(-1) read to EOF, uncapped."""
+    """int("-1") would pass the size check and rfile.read(-1) read to EOF, uncapped."""
     _, ledger, _, server = served
     reply = raw_request(server, headers("-1"), json.dumps(notice()).encode() + b" " * (MAX_BODY * 2))
     assert reply.startswith(b"HTTP/1.1 400") and b"Content-Length" in reply
-    assert ledger.events() == []
+    assert agent_events(ledger) == []
 
 
 def test_a_stalled_body_times_out_instead_of_holding_a_thread(served, monkeypatch):
-    """Finding 9: no socket timeout: a client that announced a body and stalled held its handler
-    thread forever."""
+    """Without a socket timeout, a client that announced a body and stalled would hold its
+    handler thread forever."""
     import time
 
     from kit.watch import server as server_module
@@ -157,10 +171,90 @@ def test_a_stalled_body_times_out_instead_of_holding_a_thread(served, monkeypatc
     started = time.monotonic()
     reply = raw_request(server, headers("100"), b'{"kind": ', wait=8.0)
     assert reply.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 5
-    assert ledger.events() == []
+    assert agent_events(ledger) == []
 
 
 def test_the_handler_has_a_socket_timeout():
     from kit.watch.server import _Handler
 
     assert _Handler.timeout == 10
+
+
+def test_deeply_nested_json_gets_a_400_reply(served):
+    url, ledger, _, _ = served
+    status, reply = post(url, None, raw=b"[" * 5000 + b"]" * 5000)
+    assert status == 400 and "RecursionError" in reply["error"]
+    assert agent_events(ledger) == []
+
+
+@pytest.mark.parametrize("body, reason", [
+    (notice(instance="i-stranger"), "not a node of this cluster"),
+    (notice(instance="i-0abc", node_rank=1), "is node 0, not node 1"),
+    (notice(kind="progress", instance="i-0abc", node_rank=7, step=10, total_steps=10), "not node 7"),
+])
+def test_only_the_clusters_nodes_may_report_at_their_own_rank(served, body, reason):
+    """A "done" heartbeat from anywhere else would end the watch with nothing trained."""
+    url, ledger, wake, _ = served
+    status, reply = post(url, body)
+    assert status == 403 and reason in reply["error"]
+    assert agent_events(ledger) == [] and ledger.latest_progress() is None and not wake.is_set()
+
+
+def test_a_node_reports_under_its_name_too(served):
+    url, ledger, _, _ = served
+    assert post(url, notice(instance="demo-1", node_rank=1))[0] == 202
+    assert [e["instance"] for e in agent_events(ledger)] == ["demo-1"]
+
+
+def test_a_trickling_client_is_cut_off_at_the_request_deadline(served):
+    """One header byte every 0.3 s never trips the 10 s read timeout; the 2 s deadline ends it."""
+    import socket
+    import time
+
+    _, _, _, server = served
+    started = time.monotonic()
+    with socket.create_connection(server.address, timeout=10) as sock:
+        sock.sendall(b"POST /v1/clusters/demo/events HTTP/1.1\r\n")
+        closed_after = None
+        for _ in range(40):  # 12 s of trickling at most
+            try:
+                sock.sendall(b"X")
+                time.sleep(0.3)
+                sock.setblocking(False)
+                try:
+                    if sock.recv(1) == b"":
+                        closed_after = time.monotonic() - started
+                        break
+                except BlockingIOError:
+                    pass
+                finally:
+                    sock.setblocking(True)
+            except OSError:  # reset by the server
+                closed_after = time.monotonic() - started
+                break
+    assert closed_after is not None and closed_after < 6, closed_after
+
+
+def test_connections_beyond_the_cap_are_closed_and_the_server_stays_up(served):
+    import socket
+
+    url, _, _, server = served
+    idle = [socket.create_connection(server.address, timeout=5) for _ in range(4)]  # the cap: 4
+    try:
+        for sock in idle:
+            sock.sendall(b"POST /v1/clusters/demo/events HTTP/1.1\r\n")  # and nothing more
+        import time
+
+        time.sleep(0.3)  # the server has taken them
+        extra = socket.create_connection(server.address, timeout=5)
+        try:
+            assert extra.recv(1) == b""  # closed at once, unread
+        except ConnectionResetError:
+            pass
+        finally:
+            extra.close()
+    finally:
+        for sock in idle:
+            sock.close()
+    time.sleep(0.3)
+    assert post(url, notice())[0] == 202
