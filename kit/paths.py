@@ -43,3 +43,16 @@ DEFAULT_DEPLOY_ROOT = "deploy"
 def deploy_root() -> Path:
     """``$KIT_DEPLOY_ROOT`` (set by ``kit --deploy-dir``), else ``./deploy``; always absolute."""
     return Path(os.environ.get(DEPLOY_ROOT_ENV) or DEFAULT_DEPLOY_ROOT).expanduser().absolute()
+
+
+def check_output_file(path: Path, flag: str) -> None:
+    """Refuse an output file that cannot be written, before any work (not after a whole run)."""
+    from kit.errors import InputError
+
+    parent = Path(path).absolute().parent
+    if path.is_dir():
+        raise InputError(f"{path} is a directory", where=flag, fix="name a file")
+    if not parent.is_dir():
+        raise InputError(f"{parent} is not a directory", where=flag, fix="create it, or name a file in an existing one")
+    if not os.access(parent, os.W_OK):
+        raise InputError(f"cannot write in {parent}", where=flag, fix="name a file in a directory you can write")

@@ -171,6 +171,11 @@ def render(spec: SpecBase, out_dir: str | Path, market: str | None = None) -> li
     """Write the deployment; returns every generated file (sorted). Only changed files are rewritten."""
     out_dir = Path(out_dir)
     texts = render_texts(spec, market)
+    try:  # before anything is written: a path under a file, or without permission, is the user's to fix
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(f"cannot create the deployment directory: {error.strerror}", where=str(out_dir),
+                         fix="choose a directory you can write (--out)") from None
     with tempfile.TemporaryDirectory(prefix="kit-render-") as tmp:
         stage = Path(tmp)
         for rel, text in texts.items():

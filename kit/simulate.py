@@ -35,6 +35,8 @@ EPS = 1e-9
 OPT = "opt"
 ALL_POLICIES = POLICY_NAMES + (OPT,)
 DEFAULT_SPOT_PRICE, DEFAULT_ON_DEMAND_PRICE = 1.0, 4.0
+MAX_NODES = 1000  # a gang's size, as in the spec
+MAX_STARTS = 10_000  # start ticks per trace: each is a whole replay of every policy
 
 
 @dataclass(frozen=True)
@@ -48,22 +50,23 @@ class Params:
     on_demand_price: float = DEFAULT_ON_DEMAND_PRICE
 
     def check(self) -> None:
-        problems = []
-        if self.nodes < 1:
-            problems.append(("--nodes", "must be >= 1"))
-        if not self.job_h > 0:
-            problems.append(("--job-hours", "must be > 0"))
-        if not self.deadline_h > 0:
-            problems.append(("--deadline-hours", "must be > 0"))
-        if self.changeover_h < 0:
-            problems.append(("--changeover-hours", "must be >= 0"))
-        if self.starts < 1:
-            problems.append(("--starts", "must be >= 1"))
-        if not self.spot_price > 0 or not self.on_demand_price > 0:
-            problems.append(("--spot-price/--on-demand-price", "must be > 0"))
+        """Every number finite and in range (NaN and infinity would overflow the tick arithmetic)."""
+        finite = all(map(math.isfinite, (self.job_h, self.deadline_h, self.changeover_h, self.spot_price,
+                                        self.on_demand_price)))
+        problems = [(flag, what) for flag, bad, what in (
+            ("--nodes", not 1 <= self.nodes <= MAX_NODES, f"must be 1 to {MAX_NODES}"),
+            ("--job-hours", not (math.isfinite(self.job_h) and self.job_h > 0), "must be a finite number > 0"),
+            ("--deadline-hours", not (math.isfinite(self.deadline_h) and self.deadline_h > 0),
+             "must be a finite number > 0"),
+            ("--changeover-hours", not (math.isfinite(self.changeover_h) and self.changeover_h >= 0),
+             "must be a finite number >= 0"),
+            ("--starts", not 1 <= self.starts <= MAX_STARTS, f"must be 1 to {MAX_STARTS}"),
+            ("--spot-price/--on-demand-price", not (finite and self.spot_price > 0 and self.on_demand_price > 0),
+             "must be finite numbers > 0"),
+        ) if bad]
         if problems:
             where, what = problems[0]
-            raise InputError(what, where=where)
+            raise InputError(what, where=where, fix=f"see `kit simulate --help` for {where}")
 
 
 @dataclass

@@ -19,7 +19,6 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -513,22 +512,10 @@ def spec_path(info: ValidationInfo) -> str:
 
 
 def load_spec(path: str | Path) -> SpecBase:
-    path = Path(path)
-    shown = str(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError("spec file not found", where=shown, fix="pass the path of your cluster.yaml") from None
-    except OSError as error:
-        raise InputError(f"cannot read the spec: {error.strerror}", where=shown, fix="check the path") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"{shown}:{mark.line + 1}" if mark else shown
-        raise InputError(f"not valid YAML: {getattr(error, 'problem', error)}", where=where,
-                         fix="fix the YAML syntax (indentation, colons, quotes)") from None
-    return parse_spec(data, shown)
+    from kit.yamlfile import read_yaml
+
+    data = read_yaml(path, what="spec file", fix="fix the YAML syntax (indentation, colons, quotes)")
+    return parse_spec(data, str(path))
 
 
 def check_ssh_key(spec: SpecBase) -> str:

@@ -103,7 +103,8 @@ def _counts(data: Any, path: Path) -> tuple[int, ...]:
     if not isinstance(data, list) or not data:
         raise InputError("'data' must be a non-empty list of spot instance counts", where=f"{path}: data", fix=FIX)
     for i, value in enumerate(data):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or value != int(value):
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or value < 0 or value != int(value)):
             raise InputError(f"expected a count >= 0, got {value!r}", where=f"{path}: data[{i}]", fix=FIX)
     return tuple(int(value) for value in data)
 

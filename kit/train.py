@@ -66,10 +66,15 @@ class TrainRun:
         self.shown_at = 0.0
 
     def prepare(self) -> None:
-        """Before anything is written or started: plan, bootstrap and export need the SSH key."""
+        """Before anything is written or started: plan, bootstrap and export need the SSH key, and
+        the report files must be writable (not found out after the whole run)."""
+        from kit.paths import check_output_file
         from kit.spec import check_ssh_key, spec_warnings
 
         check_ssh_key(self.spec)
+        for flag, path in (("--plot", self.plot), ("--json-report", self.json_report)):
+            if path is not None:
+                check_output_file(Path(path), flag)
         for warning in spec_warnings(self.spec):
             self.console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
 

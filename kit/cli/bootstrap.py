@@ -39,24 +39,23 @@ def _progress_printer(verbose: int):
 
 def _inventory(spec: SpecBase, hosts: Path | None) -> dict:
     """The ansible inventory: the --hosts file, else the cluster's terraform output."""
-    import yaml
-
     from kit import bootstrap as bs
     from kit.errors import InputError
+    from kit.yamlfile import read_yaml
 
     if hosts is None:
         from kit import terraform
         from kit.render import deployment_dir
 
         return bs.inventory_from_spec(spec, terraform.output(deployment_dir(spec)))
-    try:
-        inventory = yaml.safe_load(hosts.read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise InputError(f"cannot read the inventory: {err}", where=str(hosts),
-                         fix="pass an ansible YAML inventory") from err
+    inventory = read_yaml(hosts, what="inventory", fix="pass an ansible YAML inventory")
+    shape = "use the ansible YAML inventory shape: all: {hosts: {name: {ansible_host: ...}}, vars: {...}}"
     if not isinstance(inventory, dict) or "all" not in inventory:
-        raise InputError("inventory has no `all` group", where=str(hosts),
-                         fix="use the ansible YAML inventory shape: all: {hosts: ..., vars: ...}")
+        raise InputError("inventory has no `all` group", where=str(hosts), fix=shape)
+    group = inventory["all"]
+    if not isinstance(group, dict) or not isinstance(group.get("hosts") or {}, dict) \
+            or not isinstance(group.get("vars") or {}, dict):
+        raise InputError("`all` must be a mapping whose hosts and vars are mappings", where=f"{hosts}: all", fix=shape)
     return inventory
 
 

@@ -46,12 +46,15 @@ def simulate_command(
     import json
 
     from kit.errors import InputError
+    from kit.paths import check_output_file
     from kit.simulate import DEFAULT_ON_DEMAND_PRICE, DEFAULT_SPOT_PRICE, Params, plot, simulate
     from kit.traces import load_traces
 
     names = _policies(policy)
-    if plot_file is not None and plot_file.suffix.lower() != ".png":
-        raise InputError("the plot is written as PNG", where=f"--plot {plot_file}", fix="name the file *.png")
+    if plot_file is not None:
+        if plot_file.suffix.lower() != ".png":
+            raise InputError("the plot is written as PNG", where=f"--plot {plot_file}", fix="name the file *.png")
+        check_output_file(plot_file, "--plot")
     params = Params(nodes=nodes, job_h=job_hours, deadline_h=deadline_hours, changeover_h=changeover_hours,
                     starts=starts, spot_price=spot_price if spot_price is not None else DEFAULT_SPOT_PRICE,
                     on_demand_price=on_demand_price if on_demand_price is not None else DEFAULT_ON_DEMAND_PRICE)

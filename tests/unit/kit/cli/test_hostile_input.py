@@ -1,0 +1,64 @@
+"""Hostile and careless input to the commands: each is refused with what, where and how to fix it
+(exit 2), never a traceback, and before anything is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kit.cli import app
+from kit.paths import EXAMPLES_DIR
+
+
+def _write(tmp: Path, name: str, data: bytes) -> str:
+    (tmp / name).write_bytes(data)
+    return str(tmp / name)
+
+
+def _case(tmp: Path, case: str) -> tuple[list[str], str]:
+    """The command line for ``case`` (files made in ``tmp``) and a phrase its error must contain."""
+    spec = str(EXAMPLES_DIR / "aws-g5-spot.yaml")
+    local = str(EXAMPLES_DIR / "local.yaml")
+    trace = b'{"metadata": {"gap_seconds": 600}, "data": [1, %s, 3]}'
+    cases = {
+        "spec not UTF-8": (["validate", _write(tmp, "a.yaml", b"name: a\xff\ncloud: local\n")], "not UTF-8"),
+        "spec nested 20,000 deep": (["validate", _write(tmp, "b.yaml", b"a: " + b"[" * 20000 + b"]" * 20000)],
+                                    "nested deeper"),
+        "spec with a key twice": (["validate", _write(tmp, "c.yaml", b"name: a\nname: b\ncloud: local\n")],
+                                  "appears twice"),
+        "inventory not UTF-8": (["bootstrap", local, "--hosts", _write(tmp, "i.yaml", b"all: \xfe\n")], "not UTF-8"),
+        "inventory whose all is a list": (["bootstrap", local, "--hosts", _write(tmp, "j.yaml", b"all: [a, b]\n")],
+                                          "must be a mapping"),
+        "--out under a file": (["render", spec, "--out", str(tmp / "file" / "deploy")], "cannot create"),
+        "NaN in a trace": (["simulate", _write(tmp, "t.json", trace % b"NaN")], "data[1]"),
+        "Infinity in a trace": (["simulate", _write(tmp, "u.json", trace % b"Infinity")], "data[1]"),
+        "--deadline-hours nan": (["simulate", "gcp-a3-h100-2025-10", "--deadline-hours", "nan"], "--deadline-hours"),
+        "--job-hours inf": (["simulate", "gcp-a3-h100-2025-10", "--job-hours", "inf"], "--job-hours"),
+        "--starts 1e9": (["simulate", "gcp-a3-h100-2025-10", "--starts", "1000000000"], "--starts"),
+        "--time-scale nan": (["train", "--time-scale", "nan"], "--time-scale"),
+        "an unwritable --plot": (["simulate", "gcp-a3-h100-2025-10", "--plot", str(tmp / "file" / "p.png")],
+                                 "--plot"),
+        "kit train --plot into a missing directory": (["train", "--plot", str(tmp / "no" / "such" / "p.png")],
+                                                      "--plot"),
+    }
+    (tmp / "file").write_text("a file, not a directory\n")
+    return cases[case]
+
+
+CASES = ["spec not UTF-8", "spec nested 20,000 deep", "spec with a key twice", "inventory not UTF-8",
+         "inventory whose all is a list", "--out under a file", "NaN in a trace", "Infinity in a trace",
+         "--deadline-hours nan", "--job-hours inf", "--starts 1e9", "--time-scale nan", "an unwritable --plot",
+         "kit train --plot into a missing directory"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_refused_with_what_where_and_fix(tmp_path, example_home, monkeypatch, case):
+    monkeypatch.chdir(tmp_path)  # kit train would deploy under ./deploy: nothing may appear there
+    args, phrase = _case(tmp_path, case)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, (case, result.output, result.exception)
+    assert "Traceback" not in result.output and phrase in result.output, result.output
+    assert "error:" in result.output and "fix:" in result.output, result.output
+    assert not (tmp_path / "deploy").exists()
