@@ -193,11 +193,10 @@ def test_playbook_on_netns_hosts(tmp_path, monkeypatch):
 
 
 def fetch_final_checkpoint(cluster, tmp_path):
-    from types import SimpleNamespace
-
     from kit.backends.base import Node
     from kit.backends.cloud import TerraformBackend
     from tests.support.trainer import write_final_checkpoint
+    from tests.support.watch import cloud_spec
     from training.export import export
 
     h = cluster.hosts[1]
@@ -207,8 +206,8 @@ def fetch_final_checkpoint(cluster, tmp_path):
     cluster.ssh(h, "mkdir -p /mnt/kit-disk/ckpt/.tmp-step-00000040-1")  # a save that never finished: ignored
     subprocess.run(["ssh", "-i", str(cluster.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
                     f"root@{h.ip}", "tar -C /mnt/kit-disk/ckpt -xf -"], input=tar.stdout, check=True, timeout=60)
-    spec = SimpleNamespace(cloud="gcp", ssh=SimpleNamespace(user="root", public_key=f"{cluster.key}.pub"),
-                           training=SimpleNamespace(ckpt_dir="/mnt/kit-disk/ckpt"))
+    spec = cloud_spec("gcp", ssh={"user": "root", "public_key": f"{cluster.key}.pub",
+                                  "allowed_cidrs": ["198.18.0.0/15"]})
     backend = TerraformBackend(spec, tmp_path / "deploy")
     node = Node(name=h.name, instance_id="i-1", rank=1, public_ip=h.ip)
     fetched = backend.checkpoint_dir(node, tmp_path / "scratch")
