@@ -18,9 +18,15 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kit.errors import InputError, KitError
 from kit.paths import EXAMPLES_DIR
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kit.spec import SpecBase
 
 DEFAULT_SPEC = EXAMPLES_DIR / "local.yaml"
 REPORT_FILE = "report.json"  # deploy/<name>/report.json: the finished run's cost report
@@ -55,7 +61,7 @@ class TrainRun:
     reports done), :meth:`finish` (export, tear down, report). One loop for every cloud: what
     differs lives behind the backend's hooks (kit.backends.base.Backend)."""
 
-    def __init__(self, spec, *, console, json_report: Path | None = None, plot: Path | None = None,
+    def __init__(self, spec: SpecBase, *, console: Console, json_report: Path | None = None, plot: Path | None = None,
                  keep_disks: bool = False, fresh: bool = False):
         from kit.render import deployment_dir
 

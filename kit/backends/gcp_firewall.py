@@ -9,6 +9,10 @@ lists such rules through the Compute API (``firewalls.list``) so that the review
 from __future__ import annotations
 
 import ipaddress
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kit.clouds.gcp import GcpSpec
 
 SSH_PORT = 22
 
@@ -66,7 +70,7 @@ def wider_ssh_rules(project: str, network: str, allowed_cidrs: list[str], node_t
     return found
 
 
-def network_warnings(spec, *, credentials=None, api_endpoint: str | None = None) -> list[str]:
+def network_warnings(spec: GcpSpec, *, credentials=None, api_endpoint: str | None = None) -> list[str]:
     """What to tell the reviewer about the spec's existing GCP network (nothing for a network kit
     creates, or on other clouds). A failed look-up is a warning too, never a failed plan."""
     network = spec.existing_network

@@ -37,7 +37,9 @@ from kit.errors import KitError
 from training.contract import SPOT, read_json, write_json_atomic
 
 if TYPE_CHECKING:
+    from kit.clouds.local import LocalSpec
     from kit.local.injector import Injector
+    from kit.spec import SpecBase
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +106,12 @@ class LocalBackend(Backend):
     # tiny model saves in about a second
     save_grace_s = 30.0
 
-    def __init__(self, spec, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None,
+    def __init__(self, spec: LocalSpec, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None,
                  clock: Callable[[], float] = time.time, node_command: Callable[[LocalBackend, int, str],
                                                                                  list[str]] | None = None,
                  spot_available: Callable[[], bool] | None = None, use_agent: bool = True):
-        self.spec = spec
+        self.spec: SpecBase = spec  # the market changes with every apply; the rest never does
+        self.local = spec.local  # time scale, trace, injected preemptions
         # absolute: every path below is handed to node processes, whose working directory is their own
         self.deploy_dir = Path(deploy_dir).absolute()
         self.root = self.deploy_dir / "local"
@@ -134,7 +137,7 @@ class LocalBackend(Backend):
     # ------------------------------------------------------------------ the run's life cycle
     @property
     def time_scale(self) -> float:
-        return float(self.spec.local.time_scale)
+        return float(self.local.time_scale)
 
     def attach(self, ledger) -> Callable[[], float]:
         """The compressed clock (its origin kept in the ledger, so a continued run continues the
@@ -143,7 +146,7 @@ class LocalBackend(Backend):
 
         origin = ledger.clock_origin(time.time())
         self.clock = VirtualClock(origin, self.time_scale)
-        local = self.spec.local
+        local = self.local
         self.injector = Injector(self, nodes=self.spec.nodes, clock=self.clock, origin=origin, trace=local.trace,
                                  preempt_every=local.preempt_every_seconds, grace_seconds=local.grace_seconds,
                                  enabled=local.preemptions)
@@ -235,7 +238,7 @@ class LocalBackend(Backend):
         return f"node-{rank}-{n}"
 
     # ------------------------------------------------------------------ Backend
-    def apply(self, spec, market: str) -> list[Node]:
+    def apply(self, spec: SpecBase, market: str) -> list[Node]:
         with self.lock:
             self.spec = spec
             if market == SPOT and not self._spot_capacity():
@@ -397,7 +400,7 @@ class LocalBackend(Backend):
             self.mark(rank, "stopped", reason)
         _LIVE.discard(self)
 
-    def _save_before_replacing(self, spec, market: str) -> None:
+    def _save_before_replacing(self, spec: SpecBase, market: str) -> None:
         """A cloud instance that terraform replaces (a market switch) shuts down first, and its
         trainer saves on the way (systemd stops the unit, the launcher asks for a stop). Here the
         same: live trainers on nodes about to be replaced are asked to save before they are killed."""

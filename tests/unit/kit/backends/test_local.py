@@ -6,15 +6,16 @@ import json
 import os
 import sys
 import time
-from types import SimpleNamespace
 
 import pytest
 
 from kit.backends.base import CapacityError
 from kit.backends.local import LocalBackend
+from kit.clouds.local import LocalSpec
 from kit.errors import InputError
 from kit.local.injector import Injector, VirtualClock
 from kit.watch.sources.local import LocalSource
+from tests.support.watch import local_spec
 
 FAKE_NODE = r"""
 import json, os, sys, time, pathlib
@@ -27,8 +28,8 @@ sys.exit(75)
 """
 
 
-def fake_spec(nodes=2):
-    return SimpleNamespace(name="t", nodes=nodes, gpus_per_node=1, cloud="local")
+def fake_spec(nodes: int = 2) -> LocalSpec:
+    return local_spec(name="t", nodes=nodes)
 
 
 @pytest.fixture
