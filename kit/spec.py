@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import reprlib
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
@@ -466,14 +467,19 @@ def _adapter() -> TypeAdapter:
     return TypeAdapter(union)
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 2, 4, 4, 60, 60
+
+
 def _from_validation_error(error: ValidationError, path: str, cloud: Any) -> InputError:
-    first = error.errors()[0]
+    errors = error.errors(include_url=False)
+    first = errors[0]
     kind = first.get("type", "")
     loc = tuple(first.get("loc", ()))
     if loc and loc[0] == cloud:  # the discriminated union puts the tag first
         loc = loc[1:]
     problem = (first.get("ctx") or {}).get("error")
-    more = len(error.errors()) - 1
+    more = len(errors) - 1
     tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     if isinstance(problem, SpecProblem):
         return InputError(problem.what + tail, where=f"{path}: {problem.field}", fix=problem.fix)
@@ -489,7 +495,7 @@ def _from_validation_error(error: ValidationError, path: str, cloud: Any) -> Inp
     elif kind == "missing":
         what, fix = f"required field {loc[-1]!r} is missing", f"add {loc[-1]}: ..."
     else:
-        shown = repr(first.get("input"))
+        shown = _SHORT.repr(first.get("input"))  # bounded: the input may be huge (a YAML alias bomb)
         what = f"{first.get('msg', 'invalid value')} (got {shown[:80] + '…' if len(shown) > 80 else shown})"
         fix = _FIXES.get(kind, "see docs/infrastructure.md")
     return InputError(what + tail, where=f"{path}: {field}", fix=fix)

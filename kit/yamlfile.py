@@ -16,6 +16,8 @@ import yaml
 from kit.errors import InputError
 
 MAX_DEPTH = 64  # a cluster spec or an inventory is a few levels deep
+MAX_ALIASES = 100  # anchors reused this often are an alias bomb ("billion laughs"), not a spec
+MAX_BYTES = 1 << 20  # 1 MiB: a spec is a few KiB, a 1,000-node inventory a few hundred
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -32,6 +34,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases = getattr(self, "_aliases", 0) + 1
+            if self._aliases > MAX_ALIASES:
+                raise yaml.composer.ComposerError(None, None, f"more than {MAX_ALIASES} aliases (*name)",
+                                                  self.peek_event().start_mark)
         self._depth = getattr(self, "_depth", 0) + 1
         try:
             if self._depth > MAX_DEPTH:
@@ -55,6 +62,8 @@ def read_yaml(path: str | Path, *, what: str, fix: str) -> Any:
                          fix="save it as UTF-8") from None
     except OSError as error:
         raise InputError(f"cannot read the {what}: {error.strerror}", where=shown, fix="check the path") from None
+    if len(text) > MAX_BYTES:
+        raise InputError(f"{what} is larger than {MAX_BYTES} bytes", where=shown, fix=f"is this the right file? {fix}")
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as error:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -22,12 +23,20 @@ def _case(tmp: Path, case: str) -> tuple[list[str], str]:
     spec = str(EXAMPLES_DIR / "aws-g5-spot.yaml")
     local = str(EXAMPLES_DIR / "local.yaml")
     trace = b'{"metadata": {"gap_seconds": 600}, "data": [1, %s, 3]}'
+    # 9 levels of 9 aliases each: 9^9 strings once expanded (shared references in memory)
+    bomb = b"name: demo\ncloud: local\na0: &a0 [x, x, x, x, x, x, x, x, x]\n" + b"".join(
+        b"a%d: &a%d [%s]\n" % (i, i, b", ".join([b"*a%d" % (i - 1)] * 9)) for i in range(1, 9)) + b"nodes: *a8\n"
+    many_aliases = b"name: demo\ncloud: local\nx: &x 1\nlabels: [" + b", ".join([b"*x"] * 200) + b"]\n"
     cases = {
         "spec not UTF-8": (["validate", _write(tmp, "a.yaml", b"name: a\xff\ncloud: local\n")], "not UTF-8"),
         "spec nested 20,000 deep": (["validate", _write(tmp, "b.yaml", b"a: " + b"[" * 20000 + b"]" * 20000)],
                                     "nested deeper"),
         "spec with a key twice": (["validate", _write(tmp, "c.yaml", b"name: a\nname: b\ncloud: local\n")],
                                   "appears twice"),
+        "a YAML alias bomb in a typed field": (["validate", _write(tmp, "d.yaml", bomb)], "valid integer"),
+        "200 aliases": (["validate", _write(tmp, "e.yaml", many_aliases)], "more than 100 aliases"),
+        "a spec over 1 MiB": (["validate", _write(tmp, "f.yaml", b"name: demo\n" + b"# padding\n" * 200_000)],
+                              "larger than"),
         "inventory not UTF-8": (["bootstrap", local, "--hosts", _write(tmp, "i.yaml", b"all: \xfe\n")], "not UTF-8"),
         "inventory whose all is a list": (["bootstrap", local, "--hosts", _write(tmp, "j.yaml", b"all: [a, b]\n")],
                                           "must be a mapping"),
@@ -40,6 +49,10 @@ def _case(tmp: Path, case: str) -> tuple[list[str], str]:
         "--time-scale nan": (["train", "--time-scale", "nan"], "--time-scale"),
         "an unwritable --plot": (["simulate", "gcp-a3-h100-2025-10", "--plot", str(tmp / "file" / "p.png")],
                                  "--plot"),
+        "kit train with a missing trace": (["train", _write(tmp, "g.yaml", b"name: g\ncloud: local\nlocal:\n"
+                                                                       b"  trace: no-such-trace.json\n")], "trace"),
+        "kit train with time_scale 0": (["train", _write(tmp, "h.yaml", b"name: h\ncloud: local\nlocal:\n"
+                                                                     b"  time_scale: 0\n")], "time_scale"),
         "kit train --plot into a missing directory": (["train", "--plot", str(tmp / "no" / "such" / "p.png")],
                                                       "--plot"),
     }
@@ -47,9 +60,10 @@ def _case(tmp: Path, case: str) -> tuple[list[str], str]:
     return cases[case]
 
 
-CASES = ["spec not UTF-8", "spec nested 20,000 deep", "spec with a key twice", "inventory not UTF-8",
+CASES = ["spec not UTF-8", "spec nested 20,000 deep", "spec with a key twice", "a YAML alias bomb in a typed field",
+         "200 aliases", "a spec over 1 MiB", "inventory not UTF-8",
          "inventory whose all is a list", "--out under a file", "NaN in a trace", "Infinity in a trace",
-         "--deadline-hours nan", "--job-hours inf", "--starts 1e9", "--time-scale nan", "an unwritable --plot",
+         "--deadline-hours nan", "--job-hours inf", "--starts 1e9", "--time-scale nan", "kit train with a missing trace", "kit train with time_scale 0", "an unwritable --plot",
          "kit train --plot into a missing directory"]
 
 
@@ -57,7 +71,9 @@ CASES = ["spec not UTF-8", "spec nested 20,000 deep", "spec with a key twice", "
 def test_refused_with_what_where_and_fix(tmp_path, example_home, monkeypatch, case):
     monkeypatch.chdir(tmp_path)  # kit train would deploy under ./deploy: nothing may appear there
     args, phrase = _case(tmp_path, case)
+    started = time.monotonic()
     result = CliRunner().invoke(app, args)
+    assert time.monotonic() - started < 10, "refusing bad input must be quick"
     assert result.exit_code == 2, (case, result.output, result.exception)
     assert "Traceback" not in result.output and phrase in result.output, result.output
     assert "error:" in result.output and "fix:" in result.output, result.output
