@@ -79,7 +79,7 @@ def test_playbook_on_netns_hosts(tmp_path, monkeypatch):
             "python_env_install_torch": "false", "nvidia_driver_force": "false", "nvidia_driver_allow_reboot": "no",
             "python_env_apt_update": False,  # the hosts have no Debian mirror
             "preemption_agent_cloud": "gcp",
-            "preemption_agent_watcher_url": "http://198.18.1.1:8080", "preemption_agent_watcher_token": "tok"}
+            "preemption_agent_watcher_url": f"http://{cluster.hosts[0].gateway}:8080", "preemption_agent_watcher_token": "tok"}
         inventory = {"all": {"hosts": hosts, "vars": group_vars}}
 
         # --check on fresh hosts: must work (no venv, no unit, no filesystem yet) and change nothing

@@ -5,10 +5,17 @@ and caches it as ``~/.cache/kit-test/debian12-rootfs-v1.tar``. ``NetnsHosts(n, w
 hosts: veth pair ``198.18.<i>.1`` (root side) / ``198.18.<i>.2`` (host side), ``unshare -m -p -f`` +
 ``chroot`` + ``sshd -D``, a generated ed25519 key, a loop device per host as its data disk. systemd does
 not run inside (PID 1 is sshd). Needs root.
+
+A run that is killed (SIGKILL, a machine restart) never reaches ``stop()`` and leaves its namespaces,
+veths and addresses behind. ``start()`` therefore removes the namespaces of test processes that are no
+longer alive, and takes for each host a ``198.18.<i>.0/24`` that no interface on this machine holds, under
+a file lock so that two test runs side by side never pick the same one.
 """
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import shutil
 import signal
 import socket
@@ -19,6 +26,7 @@ from pathlib import Path
 CACHE = Path(os.environ.get("KIT_TEST_CACHE", Path.home() / ".cache" / "kit-test"))
 TARBALL = CACHE / "debian12-rootfs-v1.tar"
 MIRROR = os.environ.get("KIT_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+STALE = re.compile(r"^kit(\d+)h(\d+)$")
 PACKAGES = "python3,python3-venv,python3-pip,python3-apt,openssh-server,e2fsprogs,util-linux,mount"
 
 
@@ -46,24 +54,70 @@ def rootfs_tarball() -> Path:
     return TARBALL
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_stale() -> list[str]:
+    """Delete the namespaces and veths of NetnsHosts whose test process is gone; returns their names."""
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    reaped = []
+    for line in listing.splitlines():
+        m = STALE.match(line.split(" ")[0]) if line else None
+        if m is None or _alive(int(m.group(1))):
+            continue
+        subprocess.run(["ip", "netns", "del", m.group(0)], check=False, capture_output=True)
+        subprocess.run(["ip", "link", "del", f"kv{m.group(1)}x{m.group(2)}"], check=False, capture_output=True)
+        reaped.append(m.group(0))
+    return reaped
+
+
+def _subnets_in_use() -> set[int]:
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=False).stdout
+    return {int(m) for m in re.findall(r"inet 198\.18\.(\d+)\.\d+/", out)}
+
+
+def free_subnets(n: int) -> list[int]:
+    used = _subnets_in_use()
+    free = [i for i in range(1, 255) if i not in used][:n]
+    if len(free) < n:
+        raise RuntimeError(f"no free 198.18.x.0/24 for {n} test hosts; in use: {sorted(used)}")
+    return free
+
+
 class Host:
-    def __init__(self, index: int, workdir: Path, tag: str):
+    def __init__(self, index: int, workdir: Path, tag: str, subnet: int = 0):
         self.index = index
         self.name = f"node{index}"
         self.root = workdir / self.name / "root"
         self.netns = f"kit{tag}h{index}"
-        self.veth = f"kv{tag}{index}"[:15]
-        self.ip = f"198.18.{index + 1}.2"
-        self.gateway = f"198.18.{index + 1}.1"
+        self.veth = f"kv{tag}x{index}"
+        if len(self.veth) > 15:  # IFNAMSIZ - 1
+            raise RuntimeError(f"interface name {self.veth!r} is longer than 15 characters")
+        self.subnet = subnet
         self.disk_image = workdir / self.name / "disk.img"
         self.loop: str | None = None
         self.proc: subprocess.Popen | None = None
+
+    @property
+    def ip(self) -> str:
+        return f"198.18.{self.subnet}.2"
+
+    @property
+    def gateway(self) -> str:
+        return f"198.18.{self.subnet}.1"
 
 
 class NetnsHosts:
     def __init__(self, n: int, workdir: Path, disk_mb: int = 64):
         self.workdir = Path(workdir)
-        self.tag = str(os.getpid() % 10000)
+        self.tag = str(os.getpid())
         self.hosts = [Host(i, self.workdir, self.tag) for i in range(n)]
         self.disk_mb = disk_mb
         self.key = self.workdir / "id_ed25519"
@@ -72,35 +126,47 @@ class NetnsHosts:
         tarball = rootfs_tarball()
         self.workdir.mkdir(parents=True, exist_ok=True)
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key)])
+        CACHE.mkdir(parents=True, exist_ok=True)
+        with open(CACHE / "netns.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            reap_stale()
+            for h, subnet in zip(self.hosts, free_subnets(len(self.hosts)), strict=True):
+                h.subnet = subnet
+                self._network(h)
         for h in self.hosts:
-            h.root.mkdir(parents=True)
-            _run(["tar", "-C", str(h.root), "-xf", str(tarball)], timeout=300)
-            ssh_dir = h.root / "root" / ".ssh"
-            ssh_dir.mkdir(mode=0o700, exist_ok=True)
-            (ssh_dir / "authorized_keys").write_text(Path(f"{self.key}.pub").read_text())
-            (ssh_dir / "authorized_keys").chmod(0o600)
-            (h.root / "etc" / "hostname").write_text(h.name + "\n")
-            _run(["truncate", "-s", f"{self.disk_mb}M", str(h.disk_image)])
-            h.loop = _run(["losetup", "-f", "--show", str(h.disk_image)]).stdout.strip()
-            _run(["ip", "netns", "add", h.netns])
-            _run(["ip", "link", "add", h.veth, "type", "veth", "peer", "name", "eth0", "netns", h.netns])
-            _run(["ip", "addr", "add", f"{h.gateway}/24", "dev", h.veth])
-            _run(["ip", "link", "set", h.veth, "up"])
-            for cmd in (["ip", "addr", "add", f"{h.ip}/24", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
-                        ["ip", "link", "set", "lo", "up"]):
-                _run(["ip", "netns", "exec", h.netns, *cmd])
-            r = str(h.root)
-            script = (f"mount -t proc proc {r}/proc && mount --rbind /dev {r}/dev && "
-                      f"mount -t sysfs sysfs {r}/sys && mount -t tmpfs tmpfs {r}/run && "
-                      f"mkdir -p {r}/run/sshd && exec chroot {r} /usr/sbin/sshd -D -e "
-                      "-o UseDNS=no -o PermitRootLogin=prohibit-password")
-            log = open(self.workdir / f"{h.name}.sshd.log", "wb")  # noqa: SIM115
-            h.proc = subprocess.Popen(["ip", "netns", "exec", h.netns, "unshare", "--mount", "--pid", "--fork",
-                                       "--propagation", "private", "sh", "-c", script],
-                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self._boot(h, tarball)
         for h in self.hosts:
             self._wait_ssh(h)
         return self
+
+    def _network(self, h: Host) -> None:
+        _run(["ip", "netns", "add", h.netns])
+        _run(["ip", "link", "add", h.veth, "type", "veth", "peer", "name", "eth0", "netns", h.netns])
+        _run(["ip", "addr", "add", f"{h.gateway}/24", "dev", h.veth])
+        _run(["ip", "link", "set", h.veth, "up"])
+        for cmd in (["ip", "addr", "add", f"{h.ip}/24", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
+                    ["ip", "link", "set", "lo", "up"]):
+            _run(["ip", "netns", "exec", h.netns, *cmd])
+
+    def _boot(self, h: Host, tarball: Path) -> None:
+        h.root.mkdir(parents=True)
+        _run(["tar", "-C", str(h.root), "-xf", str(tarball)], timeout=300)
+        ssh_dir = h.root / "root" / ".ssh"
+        ssh_dir.mkdir(mode=0o700, exist_ok=True)
+        (ssh_dir / "authorized_keys").write_text(Path(f"{self.key}.pub").read_text())
+        (ssh_dir / "authorized_keys").chmod(0o600)
+        (h.root / "etc" / "hostname").write_text(h.name + "\n")
+        _run(["truncate", "-s", f"{self.disk_mb}M", str(h.disk_image)])
+        h.loop = _run(["losetup", "-f", "--show", str(h.disk_image)]).stdout.strip()
+        r = str(h.root)
+        script = (f"mount -t proc proc {r}/proc && mount --rbind /dev {r}/dev && "
+                  f"mount -t sysfs sysfs {r}/sys && mount -t tmpfs tmpfs {r}/run && "
+                  f"mkdir -p {r}/run/sshd && exec chroot {r} /usr/sbin/sshd -D -e "
+                  "-o UseDNS=no -o PermitRootLogin=prohibit-password")
+        log = open(self.workdir / f"{h.name}.sshd.log", "wb")  # noqa: SIM115
+        h.proc = subprocess.Popen(["ip", "netns", "exec", h.netns, "unshare", "--mount", "--pid", "--fork",
+                                   "--propagation", "private", "sh", "-c", script],
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def _wait_ssh(self, h: Host, timeout: float = 30) -> None:
         deadline = time.time() + timeout
