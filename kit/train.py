@@ -127,6 +127,7 @@ class TrainRun:
         session.backend.on_tick()
         if time.time() - self.shown_at > 5:
             self.shown_at = time.time()
+            self.add_wall_time(session.ledger)  # as it goes: a killed kit's time still counts
             progress = f"step {result.step}/{result.total_steps}" if result.step is not None else "starting"
             self.console.print(f"[{time.strftime('%H:%M:%S')}] {self.spec.name}: market {result.market or 'none'}, "
                                f"{result.nodes_up}/{self.spec.nodes} up, {progress}, policy {result.decision or '-'}")

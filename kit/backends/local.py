@@ -13,6 +13,11 @@ kit has it, the node agent (``training.agent --cloud local``). Each node has
   with a new ``instance_id`` on every (re)start.
 
 Processes never outlive kit: each group gets the parent-death signal and is killed at exit.
+So a ``kit`` that was killed (SIGKILL, OOM, a reboot) leaves state files that still say
+``running`` with nothing running: the restarted kit reconciles them first (:meth:`LocalBackend.
+reconcile`, crash-only start): leftover node processes save and stop, and each such node is
+recorded as stopped at the last moment it was seen alive, so the watcher relaunches it as after
+any loss and its cost stops where its processes did.
 """
 
 from __future__ import annotations
@@ -89,6 +94,13 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def _zombie(proc_dir: Path) -> bool:
+    try:
+        return (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -145,12 +157,79 @@ class LocalBackend(Backend):
         from kit.local.injector import Injector, VirtualClock
 
         origin = ledger.clock_origin(time.time())
-        self.clock = VirtualClock(origin, self.time_scale)
+        self.clock = clock = VirtualClock(origin, self.time_scale)
+        self.reconcile(clock.at)
         local = self.local
         self.injector = Injector(self, nodes=self.spec.nodes, clock=self.clock, origin=origin, trace=local.trace,
                                  preempt_every=local.preempt_every_seconds, grace_seconds=local.grace_seconds,
                                  enabled=local.preemptions)
         return self.clock
+
+    def reconcile(self, at: Callable[[float], float] = lambda wall: wall) -> list[int]:
+        """Make the state files tell the truth before the watcher reads them (crash-only start).
+
+        A state file that says ``running`` while this kit started nothing was left by a kit that
+        was killed: its node's processes died with it (parent-death signal) or are dying, saving.
+        Leftovers get the stop-file request and ``save_grace_s`` to finish their save, then are
+        killed, so no two trainers ever write one checkpoint directory. The node is then recorded
+        as stopped at the last moment it showed life (``at`` maps a wall time to the clock's).
+        Returns the ranks it stopped."""
+        stopped = []
+        with self.lock:
+            for rank in range(1 << 16):
+                state = self.read_state(rank)
+                if state is None:
+                    break
+                leftovers = self.node_processes(rank)
+                if leftovers:
+                    log.warning("node-%d: %d processes of a killed kit are still running; they save and stop",
+                                rank, len(leftovers))
+                    self._stop_leftovers(rank, leftovers)
+                if state["state"] != "running" or rank in self.procs:
+                    continue
+                seen = max([float(state["time"])] + [at(t) for t in self._signs_of_life(rank)])
+                data = {**state, "state": "stopped", "reason": "kit was killed; the node's processes died with it",
+                        "time": min(seen, self.clock())}
+                write_json_atomic(self.state_file(rank), data)
+                stopped.append(rank)
+        if stopped:
+            log.warning("nodes %s were left running by a kit that was killed: recorded stopped, relaunching",
+                        stopped)
+        return stopped
+
+    def node_processes(self, rank: int) -> list[int]:
+        """Live processes of node ``rank``, wherever they were reparented: every node process
+        (torchrun, its workers, the agent) carries the node's stop-file path as an argument."""
+        marker = b"\0" + str(self.stop_file(rank)).encode() + b"\0"
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                if marker in b"\0" + (entry / "cmdline").read_bytes() and not _zombie(entry):
+                    found.append(int(entry.name))
+            except OSError:  # it exited while we looked
+                continue
+        return found
+
+    def _stop_leftovers(self, rank: int, pids: list[int]) -> None:
+        from training.contract import write_atomic
+
+        write_atomic(self.stop_file(rank), "kit restarted after a crash\n")
+        deadline = time.monotonic() + self.save_grace_s
+        while time.monotonic() < deadline and self.node_processes(rank):
+            time.sleep(0.2)
+        for pid in self.node_processes(rank):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+    def _signs_of_life(self, rank: int) -> list[float]:
+        """Wall times at which node ``rank``'s processes last wrote something."""
+        times = []
+        for name in ("progress.json", "train.log", "agent.log"):
+            with contextlib.suppress(OSError):
+                times.append((self.node_dir(rank) / name).stat().st_mtime)
+        return times
 
     def start(self) -> None:
         if self.injector is not None:

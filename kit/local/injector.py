@@ -55,7 +55,11 @@ class VirtualClock:
         self.origin, self.scale, self.wall = origin, float(scale), wall
 
     def __call__(self) -> float:
-        return self.origin + (self.wall() - self.origin) * self.scale
+        return self.at(self.wall())
+
+    def at(self, wall: float) -> float:
+        """The trace time of the wall-clock moment ``wall`` (e.g. a file's mtime)."""
+        return self.origin + (wall - self.origin) * self.scale
 
 
 class Injector:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -300,3 +301,68 @@ def test_mark_with_an_instance_id_leaves_other_instances_alone(backend):
     assert backend.mark(1, "preempted", instance_id=state["instance_id"], market="on-demand") is False
     assert backend.mark(1, "preempted", instance_id=state["instance_id"], market="spot") is True
     assert backend.read_state(1)["state"] == "preempted"
+
+
+# ---------------------------------------------------------------------- crash-only start
+IGNORES_STOP = "import sys, time\nwhile True:\n    time.sleep(0.1)\n"
+
+
+def test_reconcile_stops_nodes_a_killed_kit_left_running(backend, tmp_path):
+    """A restarted kit finds state files that say running and nothing running: each node is recorded
+    stopped at its last sign of life (its newest run file), so the watcher relaunches it and its cost
+    ends where its processes did; nodes already stopped or preempted are left as they are."""
+    backend.clock = lambda: 900.0
+    for rank, state in ((0, "running"), (1, "preempted")):
+        backend.write_state(rank, f"node-{rank}-7", "spot", state)
+    backend.node_dir(0).mkdir(parents=True)
+    (backend.node_dir(0) / "train.log").write_text("step 30\n")
+    os.utime(backend.node_dir(0) / "train.log", (1000.0, 1000.0))
+    preempted = backend.read_state(1)
+
+    restarted = LocalBackend(fake_spec(), backend.deploy_dir, use_agent=False, clock=lambda: 5000.0)
+    assert restarted.reconcile(at=lambda wall: wall + 1.0) == [0]
+    state = restarted.read_state(0)
+    assert state["state"] == "stopped" and state["instance_id"] == "node-0-7" and "killed" in state["reason"]
+    assert state["time"] == 1001.0  # train.log's mtime on the clock, not the restart's 5000
+    assert restarted.read_state(1) == preempted
+    assert restarted.nodes() == []
+    assert restarted.reconcile() == [], "idempotent"
+
+
+def test_reconcile_dates_the_stop_at_the_last_sign_of_life(backend):
+    backend.write_state(0, "node-0-1", "spot", "running")
+    started_at = backend.read_state(0)["time"]
+    backend.node_dir(0).mkdir(parents=True)
+    (backend.node_dir(0) / "progress.json").write_text("{}")
+    life = started_at + 50.0
+    os.utime(backend.node_dir(0) / "progress.json", (life, life))
+    restarted = LocalBackend(fake_spec(1), backend.deploy_dir, use_agent=False, clock=lambda: started_at + 900.0)
+    restarted.reconcile()
+    assert restarted.read_state(0)["time"] == pytest.approx(life)
+
+
+def test_reconcile_waits_for_leftover_processes_then_kills_them(backend, tmp_path):
+    """Processes of the killed kit's node that are still alive (saving on the parent-death signal, or
+    stuck) are asked to stop through the node's stop file and killed after the grace: no two trainers
+    ever write one checkpoint directory."""
+    script = tmp_path / "stuck.py"
+    script.write_text(IGNORES_STOP)
+    backend.write_state(0, "node-0-1", "spot", "running")
+    backend.node_dir(0).mkdir(parents=True)
+    # reparented to init, as a node process is once its kit died; found by the stop-file argument
+    stuck = subprocess.Popen([sys.executable, str(script), "--stop-file", str(backend.stop_file(0))],
+                             start_new_session=True)
+    other = subprocess.Popen([sys.executable, str(script), "--stop-file", str(backend.stop_file(0)) + ".other"])
+    try:
+        restarted = LocalBackend(fake_spec(1), backend.deploy_dir, use_agent=False)
+        restarted.save_grace_s = 0.5
+        assert restarted.node_processes(0) == [stuck.pid]
+        t0 = time.monotonic()
+        assert restarted.reconcile() == [0]
+        assert 0.5 <= time.monotonic() - t0 < 5
+        assert stuck.wait(5) == -9 and restarted.stop_file(0).exists()
+        assert other.poll() is None, "only the node's own processes"
+    finally:
+        for proc in (stuck, other):
+            proc.kill()
+            proc.wait()
