@@ -13,10 +13,9 @@ Model (shared with other implementations, so results are comparable):
   finished on on-demand (one changeover + the remaining compute) for its cost.
 * Starts: ``numpy.linspace(0, len(data) - span, K).astype(int)``, ``span = ceil(R0 / G) + 1``;
   traces shorter than ``span`` are skipped. Cost is relative to ``N x Q x (C0 + d)``.
-* ``opt``: dynamic programming over (tick, market, ticks since launch, compute) with the whole
-  trace known. Compute is tracked on a grid that holds every per-tick progress exactly when
-  ``d`` and ``G`` are commensurable (as in all shared traces); otherwise progress is rounded *up*,
-  so ``opt`` is always a true lower bound of this model.
+* ``opt``: dynamic programming over (tick, market, launches so far, idle ticks so far) with the
+  whole trace known: exact for any ``d`` and ``G`` (no compute grid), in
+  ``O(ticks x (R0 - C0)/d x (R0 - C0)/G)`` (see ``_Opt``).
 """
 
 from __future__ import annotations
@@ -205,72 +204,110 @@ def simulate_policy(trace: Trace, start: int, policy_name: str, params: Params, 
 
 
 # --------------------------------------------------------------------------------------- opt
-def _grid(G: float, d: float, C0: float) -> tuple[float, list[int], int]:
-    """Compute unit u and per-phase progress in units (phase j = ticks held since launch)."""
-    phases = max(1, math.ceil(d / G - EPS)) if d > EPS else 0
-    progress = [G - min(G, max(0.0, d - j * G)) for j in range(phases + 1)]
+class _Waste:
+    """The hours a schedule has spent without making compute (idle ticks and changeovers), as an
+    array index: ``shift_idle``/``shift_launch`` move every state by one idle tick / one launch.
+
+    When ``d`` is a whole number of units ``u = G/m`` (m <= 240; every bundled trace), states of
+    equal waste are one state: a 1-D array over ``k u``. Otherwise a 2-D array over (launches r,
+    idle ticks W), waste ``W G + r d``: exact for any ``d``, at ``(R0 - C0)/d`` times the states."""
+
+    def __init__(self, G: float, d: float, slack: float) -> None:
+        units = _common_units(G, d)
+        if units is not None:
+            self.idle_step, self.launch_step = units  # in units of G / idle_step
+            size = math.floor(slack / (G / self.idle_step) + 1e-9) + 1
+            self.hours = np.arange(size) * (G / self.idle_step)
+        else:
+            self.idle_step = self.launch_step = 0
+            r, W = np.meshgrid(np.arange(math.floor(slack / d + 1e-9) + 1), np.arange(math.floor(slack / G + 1e-9) + 1),
+                               indexing="ij")
+            self.hours = W * G + r * d
+        # added after every step: +inf where the deadline can no longer be made
+        self.bar = np.where(self.hours <= slack + 1e-7, 0.0, math.inf)
+
+    def start(self) -> np.ndarray:
+        """No state yet but the first (waste 0), at cost 0."""
+        out = np.full(self.hours.shape, math.inf)
+        out[(0,) * out.ndim] = 0.0
+        return out
+
+    def _shift(self, a: np.ndarray, step: int, axis: int) -> np.ndarray:
+        out = np.full_like(a, math.inf)
+        if a.ndim == 1:
+            if step == 0:
+                return a.copy()
+            out[step:] = a[:-step]
+        elif axis == 0:
+            out[1:] = a[:-1]
+        else:
+            out[:, 1:] = a[:, :-1]
+        return out
+
+    def shift_idle(self, a: np.ndarray) -> np.ndarray:
+        return self._shift(a, self.idle_step, axis=1)
+
+    def shift_launch(self, a: np.ndarray) -> np.ndarray:
+        return self._shift(a, self.launch_step, axis=0)
+
+
+def _common_units(G: float, d: float) -> tuple[int, int] | None:
+    """(G, d) in units of G/m for the smallest m <= 240 that makes both whole; None if none does."""
     for m in range(1, 241):
-        u = G / m
-        if all(abs(p / u - round(p / u)) < 1e-6 for p in progress) and abs(C0 / u - round(C0 / u)) < 1e-6:
-            return u, [round(p / u) for p in progress], round(C0 / u)
-    m = 240
-    u = G / m
-    return u, [math.ceil(p / u - 1e-9) for p in progress], math.floor(C0 / u + 1e-9)  # optimistic
+        if abs(d * m / G - round(d * m / G)) < 1e-6:
+            return m, round(d * m / G)
+    return None
 
 
 class _Opt:
-    """The omniscient bound, by dynamic programming: per tick, the least cost of every state
-    (idle; spot or on-demand in phase j since launch; compute done, in grid units < target)."""
+    """The omniscient bound, exact for any changeover and tick, by dynamic programming.
+
+    A schedule is a sequence of runs (a launch, then ticks held on one market). A run of length
+    ``L`` makes ``L - d`` of compute, so a schedule that has wasted ``w`` hours (idle ticks and
+    changeovers) has made ``now - w`` of compute, exactly for every run longer than ``d``. A run
+    not longer than ``d`` makes nothing and costs something, so no optimal schedule has one, and
+    counting it as negative compute never makes a schedule look better than it is: the optimum
+    over (market, waste) is the model's optimum. Only ``w <= R0 - C0`` can still make the deadline,
+    whatever the tick, so a tick costs ``O((R0 - C0)/u)`` states per market (``_Waste``), without
+    rounding compute to a grid."""
 
     def __init__(self, window: _Window) -> None:
         w = self.w = window
-        self.u, self.prog_units, self.target = _grid(w.G, w.d, w.C0)
-        self.P = len(self.prog_units)  # phases 0..P-1; the last one is "running"
-        self.idle = np.full(self.target, math.inf)
-        self.idle[0] = 0.0
-        self.spot = np.full((self.P, self.target), math.inf)
-        self.od = np.full((self.P, self.target), math.inf)
+        self.waste = _Waste(w.G, w.d, w.R0 - w.C0)
+        self.idle = self.waste.start()
+        self.spot = np.full_like(self.idle, math.inf)
+        self.od = np.full_like(self.idle, math.inf)
         self.best = math.inf
-        self.idx = np.arange(self.target)
 
-    def advance(self, from_cost: np.ndarray, phase: int, price: float, now: float, dest: np.ndarray) -> None:
-        """Hold one tick in ``phase`` from states ``from_cost``; finish or land in ``dest`` (next phase)."""
-        w, target = self.w, self.target
-        setup_h = min(w.G, max(0.0, w.d - phase * w.G))
-        p = self.prog_units[phase]
-        finishing = self.idx + p >= target
-        if finishing.any():
-            fc = from_cost[finishing]
-            if np.isfinite(fc).any():
-                rem_h = w.C0 - self.idx[finishing] * self.u
-                ok = now + setup_h + rem_h <= w.R0 + 1e-7
-                if ok.any():
-                    self.best = min(self.best, float((fc[ok] + w.N * price * (setup_h + rem_h[ok])).min()))
-        if p == 0:
-            np.minimum(dest, from_cost + w.N * price * w.G, out=dest)
-        else:
-            np.minimum(dest[p:], from_cost[: target - p] + w.N * price * w.G, out=dest[p:])
+    def _hold(self, held: np.ndarray, price: float, now: float) -> np.ndarray:
+        """Hold one tick from states ``held`` at ``price``: the job finishes within it, or goes on."""
+        w = self.w
+        out = held + w.N * price * w.G
+        out += self.waste.bar
+        if now + w.G < w.C0 - EPS:  # no state can finish before compute C0 could be done
+            return out
+        rest = w.C0 - now + self.waste.hours  # compute + setup still to do (from this tick's start)
+        ends = rest <= w.G + EPS
+        finish = ends & np.isfinite(held) & (now + rest <= w.R0 + 1e-7)
+        if finish.any():
+            self.best = min(self.best, float((held[finish] + w.N * price * rest[finish]).min()))
+        out[ends] = math.inf
+        return out
 
     def tick(self, i: int) -> None:
-        w, P, now = self.w, self.P, i * self.w.G
-        new_idle = np.full(self.target, math.inf)
-        new_spot = np.full((P, self.target), math.inf)
-        new_od = np.full((P, self.target), math.inf)
-        if not w.avail[i]:
-            self.idle = np.minimum(self.idle, self.spot.min(axis=0))  # spot cluster lost
-            self.spot = np.full((P, self.target), math.inf)
-        # wait
-        np.minimum(new_idle, np.minimum(self.idle, np.minimum(self.spot.min(axis=0), self.od.min(axis=0))),
-                   out=new_idle)
-        # launch on-demand from idle or spot; continue on-demand
-        self.advance(np.minimum(self.idle, self.spot.min(axis=0)), 0, w.q, now, new_od[min(1, P - 1)])
-        for j in range(P):
-            self.advance(self.od[j], j, w.q, now, new_od[min(j + 1, P - 1)])
+        w, now = self.w, i * self.w.G
+        if not w.avail[i]:  # the spot cluster is lost at the start of the tick
+            self.idle = np.minimum(self.idle, self.spot)
+            self.spot = np.full_like(self.spot, math.inf)
+        stopped = np.minimum(self.idle, np.minimum(self.spot, self.od))  # stopping is free
+        new_idle = self.waste.shift_idle(stopped)
+        new_idle += self.waste.bar
+        new_od = self._hold(np.minimum(self.od, self.waste.shift_launch(np.minimum(self.idle, self.spot))), w.q, now)
+        new_spot = np.full_like(stopped, math.inf)
         if w.avail[i]:
             price = w.spot_prices[i]
-            self.advance(np.minimum(self.idle, self.od.min(axis=0)), 0, price, now, new_spot[min(1, P - 1)])
-            for j in range(P):
-                self.advance(self.spot[j], j, price, now, new_spot[min(j + 1, P - 1)])
+            new_spot = self._hold(np.minimum(self.spot, self.waste.shift_launch(np.minimum(self.idle, self.od))),
+                                  price, now)
         self.idle, self.spot, self.od = new_idle, new_spot, new_od
 
     def run(self, trace_name: str, start: int) -> Run:

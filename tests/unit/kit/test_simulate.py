@@ -99,17 +99,21 @@ def test_on_demand_costs_exactly_one():
     assert all(abs(r.cost_vs_on_demand - 1.0) < 1e-9 for r in runs)
 
 
-def test_opt_matches_brute_force():
-    # 7 ticks of 1 h, C0 = 3, R0 = 6, d = 0.5: every action sequence enumerated with the same simulator
-    p = Params(nodes=2, job_h=3.0, deadline_h=6.0, changeover_h=0.5, starts=1)
-    for data in ([2, 0, 2, 2, 0, 2, 2], [0, 2, 2, 0, 0, 2, 2], [2, 2, 2, 2, 2, 2, 2], [0, 0, 0, 0, 0, 0, 0]):
+@pytest.mark.parametrize("d", [0.5, 0.2001, 1.3])
+def test_opt_matches_brute_force(d):
+    """7 ticks of 1 h, C0 = 3, R0 = 6: every action sequence enumerated with the same simulator. A
+    changeover that is no simple fraction of a tick (0.2001 h) or longer than one (1.3 h) is exact
+    too (a compute grid rounded it: 7.2002 for 7.2006)."""
+    p = Params(nodes=2, job_h=3.0, deadline_h=6.0, changeover_h=d, starts=1)
+    for data in ([2, 0, 2, 2, 0, 2, 2], [0, 2, 2, 0, 0, 2, 2], [2, 2, 2, 2, 2, 2, 2], [0, 0, 0, 0, 0, 0, 0],
+                 [2, 2, 0, 2, 2, 2, 2]):
         t = make_trace(data, 3600, spot_price_per_hour=1.0, on_demand_price_per_hour=3.0)
         best = math.inf
         for actions in itertools.product((SPOT, ON_DEMAND, WAIT), repeat=len(data)):
             run = simulate_policy(t, 0, "scripted", p, policy=Scripted(actions))
             if not run.missed:
                 best = min(best, run.cost)
-        assert simulate_opt(t, 0, p).cost == pytest.approx(best), data
+        assert simulate_opt(t, 0, p).cost == pytest.approx(best, rel=1e-12), data
 
 
 def test_opt_is_a_lower_bound_and_feasible_deadlines_are_met():
@@ -227,3 +231,14 @@ def test_benchmark_target_default_beats_greedy_and_up():
         cost = s["cost_vs_on_demand"]
         assert s["runs"] == 104 and s["deadline_misses"] == {"greedy": 0, "up": 0, "default": 0}
         assert cost["default"] < min(cost["greedy"], cost["up"]), (deadline, cost)
+
+
+def test_opt_at_a_finer_tick_is_never_dearer():
+    """The same market at half the tick (every tick twice) gives opt every choice it had and more:
+    its bound is never higher, and the changeover need not be a whole number of ticks."""
+    data = markov_trace(3, p_up=0.5, mean_up=4).data[:400]
+    coarse = make_trace(list(data), 1800, spot_price_per_hour=1.0, on_demand_price_per_hour=3.0)
+    fine = make_trace([x for x in data for _ in (0, 1)], 900, spot_price_per_hour=1.0, on_demand_price_per_hour=3.0)
+    for d in (0.2, 0.2001, 0.7):
+        p = Params(nodes=4, job_h=40.0, deadline_h=60.0, changeover_h=d, starts=1)
+        assert simulate_opt(fine, 0, p).cost <= simulate_opt(coarse, 0, p).cost + 1e-9, d

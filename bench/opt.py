@@ -1,0 +1,160 @@
+"""How long the omniscient bound (``opt``) takes, against the compute-grid dynamic program it
+replaced (the baseline, kept here and run in the same process on the same inputs).
+
+    .venv/bin/python bench/opt.py [--baseline-limit-s 300]
+
+1. the bundled GCP H100 set: 13 zones x 8 starts, N=16, C0=48 h, R0=60 h, with d = 0.2 h (a
+   whole number of 2-minute grid units) and d = 0.2001 h (no grid up to 1/240 tick: the baseline
+   rounds compute up there, so it is also *not exact*; the costs are printed side by side);
+2. one start on a synthetic 32-second-tick market (on/off, mean spot run 5.3 h, mean outage
+   1.8 h, seeded), C0=48 h, d=0.2 h with R0 = 60 h and 72 h, and d=0.2001 h with R0 = 60 h.
+
+The baseline is stopped once a case has taken ``--baseline-limit-s`` (shown as "> limit"). Prints a Markdown table (docs/benchmarks.md, "opt runtime").
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kit.paths import SPOT_TRACES_DIR
+from kit.simulate import EPS, OPT, Params, Run, _Opt, _Window, start_ticks
+from kit.traces import Trace, load_traces
+
+
+def _grid(G: float, d: float, C0: float) -> tuple[float, list[int], int]:
+    phases = max(1, math.ceil(d / G - EPS)) if d > EPS else 0
+    progress = [G - min(G, max(0.0, d - j * G)) for j in range(phases + 1)]
+    for m in range(1, 241):
+        u = G / m
+        if all(abs(p / u - round(p / u)) < 1e-6 for p in progress) and abs(C0 / u - round(C0 / u)) < 1e-6:
+            return u, [round(p / u) for p in progress], round(C0 / u)
+    u = G / 240
+    return u, [math.ceil(p / u - 1e-9) for p in progress], math.floor(C0 / u + 1e-9)  # rounded: optimistic
+
+
+class GridOpt:
+    """The baseline: DP over (tick, market, ticks since launch, compute on a grid of G/m)."""
+
+    stop_at = math.inf  # perf_counter() time after which run() gives up (TimeoutError)
+
+    def __init__(self, w: _Window) -> None:
+        self.w = w
+        self.u, self.prog_units, self.target = _grid(w.G, w.d, w.C0)
+        self.P = len(self.prog_units)
+        self.idle = np.full(self.target, math.inf)
+        self.idle[0] = 0.0
+        self.spot = np.full((self.P, self.target), math.inf)
+        self.od = np.full((self.P, self.target), math.inf)
+        self.best = math.inf
+        self.idx = np.arange(self.target)
+
+    def advance(self, from_cost: np.ndarray, phase: int, price: float, now: float, dest: np.ndarray) -> None:
+        w, target = self.w, self.target
+        setup_h = min(w.G, max(0.0, w.d - phase * w.G))
+        p = self.prog_units[phase]
+        finishing = self.idx + p >= target
+        if finishing.any():
+            fc = from_cost[finishing]
+            if np.isfinite(fc).any():
+                rem_h = w.C0 - self.idx[finishing] * self.u
+                ok = now + setup_h + rem_h <= w.R0 + 1e-7
+                if ok.any():
+                    self.best = min(self.best, float((fc[ok] + w.N * price * (setup_h + rem_h[ok])).min()))
+        if p == 0:
+            np.minimum(dest, from_cost + w.N * price * w.G, out=dest)
+        else:
+            np.minimum(dest[p:], from_cost[: target - p] + w.N * price * w.G, out=dest[p:])
+
+    def tick(self, i: int) -> None:
+        w, P, now = self.w, self.P, i * self.w.G
+        new_idle = np.full(self.target, math.inf)
+        new_spot = np.full((P, self.target), math.inf)
+        new_od = np.full((P, self.target), math.inf)
+        if not w.avail[i]:
+            self.idle = np.minimum(self.idle, self.spot.min(axis=0))
+            self.spot = np.full((P, self.target), math.inf)
+        np.minimum(new_idle, np.minimum(self.idle, np.minimum(self.spot.min(axis=0), self.od.min(axis=0))),
+                   out=new_idle)
+        self.advance(np.minimum(self.idle, self.spot.min(axis=0)), 0, w.q, now, new_od[min(1, P - 1)])
+        for j in range(P):
+            self.advance(self.od[j], j, w.q, now, new_od[min(j + 1, P - 1)])
+        if w.avail[i]:
+            price = w.spot_prices[i]
+            self.advance(np.minimum(self.idle, self.od.min(axis=0)), 0, price, now, new_spot[min(1, P - 1)])
+            for j in range(P):
+                self.advance(self.spot[j], j, price, now, new_spot[min(j + 1, P - 1)])
+        self.idle, self.spot, self.od = new_idle, new_spot, new_od
+
+    def run(self, trace_name: str, start: int) -> Run:
+        w = self.w
+        for i in range(w.span):
+            if i * w.G >= w.R0 - EPS:
+                break
+            if time.perf_counter() > self.stop_at:
+                raise TimeoutError
+            self.tick(i)
+        cost = self.best if math.isfinite(self.best) else w.baseline
+        return Run(trace=trace_name, start=start, policy=OPT, cost=cost, cost_vs_on_demand=cost / w.baseline,
+                   done_h=None, missed=not math.isfinite(self.best))
+
+
+def markov_32s(seed: int = 0, ticks: int = 12000) -> Trace:
+    rng = np.random.default_rng(seed)
+    data: list[int] = []
+    up = True
+    while len(data) < ticks:
+        data += [16 if up else 0] * int(rng.geometric(1 / (600 if up else 200)))
+        up = not up
+    meta = {"gap_seconds": 32, "spot_price_per_hour": 1.0, "on_demand_price_per_hour": 3.0, "zone": "markov-32s"}
+    return Trace(path=Path("markov-32s.json"), gap_seconds=32, data=tuple(data[:ticks]), metadata=meta)
+
+
+def timed(cls, cases: list[tuple[Trace, int]], params: Params) -> tuple[float, float] | None:
+    """(seconds, mean cost vs on-demand) of ``cls`` over ``cases``; None when it ran out of time."""
+    started, costs = time.perf_counter(), []
+    try:
+        for trace, start in cases:
+            costs.append(cls(_Window.of(trace, start, params)).run(trace.name, start).cost_vs_on_demand)
+    except TimeoutError:
+        return None
+    return time.perf_counter() - started, float(np.mean(costs))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline-limit-s", type=float, default=300.0)
+    args = ap.parse_args()
+    gcp = load_traces([SPOT_TRACES_DIR / "gcp-a3-h100-2025-10"])
+    synthetic = markov_32s()
+    rows = []
+    for label, traces, d, deadline, starts in (
+            ("GCP 13 zones x 8 starts, 10-min ticks", gcp, 0.2, 60.0, 8),
+            ("GCP 13 zones x 8 starts, 10-min ticks", gcp, 0.2001, 60.0, 8),
+            ("synthetic, 32-s ticks, 1 start", [synthetic], 0.2, 60.0, 1),
+            ("synthetic, 32-s ticks, 1 start", [synthetic], 0.2, 72.0, 1),
+            ("synthetic, 32-s ticks, 1 start", [synthetic], 0.2001, 60.0, 1)):
+        params = Params(nodes=16, job_h=48.0, deadline_h=deadline, changeover_h=d, starts=starts)
+        cases = [(t, s) for t in traces for s in start_ticks(t, params)]
+        new = timed(_Opt, cases, params)
+        GridOpt.stop_at = time.perf_counter() + args.baseline_limit_s
+        old = timed(GridOpt, cases, params)
+        assert new is not None
+        old_cells = (f"{old[0]:.1f} s | {old[1]:.6f}" if old else f"> {args.baseline_limit_s:g} s | -")
+        rows.append(f"| {label} | {d:g} h | {deadline:g} h | {len(cases)} | {old_cells} | {new[0]:.1f} s | {new[1]:.6f} |")
+        print(rows[-1], flush=True)
+    print()
+    print("| market | d | R0 | runs | grid DP (baseline) | its mean cost | exact DP | its mean cost |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
