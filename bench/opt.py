@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kit.paths import SPOT_TRACES_DIR
-from kit.simulate import EPS, OPT, Params, Run, _Opt, _Window, start_ticks
+from kit.simulate import EPS, Params, _Opt, _Window, start_ticks
 from kit.traces import Trace, load_traces
 
 
@@ -40,12 +40,12 @@ def _grid(G: float, d: float, C0: float) -> tuple[float, list[int], int]:
     return u, [math.ceil(p / u - 1e-9) for p in progress], math.floor(C0 / u + 1e-9)  # rounded: optimistic
 
 
-class GridOpt:
+class GridOpt(_Opt):
     """The baseline: DP over (tick, market, ticks since launch, compute on a grid of G/m)."""
 
     stop_at = math.inf  # perf_counter() time after which run() gives up (TimeoutError)
 
-    def __init__(self, w: _Window) -> None:
+    def __init__(self, w: _Window) -> None:  # its own state; run() is _Opt's
         self.w = w
         self.u, self.prog_units, self.target = _grid(w.G, w.d, w.C0)
         self.P = len(self.prog_units)
@@ -74,6 +74,8 @@ class GridOpt:
             np.minimum(dest[p:], from_cost[: target - p] + w.N * price * w.G, out=dest[p:])
 
     def tick(self, i: int) -> None:
+        if time.perf_counter() > self.stop_at:
+            raise TimeoutError
         w, P, now = self.w, self.P, i * self.w.G
         new_idle = np.full(self.target, math.inf)
         new_spot = np.full((P, self.target), math.inf)
@@ -92,18 +94,6 @@ class GridOpt:
             for j in range(P):
                 self.advance(self.spot[j], j, price, now, new_spot[min(j + 1, P - 1)])
         self.idle, self.spot, self.od = new_idle, new_spot, new_od
-
-    def run(self, trace_name: str, start: int) -> Run:
-        w = self.w
-        for i in range(w.span):
-            if i * w.G >= w.R0 - EPS:
-                break
-            if time.perf_counter() > self.stop_at:
-                raise TimeoutError
-            self.tick(i)
-        cost = self.best if math.isfinite(self.best) else w.baseline
-        return Run(trace=trace_name, start=start, policy=OPT, cost=cost, cost_vs_on_demand=cost / w.baseline,
-                   done_h=None, missed=not math.isfinite(self.best))
 
 
 def markov_32s(seed: int = 0, ticks: int = 12000) -> Trace:
