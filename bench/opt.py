@@ -24,20 +24,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.policies import _grid
 from kit.paths import SPOT_TRACES_DIR
-from kit.simulate import EPS, Params, _Opt, _Window, start_ticks
+from kit.simulate import Params, _Opt, _Window, start_ticks
 from kit.traces import Trace, load_traces
-
-
-def _grid(G: float, d: float, C0: float) -> tuple[float, list[int], int]:
-    phases = max(1, math.ceil(d / G - EPS)) if d > EPS else 0
-    progress = [G - min(G, max(0.0, d - j * G)) for j in range(phases + 1)]
-    for m in range(1, 241):
-        u = G / m
-        if all(abs(p / u - round(p / u)) < 1e-6 for p in progress) and abs(C0 / u - round(C0 / u)) < 1e-6:
-            return u, [round(p / u) for p in progress], round(C0 / u)
-    u = G / 240
-    return u, [math.ceil(p / u - 1e-9) for p in progress], math.floor(C0 / u + 1e-9)  # rounded: optimistic
 
 
 class GridOpt(_Opt):
@@ -47,7 +37,7 @@ class GridOpt(_Opt):
 
     def __init__(self, w: _Window) -> None:  # its own state; run() is _Opt's
         self.w = w
-        self.u, self.prog_units, self.target = _grid(w.G, w.d, w.C0)
+        self.u, self.prog_units, self.target = _grid(w.G, w.d, w.C0, round_up=True)
         self.P = len(self.prog_units)
         self.idle = np.full(self.target, math.inf)
         self.idle[0] = 0.0

@@ -50,16 +50,21 @@ from kit.traces import Trace, load_traces, markov_availability
 GCP = "gcp-a3-h100-2025-10"
 
 
-def _grid(G: float, d: float, C0: float) -> tuple[float, list[int], int]:
+def _grid(G: float, d: float, C0: float, *, round_up: bool = False) -> tuple[float, list[int], int]:
     """Compute unit u and per-phase progress in units (phase j = ticks held since launch), for the
-    known-market dynamic program below (d and G commensurable, as in every market it is run on)."""
+    grid dynamic programs of the benchmarks (the known-market policy below; bench/opt.py's baseline).
+    Without a unit of at least 1/240 tick it raises, or with ``round_up`` rounds progress up on
+    that finest grid (what the replaced ``opt`` did: optimistic, so no longer exact)."""
     phases = max(1, math.ceil(d / G - 1e-9)) if d > 1e-9 else 0
     progress = [G - min(G, max(0.0, d - j * G)) for j in range(phases + 1)]
     for m in range(1, 241):
         u = G / m
         if all(abs(p / u - round(p / u)) < 1e-6 for p in progress) and abs(C0 / u - round(C0 / u)) < 1e-6:
             return u, [round(p / u) for p in progress], round(C0 / u)
-    raise ValueError(f"changeover {d} h and tick {G} h have no common unit of at least 1/240 tick")
+    if not round_up:
+        raise ValueError(f"changeover {d} h and tick {G} h have no common unit of at least 1/240 tick")
+    u = G / 240
+    return u, [math.ceil(p / u - 1e-9) for p in progress], math.floor(C0 / u + 1e-9)
 
 
 def table(title: str, results: dict[str, dict], policies=ALL_POLICIES) -> str:

@@ -13,9 +13,10 @@ Model (shared with other implementations, so results are comparable):
   finished on on-demand (one changeover + the remaining compute) for its cost.
 * Starts: ``numpy.linspace(0, len(data) - span, K).astype(int)``, ``span = ceil(R0 / G) + 1``;
   traces shorter than ``span`` are skipped. Cost is relative to ``N x Q x (C0 + d)``.
-* ``opt``: dynamic programming over (tick, market, launches so far, idle ticks so far) with the
-  whole trace known: exact for any ``d`` and ``G`` (no compute grid), in
-  ``O(ticks x (R0 - C0)/d x (R0 - C0)/G)`` (see ``_Opt``).
+* ``opt``: dynamic programming over (tick, market, waste: the hours that made no compute) with
+  the whole trace known: exact for any ``d`` and ``G`` (compute is never rounded); a tick costs
+  ``O((R0 - C0)/u)`` states, ``u`` the largest unit in which ``d`` and ``G`` are whole, or
+  ``O((R0 - C0)^2 / (G d))`` when there is none (see ``_Opt`` and ``_Waste``).
 """
 
 from __future__ import annotations
@@ -233,10 +234,10 @@ class _Waste:
         return out
 
     def _shift(self, a: np.ndarray, step: int, axis: int) -> np.ndarray:
+        if a.ndim == 1 and step == 0:  # no changeover: a launch wastes nothing
+            return a.copy()
         out = np.full_like(a, math.inf)
         if a.ndim == 1:
-            if step == 0:
-                return a.copy()
             out[step:] = a[:-step]
         elif axis == 0:
             out[1:] = a[:-1]

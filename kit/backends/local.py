@@ -75,30 +75,29 @@ def _pdeathsig() -> None:  # runs in the child between fork and exec: die with k
         _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _stat(proc_dir: Path) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, ...); None when the
+    process exited while we read it. The name is cut at the last ``)``: it may hold spaces."""
+    try:
+        fields = (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields if len(fields) >= 2 else None
+
+
 def descendants(pid: int) -> list[int]:
     """All live descendants of ``pid`` (from /proc), children first."""
     parents: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):  # the process exited while we read it
-            continue
-        parents.setdefault(ppid, []).append(int(entry.name))
+        stat = _stat(entry) if entry.name.isdigit() else None
+        if stat is not None:
+            parents.setdefault(int(stat[1]), []).append(int(entry.name))
     out, todo = [], [pid]
     while todo:
         for child in parents.get(todo.pop(), []):
             out.append(child)
             todo.append(child)
     return out
-
-
-def _zombie(proc_dir: Path) -> bool:
-    try:
-        return (proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def free_port() -> int:
@@ -184,7 +183,7 @@ class LocalBackend(Backend):
                 if leftovers:
                     log.warning("node-%d: %d processes of a killed kit are still running; they save and stop",
                                 rank, len(leftovers))
-                    self._stop_leftovers(rank, leftovers)
+                    self._stop_leftovers(rank)
                 if state["state"] != "running" or rank in self.procs:
                     continue
                 seen = max([float(state["time"])] + [at(t) for t in self._signs_of_life(rank)])
@@ -206,13 +205,16 @@ class LocalBackend(Backend):
             if not entry.name.isdigit() or int(entry.name) == os.getpid():
                 continue
             try:
-                if marker in b"\0" + (entry / "cmdline").read_bytes() and not _zombie(entry):
-                    found.append(int(entry.name))
+                cmdline = b"\0" + (entry / "cmdline").read_bytes()
             except OSError:  # it exited while we looked
                 continue
+            stat = _stat(entry) if marker in cmdline else None
+            if stat is not None and stat[0] != "Z":  # a zombie is dead already
+                found.append(int(entry.name))
         return found
 
-    def _stop_leftovers(self, rank: int, pids: list[int]) -> None:
+    def _stop_leftovers(self, rank: int) -> None:
+        """The stop file, ``save_grace_s`` to save and exit, then SIGKILL for what is left."""
         from training.contract import write_atomic
 
         write_atomic(self.stop_file(rank), "kit restarted after a crash\n")
