@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.policies import _grid
 from kit.paths import SPOT_TRACES_DIR
-from kit.simulate import Params, _Opt, _Window, start_ticks
+from kit.simulate.single import Params, _Opt, _Window, start_ticks
 from kit.traces import Trace, load_traces
 
 

@@ -12,7 +12,7 @@ plus checks on traces the default policy was not tuned on.
    (availability 20-80 %, mean spot runs 20 min to 4 h), on-demand/spot price ratios of 2.5 and
    4.3, deadlines 60 h and 72 h and a tight 53.3 h (C0/R0 = 0.9);
 5. the review grid: 4-node on/off Markov markets (the generator of
-   tests/unit/kit/test_simulate.py::markov_trace), availability 0.2/0.5/0.8 x mean spot run 15 min / 30 min /
+   tests/unit/kit/simulate/test_single.py::markov_trace), availability 0.2/0.5/0.8 x mean spot run 15 min / 30 min /
    2 h / 6.7 h, on-demand/spot price 3, 4 traces x 6 starts per setting, R0 = 60 h and 72 h: every
    setting is a row, with the best policy that *knows* the market's transition probabilities
    (``known``: a dynamic program over the Markov chain, an online lower bound) next to ``opt``.
@@ -110,7 +110,7 @@ def markov(seed: int, share: float, mean_run_h: float, ratio: float, n_ticks: in
 
 
 def review_markov(seed: int, n: int, p_up: float, mean_up: float, nodes: int = 4, gap: int = 600) -> Trace:
-    """The review grid's market (same generator as tests/unit/kit/test_simulate.py::markov_trace): on/off
+    """The review grid's market (same generator as tests/unit/kit/simulate/test_single.py::markov_trace): on/off
     capacity, spot runs geometric with mean ``mean_up`` ticks, availability ``p_up``, price 1 vs 3."""
     data = markov_availability(seed, n, p_up, mean_up, nodes)
     meta = {"gap_seconds": gap, "spot_price_per_hour": 1.0, "on_demand_price_per_hour": 3.0,

@@ -1,4 +1,4 @@
-"""``kit simulate`` (replay spot traces against the policies; the model in kit/simulate.py) and ``kit traces``."""
+"""``kit simulate`` (replay spot traces against the policies; the models in kit/simulate/) and ``kit traces``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import typer
 
 from kit.cli.app import App
 from kit.policy import DEFAULT_CHANGEOVER_H
+from kit.policy.offers import DEFAULT_CHECKPOINT_GB, DEFAULT_TRANSFER_GBPS, EACH, Moves
 
 app = App()
 
@@ -41,23 +42,38 @@ def simulate_command(
     on_demand_price: Annotated[float | None, typer.Option(help="on-demand $/h per node when a trace has none")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print one line of JSON")] = False,
     plot_file: Annotated[Path | None, typer.Option("--plot", help="write a PNG: progress for one start + cost bars")] = None,
+    zones: Annotated[str, typer.Option(help="'each': every trace as its own one-zone market; 'all': the traces as one "
+                                            "multi-zone market (offers, probes, moves); or zones z1,z2 of the set")] = EACH,
+    offers: Annotated[Path | None, typer.Option(help="YAML offers file: the instance shapes (multi-zone only)")] = None,
+    checkpoint_gb: Annotated[float, typer.Option(help="checkpoint size moved with the job (GB)")] = DEFAULT_CHECKPOINT_GB,
+    transfer_gbps: Annotated[float, typer.Option(help="checkpoint transfer rate between zones (Gbit/s)")] = DEFAULT_TRANSFER_GBPS,
+    egress_per_gb: Annotated[float | None, typer.Option(help="$ per GB across regions (default: the clouds' list "
+                                                               "prices by continent, docs/policies.md)")] = None,
 ) -> None:
     """Replay spot capacity traces: cost vs on-demand and deadline misses per policy (and opt)."""
     import json
 
     from kit.errors import InputError
     from kit.paths import check_output_file
-    from kit.simulate import DEFAULT_ON_DEMAND_PRICE, DEFAULT_SPOT_PRICE, Params, plot, simulate
+    from kit.simulate import simulate
+    from kit.simulate.plot import plot
+    from kit.simulate.single import DEFAULT_ON_DEMAND_PRICE, DEFAULT_SPOT_PRICE, Params
     from kit.traces import load_traces
 
+    params = Params(nodes=nodes, job_h=job_hours, deadline_h=deadline_hours, changeover_h=changeover_hours,
+                    starts=starts, spot_price=spot_price if spot_price is not None else DEFAULT_SPOT_PRICE,
+                    on_demand_price=on_demand_price if on_demand_price is not None else DEFAULT_ON_DEMAND_PRICE)
+    if zones != EACH:
+        moves = Moves(checkpoint_gb=checkpoint_gb, transfer_gbps=transfer_gbps, egress_per_gb=egress_per_gb)
+        _simulate_zones(traces, policy, zones, offers, json_out, plot_file, params, moves)
+        return
+    if offers is not None:
+        raise InputError("an offers file describes a multi-zone market", where="--offers", fix="add --zones all")
     names = _policies(policy)
     if plot_file is not None:
         if plot_file.suffix.lower() != ".png":
             raise InputError("the plot is written as PNG", where=f"--plot {plot_file}", fix="name the file *.png")
         check_output_file(plot_file, "--plot")
-    params = Params(nodes=nodes, job_h=job_hours, deadline_h=deadline_hours, changeover_h=changeover_hours,
-                    starts=starts, spot_price=spot_price if spot_price is not None else DEFAULT_SPOT_PRICE,
-                    on_demand_price=on_demand_price if on_demand_price is not None else DEFAULT_ON_DEMAND_PRICE)
     params.check()
     loaded = load_traces(traces)
     summary = simulate(loaded, names, params)
@@ -71,6 +87,57 @@ def simulate_command(
         typer.echo(json.dumps(summary, separators=(",", ":")))
         return
     _print_table(summary, names)
+
+
+def _zone_policies(policy: str) -> list[str]:
+    from kit.simulate.zones import ZONE_ALL
+
+    if policy == "all":
+        return list(ZONE_ALL)
+    return [p.strip() for p in policy.split(",") if p.strip()]
+
+
+def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Path | None, json_out: bool,
+                    plot_file: Path | None, params, moves: Moves) -> None:
+    """``kit simulate --zones all|z1,z2``: the traces as one multi-zone market."""
+    import json
+
+    from kit.errors import InputError
+    from kit.simulate.zones import load_offers, simulate_zones
+    from kit.traces import load_traces
+
+    if plot_file is not None:
+        raise InputError("--plot draws the one-zone replay only, for now", where="--plot", fix="add --zones each")
+    params.check()
+    moves.check()
+    loaded = load_traces(traces)
+    if zones != "all":
+        wanted = [z.strip() for z in zones.split(",") if z.strip()]
+        unknown = [z for z in wanted if z not in {t.name for t in loaded}]
+        if unknown or not wanted:
+            raise InputError(f"zone {', '.join(unknown) or zones!r} is not in the traces", where="--zones",
+                             fix=f"use all, each, or zones of: {', '.join(t.name for t in loaded)}")
+        loaded = [t for t in loaded if t.name in wanted]
+    shapes, prices = load_offers(offers) if offers is not None else (None, None)
+    summary = simulate_zones(loaded, _zone_policies(policy), params, moves, shapes, prices)
+    if summary["runs"] == 0:
+        raise InputError(f"the traces are shorter than the deadline window ({params.deadline_h} h)",
+                         where=", ".join(str(t) for t in traces), fix="use longer traces or a shorter --deadline-hours")
+    if json_out:
+        typer.echo(json.dumps(summary, separators=(",", ":")))
+        return
+    p = summary["params"]
+    typer.echo(f"{summary['runs']} starts on {len(summary['zones'])} zones as one market (shapes: "
+               f"{', '.join(p['shapes'])}; N={p['nodes']}, C0={p['job_hours']} h, R0={p['deadline_hours']} h, "
+               f"d={p['changeover_hours']} h, checkpoint {p['checkpoint_gb']} GB at {p['transfer_gbps']} Gbit/s)")
+    typer.echo(f"{'policy':<34} {'cost vs on-demand':>18} {'p75':>7} {'misses':>7} {'moves':>6} {'probes':>7} "
+               f"{'egress $':>9}")
+    for name in summary["policies"]:
+        best = summary["best_zone"].get(name)
+        shown = f"{name} ({best})" if best else name
+        typer.echo(f"{shown:<34} {summary['cost_vs_on_demand'][name]:>18.4f} "
+                   f"{summary['cost_vs_on_demand_p75'][name]:>7.3f} {summary['deadline_misses'][name]:>7} "
+                   f"{summary['moves'][name]:>6.1f} {summary['probes'][name]:>7.1f} {summary['egress'][name]:>9.2f}")
 
 
 def _print_table(summary: dict, names: list[str]) -> None:

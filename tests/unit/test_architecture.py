@@ -47,7 +47,7 @@ def test_contracts_hold_on_the_checkout(tmp_path):
 
 @pytest.mark.parametrize(("module", "planted", "contract"), [
     ("training/agent.py", "import kit.errors", "training runs on the nodes"),
-    ("kit/policy.py", "import kit.watch.ledger", "kit's layers"),
+    ("kit/policy/market.py", "import kit.watch.ledger", "kit's layers"),
     ("kit/render.py", "import kit.clouds.gcp", "only a cloud's own modules"),
     ("kit/watch/watcher.py", "import boto3", "cloud SDKs only"),
 ])

@@ -1,4 +1,4 @@
-"""Spot vs on-demand policies, shared by the watcher (``kit watch``) and the simulator (``kit simulate``).
+"""Spot vs on-demand in one zone: the single-market policies, shared by the watcher (``kit watch``) and the simulator.
 
 A policy is stateful and called once per tick, in order, with an :class:`Observation`; it answers
 ``"spot"``, ``"on-demand"`` or ``"wait"`` (hold nothing). Every policy keeps the deadline **safety
@@ -276,6 +276,11 @@ class DefaultPolicy(Policy):
         self.idle_since: float | None = None
 
     # ------------------------------------------------------------------ learning
+    def observe(self, obs: Observation) -> None:
+        """Learn from ``obs`` without deciding: a multi-zone policy, whose market is "the best spot
+        offer it can get now", reports the end of each of its spot runs this way."""
+        self._observe(obs)
+
     def _observe(self, obs: Observation) -> None:
         if obs.spot_available:
             if self.outage_start is not None:
@@ -409,4 +414,15 @@ def make_policy(name: str, **params) -> Policy:
         raise InputError(f"bad parameters for policy {name!r}: {error}", where="policy") from None
 
 
-__all__ = ["ON_DEMAND", "POLICY_NAMES", "SPOT", "WAIT", "Observation", "Policy", "make_policy", "safety_net"]
+__all__ = [
+    "DEFAULT_CHANGEOVER_H",
+    "ON_DEMAND",
+    "POLICY_NAMES",
+    "SPOT",
+    "WAIT",
+    "DefaultPolicy",
+    "Observation",
+    "Policy",
+    "make_policy",
+    "safety_net",
+]

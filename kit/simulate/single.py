@@ -206,21 +206,33 @@ def simulate_policy(trace: Trace, start: int, policy_name: str, params: Params, 
 
 # --------------------------------------------------------------------------------------- opt
 class _Waste:
-    """The hours a schedule has spent without making compute (idle ticks and changeovers), as an
-    array index: ``shift_idle``/``shift_launch`` move every state by one idle tick / one launch.
+    """The hours a schedule has spent without making compute (idle ticks, changeovers and checkpoint
+    transfers), as the trailing array index of a state array: ``shift_idle`` / ``shift_launch`` /
+    ``shift_move`` move every state by one idle tick / one launch / one launch in another zone.
 
-    When ``d`` is a whole number of units ``u = G/m`` (m <= 240; every bundled trace), states of
-    equal waste are one state: a 1-D array over ``k u``. Otherwise a 2-D array over (launches r,
-    idle ticks W), waste ``W G + r d``: exact for any ``d``, at ``(R0 - C0)/d`` times the states."""
+    When ``d`` (and the transfer time ``T``) are whole numbers of units ``u = G/m`` (m <= 240; every
+    bundled trace, and the default 50 GB at 10 Gbit/s), states of equal waste are one state: one axis
+    over ``k u``. Otherwise two axes (launches r, idle ticks W), waste ``W G + r d``: exact for any
+    ``d``, at ``(R0 - C0)/d`` times the states. A transfer time that fits neither is rounded down (to
+    the unit, or to whole ticks), which keeps the bound a lower bound; ``exact`` says whether it was."""
 
-    def __init__(self, G: float, d: float, slack: float) -> None:
-        units = _common_units(G, d)
+    def __init__(self, G: float, d: float, slack: float, move_h: float = 0.0) -> None:
+        units = _common_units(G, d, d + move_h) or _common_units(G, d)
+        self.exact = True
+        self.idle_step: tuple[int, ...]
+        self.launch_step: tuple[int, ...]
+        self.move_step: tuple[int, ...]
         if units is not None:
-            self.idle_step, self.launch_step = units  # in units of G / idle_step
-            size = math.floor(slack / (G / self.idle_step) + 1e-9) + 1
-            self.hours = np.arange(size) * (G / self.idle_step)
+            m, launch = units[0], units[1]
+            u = G / m
+            move = units[2] if len(units) > 2 else launch + math.floor(move_h / u + 1e-9)
+            self.exact = len(units) > 2 or move_h == 0
+            self.idle_step, self.launch_step, self.move_step = (m,), (launch,), (move,)
+            self.hours = np.arange(math.floor(slack / u + 1e-9) + 1) * u
         else:
-            self.idle_step = self.launch_step = 0
+            ticks = math.floor(move_h / G + 1e-9)
+            self.exact = abs(move_h - ticks * G) < 1e-9
+            self.idle_step, self.launch_step, self.move_step = (0, 1), (1, 0), (1, ticks)
             r, W = np.meshgrid(np.arange(math.floor(slack / d + 1e-9) + 1), np.arange(math.floor(slack / G + 1e-9) + 1),
                                indexing="ij")
             self.hours = W * G + r * d
@@ -233,30 +245,35 @@ class _Waste:
         out[(0,) * out.ndim] = 0.0
         return out
 
-    def _shift(self, a: np.ndarray, step: int, axis: int) -> np.ndarray:
-        if a.ndim == 1 and step == 0:  # no changeover: a launch wastes nothing
+    def _shift(self, a: np.ndarray, steps: tuple[int, ...]) -> np.ndarray:
+        """``a`` with its trailing waste axes moved up by ``steps`` (states pushed past the end drop)."""
+        if not any(steps):  # no changeover: a launch wastes nothing
             return a.copy()
         out = np.full_like(a, math.inf)
-        if a.ndim == 1:
-            out[step:] = a[:-step]
-        elif axis == 0:
-            out[1:] = a[:-1]
-        else:
-            out[:, 1:] = a[:, :-1]
+        lead = (slice(None),) * (a.ndim - len(steps))
+        shape = a.shape[a.ndim - len(steps):]
+        if any(s >= n for s, n in zip(steps, shape)):
+            return out
+        dst = lead + tuple(slice(s, None) for s in steps)
+        src = lead + tuple(slice(0, n - s) for s, n in zip(steps, shape))
+        out[dst] = a[src]
         return out
 
     def shift_idle(self, a: np.ndarray) -> np.ndarray:
-        return self._shift(a, self.idle_step, axis=1)
+        return self._shift(a, self.idle_step)
 
     def shift_launch(self, a: np.ndarray) -> np.ndarray:
-        return self._shift(a, self.launch_step, axis=0)
+        return self._shift(a, self.launch_step)
+
+    def shift_move(self, a: np.ndarray) -> np.ndarray:
+        return self._shift(a, self.move_step)
 
 
-def _common_units(G: float, d: float) -> tuple[int, int] | None:
-    """(G, d) in units of G/m for the smallest m <= 240 that makes both whole; None if none does."""
+def _common_units(G: float, *lengths: float) -> tuple[int, ...] | None:
+    """(m, lengths in units of G/m...) for the smallest m <= 240 that makes every length whole; None if none does."""
     for m in range(1, 241):
-        if abs(d * m / G - round(d * m / G)) < 1e-6:
-            return m, round(d * m / G)
+        if all(abs(x * m / G - round(x * m / G)) < 1e-6 for x in lengths):
+            return (m, *(round(x * m / G) for x in lengths))
     return None
 
 
@@ -377,76 +394,3 @@ def summarize(runs: list[Run], policies: list[str], params: Params, skipped: lis
         "params": {"nodes": params.nodes, "job_hours": params.job_h, "deadline_hours": params.deadline_h,
                    "changeover_hours": params.changeover_h, "starts": params.starts},
     }
-
-
-# --------------------------------------------------------------------------------------- plot
-def _shown_start(traces: list[Trace], policies: list[str], params: Params, summary: dict) -> tuple[Trace, int]:
-    """On the trace where the policies' mean costs differ most (on-demand and opt left out), the
-    start where they differ most."""
-    usable = [t for t in traces if start_ticks(t, params)]
-    if not usable:
-        raise InputError("no trace is long enough to plot", where="--plot", fix="use longer traces or a shorter deadline")
-    per_trace = summary.get("per_trace") or {}
-    compared = [p for p in policies if p not in (OPT, ON_DEMAND)]
-
-    def spread(costs: list[float]) -> float:
-        return max(costs) - min(costs) if len(costs) > 1 else 0.0
-
-    trace = max(usable, key=lambda t: spread([per_trace.get(t.name, {}).get(p, 0.0) for p in compared]))
-    start = max(start_ticks(trace, params),
-                key=lambda s: spread([simulate_policy(trace, s, p, params).cost_vs_on_demand for p in compared]))
-    return trace, start
-
-
-def _plot_progress(ax, trace: Trace, start: int, policies: list[str], params: Params) -> None:
-    G = trace.tick_h
-    for i, up in enumerate(trace.spot_available(params.nodes)[start:start + span_ticks(params, G)]):
-        if up:
-            ax.axvspan(i * G, (i + 1) * G, color="tab:green", alpha=0.08, lw=0)
-    ax.plot([0, params.deadline_h], [0, params.job_h], "k--", lw=1, label="uniform progress")
-    ax.axvline(params.deadline_h, color="tab:red", lw=1, ls=":", label="deadline")
-    colors = {"spot": "tab:green", "on-demand": "tab:red"}
-    for n, name in enumerate(p for p in policies if p != OPT):
-        run = simulate_policy(trace, start, name, params, record=True)
-        ts = [0.0] + [row["t"] + G for row in run.timeline]
-        ps = [0.0] + [row["progress"] for row in run.timeline]
-        line, = ax.plot(ts, ps, lw=1.5, label=f"{name} ({run.cost_vs_on_demand:.2f})")
-        # market held per tick, as a thin band under the curves
-        y0 = -1.5 - 1.2 * n
-        for row in run.timeline:
-            if row["market"]:
-                ax.fill_between([row["t"], row["t"] + G], y0, y0 + 0.9, color=colors[row["market"]], lw=0)
-        ax.text(-0.5, y0 + 0.2, name, ha="right", fontsize=7, color=line.get_color())
-    ax.set_xlabel("hours since start")
-    ax.set_ylabel("compute done (h)")
-    ax.set_title(f"{trace.name}, start tick {start}: progress (green shade: spot up; bands: spot/on-demand)",
-                 fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
-
-
-def _plot_costs(bars, policies: list[str], summary: dict) -> None:
-    names = [p for p in policies if summary["cost_vs_on_demand"].get(p) is not None]
-    values = [summary["cost_vs_on_demand"][p] for p in names]
-    bars.bar(names, values, color=["tab:gray" if p == OPT else "tab:blue" for p in names])
-    for x, v in enumerate(values):
-        bars.text(x, v, f"{v:.3f}", ha="center", va="bottom", fontsize=7)
-    bars.set_ylabel("mean cost vs on-demand")
-    misses = ", ".join(f"{p}={summary['deadline_misses'][p]}" for p in names if summary["deadline_misses"][p])
-    bars.set_title(f"{summary['runs']} runs; deadline misses: {misses or 'none'}", fontsize=9)
-    bars.tick_params(axis="x", rotation=30, labelsize=8)
-
-
-def plot(traces: list[Trace], policies: list[str], params: Params, summary: dict, out: str) -> None:
-    """Progress vs time for one start (``_shown_start``), and cost per policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    trace, start = _shown_start(traces, policies, params, summary)
-    fig, (ax, bars) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [2, 1]})
-    _plot_progress(ax, trace, start, policies, params)
-    _plot_costs(bars, policies, summary)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)

@@ -1,0 +1,147 @@
+"""The multi-zone model: instance shapes, offers (zone x shape x market) and what a move costs.
+
+An *offer* is somewhere the whole job can run: a zone, an instance shape and a market, at a price
+for the whole gang per hour. Every shape of one job has the same total GPU count, so the trainer's
+world size never changes (``check_shapes``). Moving the job to another zone costs the checkpoint's
+transfer time (billed, without progress, on top of the launch's changeover) and, across regions,
+egress per GB (``Moves``). docs/policies.md ("Many zones") documents the model exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from kit.errors import InputError
+from kit.policy.market import ON_DEMAND, SPOT
+
+MARKETS = (SPOT, ON_DEMAND)
+EACH = "each"  # ``--zones each`` / ``up@each``: every zone on its own, as a one-zone market
+PROBE_H = 1 / 60  # a successful probe (launch, then release) is billed one minute, as the clouds bill a launch
+DEFAULT_CHECKPOINT_GB = 50.0
+# Copying a checkpoint between zones: a bucket read or a disk-to-disk copy at 10 Gbit/s (1.25 GB/s) is
+# what GCS and S3 sustain for one multi-part transfer within a continent; 50 GB then takes 40 s.
+DEFAULT_TRANSFER_GBPS = 10.0
+
+# Inter-region data transfer, $ per GB, by the continents of the two regions. Both clouds publish
+# these rates per region pair; these are their list prices for VM/instance traffic between regions:
+# GCP "Data transfer between regions" (cloud.google.com/vpc/network-pricing: $0.02 within Northern
+# America and within Europe, $0.05 between them, $0.08 within or to Asia and elsewhere) and AWS "Data
+# Transfer OUT to another AWS region" (aws.amazon.com/ec2/pricing/on-demand: $0.02 from US and EU
+# regions, $0.09 from Asia Pacific). Within a region, moves are free.
+EGRESS_PER_GB = {  # keys: the two continents, sorted
+    ("na", "na"): 0.02, ("eu", "eu"): 0.02, ("eu", "na"): 0.05,
+}
+EGRESS_OTHER_PER_GB = 0.08
+_CONTINENTS = {
+    "us": "na", "northamerica": "na", "ca": "na",
+    "europe": "eu", "eu": "eu",
+    "asia": "asia", "ap": "asia", "me": "asia",
+}
+
+
+def region_of(zone: str) -> str:
+    """The region of a zone: GCP ``us-central1-a`` -> ``us-central1``, AWS ``us-east-1a`` -> ``us-east-1``."""
+    if re.fullmatch(r".+-[a-z]", zone):
+        return zone[:-2]
+    if re.fullmatch(r".+-\d+[a-z]", zone):
+        return zone[:-1]
+    return zone
+
+
+def continent_of(region: str) -> str:
+    return _CONTINENTS.get(region.split("-")[0], "other")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How the job's GPUs are bought: ``nodes`` instances of ``instance_type`` with ``gpus_per_node`` each."""
+
+    instance_type: str
+    nodes: int
+    gpus_per_node: int = 1
+    markets: tuple[str, ...] = MARKETS
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def name(self) -> str:
+        return f"{self.nodes}x{self.instance_type}"
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One place to run the whole job: ``price`` is $/h for the gang (list price; spot may vary by tick)."""
+
+    zone: str
+    shape: Shape
+    market: str
+    price: float
+
+    @property
+    def spot(self) -> bool:
+        return self.market == SPOT
+
+    @property
+    def name(self) -> str:
+        return f"{self.zone}/{self.shape.name}/{self.market}"
+
+
+def check_shapes(shapes: list[Shape], where: str = "shapes") -> None:
+    """Every shape gives the job the same number of GPUs, and names markets kit knows."""
+    if not shapes:
+        raise InputError("no instance shape given", where=where, fix="give at least one shape")
+    for i, shape in enumerate(shapes):
+        bad = [m for m in shape.markets if m not in MARKETS]
+        if bad or not shape.markets or shape.nodes < 1 or shape.gpus_per_node < 1:
+            raise InputError(f"shape {shape.name}: needs nodes >= 1, gpus_per_node >= 1 and markets from "
+                             f"{', '.join(MARKETS)} (got nodes={shape.nodes}, gpus_per_node={shape.gpus_per_node}, "
+                             f"markets={list(shape.markets)})", where=f"{where}[{i}]", fix="fix the shape")
+    counts = {s.name: s.gpus for s in shapes}
+    if len(set(counts.values())) > 1:
+        listed = ", ".join(f"{name} = {n} GPUs" for name, n in counts.items())
+        raise InputError(f"shapes of one job must have the same total GPU count, so the trainer's world size never "
+                         f"changes ({listed})", where=where,
+                         fix="give every shape the same nodes x gpus_per_node, e.g. 16 x 1 GPU and 2 x 8 GPUs")
+
+
+@dataclass(frozen=True)
+class Moves:
+    """What moving the checkpoint between zones costs: transfer time (billed without progress) and egress."""
+
+    checkpoint_gb: float = DEFAULT_CHECKPOINT_GB
+    transfer_gbps: float = DEFAULT_TRANSFER_GBPS
+    egress_per_gb: float | None = None  # one flat rate across regions; None: the clouds' published rates
+
+    def check(self) -> None:
+        for flag, value, ok in (("--checkpoint-gb", self.checkpoint_gb, self.checkpoint_gb >= 0),
+                                ("--transfer-gbps", self.transfer_gbps, self.transfer_gbps > 0),
+                                ("--egress-per-gb", self.egress_per_gb,
+                                 self.egress_per_gb is None or self.egress_per_gb >= 0)):
+            if value is not None and (not math.isfinite(value) or not ok):
+                bound = "> 0" if flag == "--transfer-gbps" else ">= 0"
+                raise InputError(f"got {value!r}", where=flag, fix=f"give a finite number {bound}")
+
+    def transfer_h(self, src: str | None, dst: str) -> float:
+        """Hours to bring the checkpoint from zone ``src`` (None: no checkpoint yet) to ``dst``."""
+        if src is None or src == dst:
+            return 0.0
+        return self.checkpoint_gb * 8 / self.transfer_gbps / 3600
+
+    def rate(self, src_region: str, dst_region: str) -> float:
+        """$/GB from one region to another (0 within a region)."""
+        if src_region == dst_region:
+            return 0.0
+        if self.egress_per_gb is not None:
+            return self.egress_per_gb
+        pair = tuple(sorted((continent_of(src_region), continent_of(dst_region))))
+        return EGRESS_PER_GB.get((pair[0], pair[1]), EGRESS_OTHER_PER_GB)
+
+    def egress(self, src: str | None, dst: str) -> float:
+        """$ to move the checkpoint from zone ``src`` to ``dst``."""
+        if src is None:
+            return 0.0
+        return self.checkpoint_gb * self.rate(region_of(src), region_of(dst))

@@ -1,0 +1,313 @@
+"""Multi-zone policies: which offer (zone x shape x market) the job runs on, and when it moves.
+
+A :class:`ZonePolicy` is called once per tick with a :class:`ZoneObservation` and a :class:`Market`.
+It answers a *plan*: offers to try in order. The first one that can be had runs (the one already
+running continues without a new changeover); a spot offer without capacity is a failed launch attempt,
+free, and is reported back in the next observation; an empty plan holds nothing.
+
+What a policy may know (docs/policies.md, "Many zones"): the spot capacity of the zone it is in
+(``here``), the results of its own launch attempts, and what it learns from ``Market.probe``: a
+launch attempt that is released at once, billed one minute of the offer's price when it succeeds
+and free when it fails, as SkyNomad and the clouds bill it. Nothing else about other zones.
+
+* ``pinned``: a single-zone :class:`~kit.policy.market.Policy` in one zone (the baselines ``up``,
+  ``default``, ... per zone).
+* ``failover``: SkyPilot's ``EAGER_NEXT_REGION`` recovery: relaunch spot in another zone after a
+  preemption, zones in shuffled order with the one that just preempted last; on-demand only from the
+  safety net.
+* ``default``: kit's multi-zone policy (:class:`ZoneDefault`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from kit.policy.market import EPS, ON_DEMAND, SPOT, WAIT, DefaultPolicy, Observation, Policy
+from kit.policy.offers import Moves, Offer
+
+ZONE_POLICY_NAMES = ("failover", "default")
+
+
+@dataclass(frozen=True)
+class ZoneObservation:
+    """What a multi-zone policy sees at the start of a tick (times in hours)."""
+
+    now_h: float
+    progress_h: float
+    job_h: float
+    deadline_h: float | None
+    changeover_h: float
+    tick_h: float
+    running: Offer | None  # what holds now (None: nothing)
+    zone: str | None  # the zone the job is in: running there, or last ran there (None: not yet anywhere)
+    checkpoint_zone: str | None  # where the newest checkpoint is (None: no progress yet)
+    here: Mapping[str, bool] = field(default_factory=dict)  # spot capacity in ``zone``, by shape name
+    preempted: bool = False  # the spot offer that was running was lost at the start of this tick
+    failed: tuple[Offer, ...] = ()  # launch attempts of the last tick that found no capacity
+
+    @property
+    def remaining_h(self) -> float:
+        return max(0.0, self.job_h - self.progress_h)
+
+
+class Market(Protocol):
+    """The replay's (or the watcher's) side of the conversation."""
+
+    offers: tuple[Offer, ...]
+    moves: Moves
+
+    def probe(self, offer: Offer) -> bool:
+        """Try to launch ``offer`` and release it at once: True when it could be had."""
+
+
+def finishing_offer(obs: ZoneObservation, offers: tuple[Offer, ...], moves: Moves) -> tuple[Offer, float]:
+    """The on-demand offer to finish the job on from here, and the hours it needs (remaining compute
+    + changeover + checkpoint transfer): the cheapest that can still meet the deadline, else the
+    fastest. The fastest (no transfer) has the most slack, so when this offer's slack is one tick
+    the fastest's is too, and the net (below) never lets every offer become too late."""
+    rated = []
+    for offer in offers:
+        if offer.market != ON_DEMAND:
+            continue
+        hours = obs.remaining_h + obs.changeover_h  # as the single-zone net: a relaunch stays affordable
+        if obs.running != offer:
+            hours += moves.transfer_h(obs.checkpoint_zone, offer.zone)
+        cost = offer.price * hours + moves.egress(obs.checkpoint_zone, offer.zone)
+        rated.append((cost, hours, offer))
+    if not rated:
+        raise ValueError("no on-demand offer: the deadline safety net needs one")
+    left = None if obs.deadline_h is None else obs.deadline_h - obs.now_h
+    feasible = [r for r in rated if left is None or r[1] <= left + EPS]
+    cost, hours, offer = (min(feasible, key=lambda r: r[:2]) if feasible
+                          else min(rated, key=lambda r: (r[1], r[0])))
+    return offer, hours
+
+
+def zone_slack(obs: ZoneObservation, hours: float) -> float | None:
+    if obs.deadline_h is None:
+        return None
+    return obs.deadline_h - obs.now_h - hours
+
+
+class ZonePolicy(ABC):
+    """Base class: thrift and the deadline safety net around ``_decide``.
+
+    The net: when the time left, less what finishing on the cheapest on-demand offer needs from here
+    (transfer included), is one tick or less, run on that offer (or stay on the on-demand offer
+    already running)."""
+
+    name = "?"
+    sticky_net = True
+
+    def __init__(self, offers: tuple[Offer, ...], moves: Moves, seed: int = 0) -> None:
+        self.offers, self.moves = tuple(offers), moves
+        self.rng = random.Random(seed)
+        self.net_fired = False
+        self.start_zone: str | None = None  # a zone whose capacity the policy knows before its first launch
+
+    def decide(self, obs: ZoneObservation, market: Market) -> list[Offer]:
+        self._observe(obs)
+        if obs.remaining_h <= EPS:
+            return []
+        net_offer, hours = finishing_offer(obs, self.offers, self.moves)
+        slack = zone_slack(obs, hours)
+        if (self.sticky_net and self.net_fired) or (slack is not None and slack <= obs.tick_h + EPS):
+            self.net_fired = True
+            if obs.running is not None and obs.running.market == ON_DEMAND:
+                return [obs.running]
+            return [net_offer]
+        return self._decide(obs, market)
+
+    def _observe(self, obs: ZoneObservation) -> None:
+        """Bookkeeping every tick (learning), net or not."""
+
+    @abstractmethod
+    def _decide(self, obs: ZoneObservation, market: Market) -> list[Offer]:
+        """The plan when the safety net does not decide."""
+
+    def spot_offers(self) -> list[Offer]:
+        return [o for o in self.offers if o.spot]
+
+    def __repr__(self) -> str:
+        return f"<zone policy {self.name}>"
+
+
+class Pinned(ZonePolicy):
+    """A single-zone policy in one zone: the first spot and the first on-demand offer of that zone."""
+
+    def __init__(self, offers: tuple[Offer, ...], moves: Moves, zone: str, inner: Policy, seed: int = 0) -> None:
+        super().__init__(offers, moves, seed)
+        self.name, self.inner, self.start_zone = f"{inner.name}@{zone}", inner, zone
+        mine = [o for o in offers if o.zone == zone]
+        self.spot = next((o for o in mine if o.spot), None)
+        on_demand = next((o for o in mine if o.market == ON_DEMAND), None)
+        if on_demand is None:
+            raise ValueError(f"zone {zone} has no on-demand offer")
+        self.on_demand: Offer = on_demand
+
+    def decide(self, obs: ZoneObservation, market: Market) -> list[Offer]:
+        spot_ok = self.spot is not None and bool(obs.here.get(self.spot.shape.name))
+        single = Observation(
+            now_h=obs.now_h, progress_h=obs.progress_h, job_h=obs.job_h, deadline_h=obs.deadline_h,
+            changeover_h=obs.changeover_h, market=obs.running.market if obs.running else None,
+            spot_available=spot_ok, preempted=obs.preempted, tick_h=obs.tick_h,
+            spot_price=self.spot.price if self.spot else None, on_demand_price=self.on_demand.price)
+        answer = self.inner.decide(single)
+        if answer == SPOT and self.spot is not None:
+            return [self.spot]
+        if answer == ON_DEMAND:
+            return [self.on_demand]
+        return []
+
+    def _decide(self, obs: ZoneObservation, market: Market) -> list[Offer]:  # pragma: no cover - decide is whole
+        raise NotImplementedError
+
+
+class Failover(ZonePolicy):
+    """SkyPilot managed jobs' ``EAGER_NEXT_REGION`` (sky/jobs/recovery_strategy.py): stay on a spot
+    cluster until it is preempted; then relaunch, trying the zones in shuffled order (the Spell seed's
+    "shuffle the zones and try each in turn") with the zone that just preempted tried last, every
+    tick until a launch succeeds (SkyPilot retries with a back-off capped at 5 minutes, under one
+    tick). On-demand comes only from the deadline safety net."""
+
+    name = "failover"
+
+    def __init__(self, offers: tuple[Offer, ...], moves: Moves, seed: int = 0) -> None:
+        super().__init__(offers, moves, seed)
+        self.last_preempted: str | None = None
+
+    def _observe(self, obs: ZoneObservation) -> None:
+        if obs.preempted:
+            self.last_preempted = obs.zone
+        elif obs.running is not None:
+            self.last_preempted = None
+
+    def _decide(self, obs: ZoneObservation, market: Market) -> list[Offer]:
+        if obs.running is not None and obs.running.spot:
+            return [obs.running]
+        zones = sorted({o.zone for o in self.spot_offers()})
+        self.rng.shuffle(zones)
+        if self.last_preempted in zones:
+            zones.remove(self.last_preempted)
+            zones.append(self.last_preempted)
+        return [o for z in zones for o in self.spot_offers() if o.zone == z]
+
+
+class ZoneDefault(ZonePolicy):
+    """kit's multi-zone policy: the single-zone ``default`` decides *whether* to run spot, on-demand or
+    wait, on the market "the best spot offer we can get now"; a learned ranking decides *where*.
+
+    * Ranking: each spot offer's price per hour of progress, price x E[L] / E[(L - d - T)+] plus
+      its egress spread over E[(L - d - T)+], over the lengths L of the runs the job has had on that
+      offer (launch to loss; a run still going counts with its age) and one prior run of
+      ``prior_run_h``: a zone is assumed good until it has shown otherwise, and a zone whose runs are
+      too short to pay their changeover and transfer falls behind on-demand and is no longer tried.
+    * Knowing: on spot, the zone it runs in; otherwise it probes the ranked offers in order and stops
+      at the first that has capacity (failed probes are free; at most one is billed per tick), so it
+      learns where spot is without paying to look at every zone.
+    * Deciding: the single-zone ``default`` (learned price of slack, optimal-stopping launch rule)
+      sees spot as available when a ranked offer was found; its spot runs are the job's runs wherever
+      they were. The deadline net includes the transfer to the on-demand zone.
+    """
+
+    name = "default"
+    sticky_net = False
+
+    def __init__(self, offers: tuple[Offer, ...], moves: Moves, seed: int = 0, prior_run_h: float = 4.0,
+                 prior_weight: float = 1.0, move_margin: float = 0.3) -> None:
+        super().__init__(offers, moves, seed)
+        self.move_margin = move_margin
+        self.inner = DefaultPolicy(prior_spot_run_h=prior_run_h, prior_weight=prior_weight)
+        self.prior_run_h, self.w = prior_run_h, prior_weight
+        self.hours: dict[Offer, float] = {o: 0.0 for o in self.spot_offers()}  # held on each spot offer
+        self.losses: dict[Offer, int] = {o: 0 for o in self.spot_offers()}  # preemptions there
+        self.launched_at: float | None = None
+        self.held: Offer | None = None
+        order = sorted({o.zone for o in self.spot_offers()})
+        self.rng.shuffle(order)  # ties between equally ranked zones: shuffled, as failover
+        self.tie = {z: i for i, z in enumerate(order)}
+
+    def _observe(self, obs: ZoneObservation) -> None:
+        if self.held is not None and obs.running != self.held:  # the spot run ended: lost or left
+            assert self.launched_at is not None
+            self.hours[self.held] += obs.now_h - self.launched_at
+            self.losses[self.held] += 1 if obs.preempted else 0
+            self.held = None
+        if obs.running is not None and obs.running.spot and self.held is None:
+            self.held, self.launched_at = obs.running, obs.now_h - obs.tick_h  # launched in the last tick
+
+    def mean_run(self, offer: Offer, now_h: float) -> float:
+        """Mean length of a spot run on ``offer``: hours held over losses, with a prior run of
+        ``prior_run_h`` (weight ``w``); the run going on now counts with its age. This is the
+        maximum-likelihood mean of an exponential from censored runs (voluntary leaves are censored)."""
+        age = now_h - self.launched_at if self.held is not None and self.launched_at is not None else 0.0
+        pooled = ((self.w * self.prior_run_h + sum(self.hours.values()) + age)
+                  / (self.w + sum(self.losses.values())))
+        held = self.hours[offer] + (age if self.held == offer else 0.0)
+        return (self.w * pooled + held) / (self.w + self.losses[offer])
+
+    def rate(self, offer: Offer, obs: ZoneObservation) -> float:
+        """$ per hour of progress on ``offer``, moving there from the checkpoint's zone: with exponential
+        runs of mean m, a run that first loses c = d + T makes E[(L - c)+] = m exp(-c/m) hours of progress
+        for m hours paid, so the price is multiplied by exp(c/m), and the egress is spread over the progress."""
+        lost = obs.changeover_h + self.moves.transfer_h(obs.checkpoint_zone, offer.zone)
+        m = self.mean_run(offer, obs.now_h)
+        if lost / m > 50:
+            return float("inf")
+        useful = m * math.exp(-lost / m)
+        return offer.price * m / useful + self.moves.egress(obs.checkpoint_zone, offer.zone) / useful
+
+    def ranked(self, obs: ZoneObservation, ceiling: float) -> list[Offer]:
+        """Spot offers cheaper per hour of progress than ``ceiling``, best first."""
+        rated = [(self.rate(o, obs), self.tie[o.zone], o) for o in self.spot_offers()]
+        return [o for r, _, o in sorted(rated, key=lambda x: x[:2]) if r < ceiling]
+
+    def _find(self, obs: ZoneObservation, market: Market, ranked: list[Offer]) -> Offer | None:
+        for offer in ranked:
+            if offer.zone == obs.zone and offer.shape.name in obs.here:
+                if obs.here[offer.shape.name]:
+                    return offer
+                continue
+            if market.probe(offer):
+                return offer
+        return None
+
+    def _decide(self, obs: ZoneObservation, market: Market) -> list[Offer]:
+        od, _ = finishing_offer(obs, self.offers, self.moves)
+        if obs.running is not None and obs.running.spot:
+            # Stay, unless an offer is cheaper per hour of progress (its changeover, transfer and
+            # short runs included) than this one's bare price: try those first (a failed try is free).
+            better = [o for o in self.ranked(obs, obs.running.price * (1 - self.move_margin)) if o != obs.running]
+            return [*better, obs.running]
+        best = self._find(obs, market, self.ranked(obs, od.price))
+        single = Observation(
+            now_h=obs.now_h, progress_h=obs.progress_h, job_h=obs.job_h, deadline_h=obs.deadline_h,
+            changeover_h=obs.changeover_h, market=obs.running.market if obs.running else None,
+            spot_available=best is not None, preempted=obs.preempted, tick_h=obs.tick_h,
+            spot_price=best.price if best else None, on_demand_price=od.price)
+        if obs.preempted:  # the job's spot run ended here, even if another zone has spot right now
+            self.inner.observe(replace(single, spot_available=False))
+        answer = self.inner.decide(single)
+        if answer == SPOT and best is not None:
+            return [best]
+        if answer == ON_DEMAND:
+            return [obs.running] if obs.running is not None and obs.running.market == ON_DEMAND else [od]
+        assert answer in (WAIT, SPOT, ON_DEMAND)
+        return []
+
+
+_ZONE_POLICIES: dict[str, type[ZonePolicy]] = {"failover": Failover, "default": ZoneDefault}
+
+
+def make_zone_policy(name: str, offers: tuple[Offer, ...], moves: Moves, seed: int = 0, **params) -> ZonePolicy:
+    """A fresh multi-zone policy by name (``ZONE_POLICY_NAMES``)."""
+    return _ZONE_POLICIES[name](offers, moves, seed=seed, **params)
+
+
+__all__ = ["ZONE_POLICY_NAMES", "Failover", "Market", "Pinned", "ZoneDefault", "ZoneObservation", "ZonePolicy",
+           "finishing_offer", "make_zone_policy"]

@@ -1,0 +1,444 @@
+"""A trace set replayed as one multi-zone market: offers, probes, moves, and the omniscient bound.
+
+Model (docs/policies.md, "Many zones"; the single-zone rules of :mod:`kit.simulate.single` hold):
+
+* One trace per zone, all with the same ticks. An offer is (zone, shape, market); a spot offer has
+  capacity in tick ``i`` iff its zone's trace has ``data[i] >= shape.nodes`` (and the trace measured
+  that instance type); on-demand always has capacity. Its price is the gang's: nodes x $/h per instance.
+* A plan is tried in order at the start of a tick: the running offer continues; a spot offer without
+  capacity is a failed launch (free; the policy is told next tick); the first other offer with
+  capacity is launched. A launch spends ``d`` billed without progress; a launch in another zone than
+  the newest checkpoint's also spends the transfer time ``T`` (billed) and pays egress across regions.
+* Probes: a policy may probe any offer (a launch released at once): billed ``PROBE_H`` of the offer's
+  price when it has capacity, free when not. What a policy learns is exactly: its own zone's capacity
+  each tick, its launch attempts and its probes (``revealed``, checked by the no-leak test).
+* Cost is relative to the whole job on the cheapest on-demand offer: ``Q_min x (C0 + d)``.
+* ``opt``: dynamic programming over (offer or idle zone, waste) with the whole trace set known.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kit.errors import InputError
+from kit.policy import ON_DEMAND, POLICY_NAMES, SPOT, make_policy
+from kit.policy.offers import EACH, PROBE_H, Moves, Offer, Shape, check_shapes
+from kit.policy.zones import ZONE_POLICY_NAMES, Pinned, ZoneObservation, ZonePolicy, make_zone_policy
+from kit.simulate.single import EPS, OPT, Params, _Waste, span_ticks
+from kit.traces import Trace
+
+ZONE_ALL = (OPT, "default", "failover", "up@each", "default@each")
+OFFERS_FIX = "see docs/policies.md (\"Offers file\") for the format"
+
+
+# --------------------------------------------------------------------------------------- market
+@dataclass(frozen=True)
+class ZoneSet:
+    """The offers of one job over a trace set: per spot offer its capacity and price per tick."""
+
+    G: float
+    ticks: int
+    offers: tuple[Offer, ...]
+    avail: dict[Offer, np.ndarray]  # spot offers only
+    prices: dict[Offer, np.ndarray]  # spot offers only (on-demand: Offer.price)
+
+    @property
+    def zones(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(o.zone for o in self.offers))
+
+    @property
+    def q_min(self) -> float:
+        return min(o.price for o in self.offers if o.market == ON_DEMAND)
+
+    @classmethod
+    def of(cls, traces: list[Trace], shapes: list[Shape], params: Params,
+           prices: dict[tuple[str, str, str], float] | None = None) -> ZoneSet:
+        """``prices``: $/h per instance by (zone or "*", instance type, market), overriding the traces'."""
+        _check_set(traces)
+        offers, avail, series = [], {}, {}
+        for trace in traces:
+            for shape in shapes:
+                for market in shape.markets:
+                    per_tick = _instance_prices(trace, shape, market, params, prices or {})
+                    offer = Offer(zone=trace.name, shape=shape, market=market, price=shape.nodes * float(per_tick[0]))
+                    offers.append(offer)
+                    if market == SPOT:
+                        measured = trace.metadata.get("instance_type") in (None, shape.instance_type)
+                        avail[offer] = np.array(trace.data) >= shape.nodes if measured else np.zeros(len(trace), bool)
+                        series[offer] = shape.nodes * per_tick
+        return cls(G=traces[0].tick_h, ticks=len(traces[0]), offers=tuple(offers), avail=avail, prices=series)
+
+
+def _check_set(traces: list[Trace]) -> None:
+    names = [t.name for t in traces]
+    if len(set(names)) != len(names):
+        raise InputError(f"two traces for one zone ({', '.join(sorted({n for n in names if names.count(n) > 1}))})",
+                         where="traces", fix="give one trace per zone")
+    first = traces[0]
+    for t in traces[1:]:
+        if t.gap_seconds != first.gap_seconds or len(t) != len(first):
+            raise InputError(f"{t.name}: {len(t)} ticks of {t.gap_seconds:g} s, but {first.name} has {len(first)} "
+                             f"of {first.gap_seconds:g} s", where=str(t.path),
+                             fix="a multi-zone market needs traces with the same ticks (or use --zones each)")
+
+
+def _instance_prices(trace: Trace, shape: Shape, market: str, params: Params,
+                     prices: dict[tuple[str, str, str], float]) -> np.ndarray:
+    """$/h per instance of ``shape`` in the trace's zone: the offers file's, else the trace's price
+    per instance scaled by GPUs per instance (the bundled prices are the 8-GPU list price / 8)."""
+    for key in ((trace.name, shape.instance_type, market), ("*", shape.instance_type, market)):
+        if key in prices:
+            return np.full(len(trace), prices[key])
+    scale = shape.gpus_per_node / float(trace.metadata.get("gpus_per_instance") or shape.gpus_per_node)
+    if market == SPOT:
+        return np.array(trace.spot_prices(params.spot_price)) * scale
+    return np.full(len(trace), trace.on_demand_price(params.on_demand_price) * scale)
+
+
+# --------------------------------------------------------------------------------------- offers file
+class _ShapeFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    instance_type: str = Field(min_length=1)
+    nodes: int = Field(ge=1, le=1000)
+    gpus_per_node: int = Field(default=1, ge=1, le=64)
+    markets: list[str] = Field(default_factory=lambda: [SPOT, ON_DEMAND])
+    spot_price: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # $/h per instance, every zone
+    on_demand_price: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+
+class _OffersFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    shapes: list[_ShapeFile] = Field(min_length=1)
+
+
+def load_offers(path: Path) -> tuple[list[Shape], dict[tuple[str, str, str], float]]:
+    """Shapes (and list prices) from an offers file: ``shapes: [{instance_type, nodes, gpus_per_node,
+    markets, spot_price?, on_demand_price?}]``."""
+    from kit.yamlfile import read_yaml
+
+    raw = read_yaml(path, what="offers file", fix=OFFERS_FIX)
+    try:
+        parsed = _OffersFile.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise InputError(first["msg"], where=f"{path}: {where}", fix=OFFERS_FIX) from None
+    shapes = [Shape(s.instance_type, s.nodes, s.gpus_per_node, tuple(s.markets)) for s in parsed.shapes]
+    check_shapes(shapes, where=f"{path}: shapes")
+    prices = {("*", s.instance_type, m): p for s in parsed.shapes
+              for m, p in ((SPOT, s.spot_price), (ON_DEMAND, s.on_demand_price)) if p is not None}
+    return shapes, prices
+
+
+def default_shapes(traces: list[Trace], nodes: int) -> list[Shape]:
+    """One shape when no offers file is given: ``nodes`` x the traces' instance type, spot and on-demand."""
+    meta = traces[0].metadata
+    return [Shape(str(meta.get("instance_type") or "instance"), nodes, int(meta.get("gpus_per_instance") or 1))]
+
+
+# --------------------------------------------------------------------------------------- replay
+@dataclass
+class ZoneRun:
+    """One (start, policy) replay on the multi-zone market."""
+
+    policy: str
+    start: int
+    cost: float
+    cost_vs_on_demand: float
+    done_h: float | None
+    missed: bool
+    spot_h: float = 0.0
+    on_demand_h: float = 0.0
+    launches: int = 0
+    moves: int = 0
+    probes: int = 0
+    egress: float = 0.0  # $
+    timeline: list[dict] = field(default_factory=list)
+    revealed: set[tuple[str, int]] = field(default_factory=set)  # (zone, tick) the policy learned about
+
+
+class _View:
+    """The market as one policy sees it in one tick: the offers, the move costs, and probes."""
+
+    def __init__(self, replay: _ZoneReplay, tick: int) -> None:
+        self.offers, self.moves = replay.market.offers, replay.moves
+        self._replay, self._tick = replay, tick
+
+    def probe(self, offer: Offer) -> bool:
+        return self._replay.probe(offer, self._tick)
+
+
+class _ZoneReplay:
+    """One multi-zone policy, tick by tick: observe, plan, try the plan, hold (and pay) the tick."""
+
+    def __init__(self, market: ZoneSet, start: int, params: Params, moves: Moves, policy: ZonePolicy,
+                 record: bool = False) -> None:
+        self.market, self.start, self.p, self.moves, self.policy, self.record = market, start, params, moves, policy, record
+        self.span = span_ticks(params, market.G)
+        self.running: Offer | None = None
+        self.zone: str | None = policy.start_zone
+        self.checkpoint_zone: str | None = None
+        self.setup_left = self.progress = self.cost = 0.0
+        self.failed: tuple[Offer, ...] = ()
+        self.run_ = ZoneRun(policy=policy.name, start=start, cost=0.0, cost_vs_on_demand=0.0, done_h=None, missed=False)
+
+    def has_capacity(self, offer: Offer, i: int) -> bool:
+        self.run_.revealed.add((offer.zone, i))
+        return offer.market == ON_DEMAND or bool(self.market.avail[offer][self.start + i])
+
+    def price(self, offer: Offer, i: int) -> float:
+        return float(self.market.prices[offer][self.start + i]) if offer.spot else offer.price
+
+    def probe(self, offer: Offer, i: int) -> bool:
+        if offer not in self.market.avail and offer.market != ON_DEMAND:
+            raise ValueError(f"policy {self.policy.name} probed an unknown offer {offer}")
+        ok = self.has_capacity(offer, i)
+        if ok:
+            self.run_.probes += 1
+            self.cost += self.price(offer, i) * PROBE_H
+        return ok
+
+    def observe(self, i: int) -> ZoneObservation:
+        preempted = False
+        if self.running is not None and self.running.spot and not self.has_capacity(self.running, i):
+            self.running, preempted = None, True
+        here = {}
+        if self.zone is not None:
+            here = {o.shape.name: self.has_capacity(o, i) for o in self.market.offers if o.spot and o.zone == self.zone}
+        return ZoneObservation(now_h=i * self.market.G, progress_h=self.progress, job_h=self.p.job_h,
+                               deadline_h=self.p.deadline_h, changeover_h=self.p.changeover_h, tick_h=self.market.G,
+                               running=self.running, zone=self.zone, checkpoint_zone=self.checkpoint_zone, here=here,
+                               preempted=preempted, failed=self.failed)
+
+    def act(self, plan: list[Offer], i: int) -> None:
+        failed = []
+        for offer in plan:
+            if offer not in self.market.offers:
+                raise ValueError(f"policy {self.policy.name} planned an unknown offer {offer}")
+            if offer == self.running:
+                break
+            if not self.has_capacity(offer, i):
+                failed.append(offer)
+                continue
+            self.launch(offer)
+            break
+        else:
+            self.running = None
+        self.failed = tuple(failed)
+
+    def launch(self, offer: Offer) -> None:
+        self.setup_left = self.p.changeover_h + self.moves.transfer_h(self.checkpoint_zone, offer.zone)
+        egress = self.moves.egress(self.checkpoint_zone, offer.zone)
+        self.cost += egress
+        self.run_.egress += egress
+        self.run_.launches += 1
+        if self.checkpoint_zone is not None and self.checkpoint_zone != offer.zone:
+            self.run_.moves += 1
+            self.checkpoint_zone = offer.zone
+        self.running, self.zone = offer, offer.zone
+
+    def hold(self, i: int) -> float:
+        G, offer = self.market.G, self.running
+        if offer is None:
+            return 0.0
+        setup = min(self.setup_left, G)
+        work = min(G - setup, self.p.job_h - self.progress)
+        self.setup_left -= setup
+        self.progress += work
+        if work > 0:
+            self.checkpoint_zone = offer.zone
+        self.cost += self.price(offer, i) * (setup + work)
+        if offer.spot:
+            self.run_.spot_h += setup + work
+        else:
+            self.run_.on_demand_h += setup + work
+        return setup + work
+
+    def run(self) -> ZoneRun:
+        r, G = self.run_, self.market.G
+        for i in range(self.span):
+            obs = self.observe(i)
+            self.act(self.policy.decide(obs, _View(self, i)), i)
+            held = self.hold(i)
+            if self.record:
+                r.timeline.append({"t": i * G, "zone": self.zone, "offer": self.running.name if self.running else None,
+                                   "market": self.running.market if self.running else None, "progress": self.progress})
+            if self.progress >= self.p.job_h - EPS:
+                r.done_h = i * G + held
+                break
+        if r.done_h is None:  # finish on the cheapest on-demand after the window, for the cost
+            rest = self.p.changeover_h + self.p.job_h - self.progress
+            self.cost += self.market.q_min * rest
+            r.on_demand_h += rest
+        baseline = self.market.q_min * (self.p.job_h + self.p.changeover_h)
+        r.cost, r.cost_vs_on_demand = self.cost, self.cost / baseline
+        r.missed = r.done_h is None or r.done_h > self.p.deadline_h + 1e-7
+        return r
+
+
+def replay(market: ZoneSet, start: int, params: Params, moves: Moves, policy: ZonePolicy, *,
+           record: bool = False) -> ZoneRun:
+    """Replay one multi-zone policy from tick ``start``."""
+    return _ZoneReplay(market, start, params, moves, policy, record).run()
+
+
+def policies_for(name: str, market: ZoneSet, moves: Moves, seed: int) -> list[ZonePolicy]:
+    """The policy objects a name stands for: ``default`` / ``failover`` (one), ``up@each`` (one per
+    zone), ``up@us-east4-a`` (one, pinned)."""
+    if "@" not in name:
+        if name not in ZONE_POLICY_NAMES:
+            raise InputError(f"unknown multi-zone policy {name!r}", where="--policy",
+                             fix=f"use one of: {', '.join((OPT, *ZONE_POLICY_NAMES))}, or POLICY@each / POLICY@ZONE "
+                                 f"with POLICY one of {', '.join(POLICY_NAMES)}")
+        return [make_zone_policy(name, market.offers, moves, seed=seed)]
+    single, _, where = name.partition("@")
+    zones = list(market.zones) if where == EACH else [where]
+    if where != EACH and where not in market.zones:
+        raise InputError(f"zone {where!r} is not in the market", where="--policy",
+                         fix=f"use one of: {', '.join(market.zones)}, or {single}@{EACH}")
+    return [Pinned(market.offers, moves, zone, make_policy(single), seed=seed) for zone in zones]
+
+
+# --------------------------------------------------------------------------------------- opt
+class _ZoneOpt:
+    """The omniscient bound over every offer, moves included, by dynamic programming.
+
+    States per tick: idle with the checkpoint in zone z (``idle[z]``), running offer o (``run[o]``),
+    and not yet started (``fresh``), each over the waste axes of :class:`_Waste` (the proof that
+    waste and market are a sufficient state is :class:`kit.simulate.single._Opt`'s; a move only adds
+    ``T`` to the waste and egress to the cost). A tick costs O(offers + zones^2) x states."""
+
+    def __init__(self, market: ZoneSet, start: int, params: Params, moves: Moves) -> None:
+        self.m, self.start, self.p = market, start, params
+        zones = market.zones
+        self.zi = np.array([zones.index(o.zone) for o in market.offers])
+        self.spot = np.array([o.spot for o in market.offers])
+        T = moves.transfer_h("a", "b") if len(zones) > 1 else 0.0
+        self.waste = _Waste(market.G, params.changeover_h, params.deadline_h - params.job_h, move_h=T)
+        egress = np.array([[moves.egress(a, b) for b in zones] for a in zones])
+        np.fill_diagonal(egress, math.inf)
+        self.egress = egress[:, :, None] if self.waste.hours.ndim == 1 else egress[:, :, None, None]
+        self.fresh = self.waste.start()
+        shape = self.fresh.shape
+        self.idle = np.full((len(zones), *shape), math.inf)
+        self.run = np.full((len(market.offers), *shape), math.inf)
+        self.best = math.inf
+
+    def _hold(self, held: np.ndarray, prices: np.ndarray, now: float) -> np.ndarray:
+        """Hold one tick from ``held`` (offers x waste): finish within it, or go on."""
+        p, G, hours = self.p, self.m.G, self.waste.hours
+        price = prices.reshape((-1,) + (1,) * hours.ndim)
+        out = held + price * G + self.waste.bar
+        if now + G < p.job_h - EPS:
+            return out
+        rest = p.job_h - now + hours
+        ends = rest <= G + EPS
+        finish = ends & np.isfinite(held) & (now + rest <= p.deadline_h + 1e-7)
+        if finish.any():
+            self.best = min(self.best, float((held + price * rest)[finish].min()))
+        out[:, ends] = math.inf
+        return out
+
+    def tick(self, i: int) -> None:
+        m, now, t = self.m, i * self.m.G, self.start + i
+        up = np.array([bool(m.avail[o][t]) if o.spot else True for o in m.offers])
+        lost = self.spot & ~up
+        np.minimum.at(self.idle, self.zi[lost], self.run[lost])
+        self.run[lost] = math.inf
+        stopped = self.idle.copy()
+        np.minimum.at(stopped, self.zi, self.run)  # stopping is free
+        moved = (stopped[:, None] + self.egress).min(axis=0)  # into zone b from any other zone a
+        enter = np.minimum(self.waste.shift_launch(stopped), self.waste.shift_move(moved))
+        enter = np.minimum(enter, self.waste.shift_launch(self.fresh)[None])
+        self.idle = self.waste.shift_idle(stopped) + self.waste.bar
+        self.fresh = self.waste.shift_idle(self.fresh) + self.waste.bar
+        prices = np.array([m.prices[o][t] if o.spot else o.price for o in m.offers])
+        new_run = self._hold(np.minimum(self.run, enter[self.zi]), prices, now)
+        new_run[~up] = math.inf
+        self.run = new_run
+
+    def solve(self) -> ZoneRun:
+        p = self.p
+        for i in range(span_ticks(p, self.m.G)):
+            if i * self.m.G >= p.deadline_h - EPS:
+                break
+            self.tick(i)
+        baseline = self.m.q_min * (p.job_h + p.changeover_h)
+        missed = not math.isfinite(self.best)
+        cost = baseline if missed else self.best
+        return ZoneRun(policy=OPT, start=self.start, cost=cost, cost_vs_on_demand=cost / baseline, done_h=None,
+                       missed=missed)
+
+
+def simulate_opt_zones(market: ZoneSet, start: int, params: Params, moves: Moves) -> ZoneRun:
+    return _ZoneOpt(market, start, params, moves).solve()
+
+
+# --------------------------------------------------------------------------------------- summary
+def zone_starts(market: ZoneSet, params: Params) -> list[int]:
+    span = span_ticks(params, market.G)
+    if market.ticks < span:
+        return []
+    return [int(s) for s in np.linspace(0, market.ticks - span, params.starts).astype(int)]
+
+
+def _stats(runs: list[ZoneRun]) -> dict:
+    costs = [r.cost_vs_on_demand for r in runs]
+    return {"cost_vs_on_demand": float(np.mean(costs)), "cost_vs_on_demand_p75": float(np.percentile(costs, 75)),
+            "deadline_misses": sum(r.missed for r in runs),
+            "moves": float(np.mean([r.moves for r in runs])), "probes": float(np.mean([r.probes for r in runs])),
+            "egress": float(np.mean([r.egress for r in runs])), "launches": float(np.mean([r.launches for r in runs])),
+            "spot_hours": float(np.mean([r.spot_h for r in runs])),
+            "on_demand_hours": float(np.mean([r.on_demand_h for r in runs]))}
+
+
+def _rows(name: str, market: ZoneSet, starts: list[int], params: Params, moves: Moves) -> dict[str, dict]:
+    """Summary rows of one policy name: one row, or for POLICY@each the mean over zones and the best zone."""
+    if name == OPT:
+        return {OPT: _stats([simulate_opt_zones(market, s, params, moves) for s in starts])}
+    by: dict[str, list[ZoneRun]] = {}
+    for s in starts:
+        for policy in policies_for(name, market, moves, seed=s):
+            by.setdefault(policy.name, []).append(replay(market, s, params, moves, policy))
+    if not name.endswith("@" + EACH):
+        return {n: _stats(rs) for n, rs in by.items()}
+    per_zone = {n: _stats(rs) for n, rs in by.items()}
+    best = min(per_zone, key=lambda n: per_zone[n]["cost_vs_on_demand"])
+    mean = _stats([r for rs in by.values() for r in rs])
+    single = name.partition("@")[0]
+    return {f"{single}@mean-zone": {**mean, "per_zone": {n.partition('@')[2]: v["cost_vs_on_demand"]
+                                                          for n, v in per_zone.items()}},
+            f"{single}@best-zone": {**per_zone[best], "zone": best.partition("@")[2]}}
+
+
+def simulate_zones(traces: list[Trace], policies: list[str], params: Params, moves: Moves,
+                   shapes: list[Shape] | None = None, prices: dict | None = None) -> dict:
+    """Every policy on every start of the multi-zone market; returns the ``--json`` document."""
+    params.check()
+    moves.check()
+    shapes = shapes or default_shapes(traces, params.nodes)
+    check_shapes(shapes)
+    market = ZoneSet.of(traces, shapes, params, prices)
+    starts = zone_starts(market, params)
+    rows: dict[str, dict] = {}
+    for name in policies if starts else []:
+        rows.update(_rows(name, market, starts, params, moves))
+    names = list(rows)
+    return {
+        "runs": len(starts), "policies": names, "zones": list(market.zones),
+        "offers": [{"offer": o.name, "price_per_hour": round(o.price, 4)} for o in market.offers],
+        **{key: {n: rows[n][key] for n in names} for key in (
+            "cost_vs_on_demand", "deadline_misses", "cost_vs_on_demand_p75", "moves", "probes", "egress", "launches",
+            "spot_hours", "on_demand_hours")},
+        "best_zone": {n: rows[n]["zone"] for n in names if "zone" in rows[n]},
+        "per_zone": {n: rows[n]["per_zone"] for n in names if "per_zone" in rows[n]},
+        "params": {"nodes": params.nodes, "job_hours": params.job_h, "deadline_hours": params.deadline_h,
+                   "changeover_hours": params.changeover_h, "starts": params.starts,
+                   "checkpoint_gb": moves.checkpoint_gb, "transfer_gbps": moves.transfer_gbps,
+                   "egress_per_gb": moves.egress_per_gb, "shapes": [s.name for s in shapes]},
+    }

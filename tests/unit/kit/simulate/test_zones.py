@@ -1,0 +1,315 @@
+"""The multi-zone market (kit/simulate/zones.py) and its policies (kit/policy/zones.py).
+
+Traces here are hand-made or seeded Markov; the bundled GCP set is replayed once (the CLI test).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from kit.cli import app
+from kit.errors import InputError
+from kit.policy import ON_DEMAND, SPOT, make_policy
+from kit.policy.offers import Moves, Offer, Shape, check_shapes, region_of
+from kit.policy.zones import Failover, Pinned, ZoneDefault, ZonePolicy
+from kit.simulate.single import Params, simulate_policy
+from kit.simulate.zones import ZoneSet, load_offers, replay, simulate_opt_zones, simulate_zones, zone_starts
+from kit.traces import Trace, markov_availability
+
+runner = CliRunner()
+MOVES = Moves(checkpoint_gb=50, transfer_gbps=10)  # 40 s transfer
+ZONE_NAMES = ("us-east4-a", "us-east4-b", "us-central1-a", "europe-west1-c")
+
+
+def zone_trace(zone: str, data, gap_seconds=600, spot=1.0, on_demand=4.0, **meta) -> Trace:
+    metadata = {"gap_seconds": gap_seconds, "zone": zone, "spot_price_per_hour": spot,
+                "on_demand_price_per_hour": on_demand, **meta}
+    return Trace(path=Path(f"{zone}.json"), gap_seconds=gap_seconds, data=tuple(data), metadata=metadata)
+
+
+def markov_set(seed: int, n: int = 600, nodes: int = 2) -> list[Trace]:
+    """Zones with different availability, run lengths and prices: a small multi-zone market."""
+    rng = random.Random(seed)
+    return [zone_trace(z, markov_availability(seed * 31 + i, n, rng.uniform(0.2, 0.9), rng.uniform(1.5, 12), nodes),
+                       spot=round(rng.uniform(0.8, 1.4), 3), on_demand=round(rng.uniform(3.8, 4.4), 3))
+            for i, z in enumerate(ZONE_NAMES)]
+
+
+def market_of(traces, params, shapes=None):
+    return ZoneSet.of(traces, shapes or [Shape("t", params.nodes)], params)
+
+
+def all_policies(market, moves, seed):
+    return [ZoneDefault(market.offers, moves, seed=seed), Failover(market.offers, moves, seed=seed),
+            *[Pinned(market.offers, moves, z, make_policy(p)) for z in market.zones for p in ("up", "default")]]
+
+
+# --------------------------------------------------------------------------------------- no leak
+class Peeker(ZonePolicy):
+    """Cheats: reads every zone's capacity through a back door (the market object it was given)."""
+
+    name = "peeker"
+
+    def __init__(self, offers, moves, market):
+        super().__init__(offers, moves)
+        self.market, self.t = market, 0
+
+    def _decide(self, obs, market):
+        self.t += 1
+        up = [o for o in self.spot_offers() if self.market.avail[o][self.start + self.t - 1]]
+        return up[:1]
+
+
+def scrambled(market: ZoneSet, start: int, revealed: set, seed: int) -> ZoneSet:
+    """The same market, with every (zone, tick) the policy did not learn about redrawn at random."""
+    rng = np.random.default_rng(seed)
+    avail = {}
+    for offer, series in market.avail.items():
+        new = series.copy()
+        for i in range(len(series) - start):
+            if (offer.zone, i) not in revealed:
+                new[start + i] = rng.random() < 0.5
+        avail[offer] = new
+    return replace(market, avail=avail)
+
+
+def leaks(market, start, params, make) -> bool:
+    """A policy leaks when its decisions change with what it never observed or probed."""
+    first = replay(market, start, params, MOVES, make(market), record=True)
+    for seed in range(3):
+        other = scrambled(market, start, first.revealed, seed)
+        again = replay(other, start, params, MOVES, make(other), record=True)
+        if [row["offer"] for row in again.timeline] != [row["offer"] for row in first.timeline]:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_no_policy_reads_zones_it_did_not_observe_or_probe(seed):
+    params = Params(nodes=2, job_h=20, deadline_h=30, changeover_h=0.2, starts=3)
+    market = market_of(markov_set(seed), params)
+    for start in zone_starts(market, params):
+        for index in range(len(all_policies(market, MOVES, start))):
+            def make(m, index=index, start=start):
+                return all_policies(m, MOVES, start)[index]
+            assert not leaks(market, start, params, make), all_policies(market, MOVES, start)[index].name
+
+
+def test_the_no_leak_check_catches_a_policy_that_peeks():
+    params = Params(nodes=2, job_h=20, deadline_h=30, changeover_h=0.2, starts=2)
+    market = market_of(markov_set(3), params)
+    start = zone_starts(market, params)[1]
+
+    def make(m):
+        peeker = Peeker(m.offers, MOVES, m)
+        peeker.start = start
+        return peeker
+
+    assert leaks(market, start, params, make)
+
+
+# --------------------------------------------------------------------------------------- opt
+class Script(ZonePolicy):
+    """Plays a fixed schedule: one offer (or None: hold nothing) per tick, no safety net."""
+
+    name = "script"
+
+    def __init__(self, offers, moves, schedule):
+        super().__init__(offers, moves)
+        self.schedule = list(schedule)
+
+    def decide(self, obs, market):
+        choice = self.schedule.pop(0) if self.schedule else None
+        return [] if choice is None or obs.remaining_h <= 1e-9 else [choice]
+
+    def _decide(self, obs, market):  # pragma: no cover
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize(("d", "moves"), [(0.2, MOVES), (0.5, Moves(checkpoint_gb=225, transfer_gbps=1)),
+                                          (0.2001, MOVES)])
+def test_opt_matches_brute_force_over_every_schedule(d, moves):
+    """On a 2-zone market of 1-hour ticks, opt equals the cheapest of all 5^7 schedules replayed
+    (transfer 0.5 h with 225 GB at 1 Gbit/s; d = 0.2001 h has no common unit with the tick: the 2-D
+    waste, where the transfer is rounded down to whole ticks, so opt may only be lower)."""
+    traces = [zone_trace("us-east4-a", [2, 2, 0, 2, 0, 2, 2, 0, 0], gap_seconds=3600, spot=1.0, on_demand=4.0),
+              zone_trace("europe-west1-c", [0, 2, 2, 2, 2, 0, 2, 2, 2], gap_seconds=3600, spot=1.3, on_demand=3.6)]
+    params = Params(nodes=2, job_h=3.5, deadline_h=7, changeover_h=d, starts=1)
+    market = market_of(traces, params)
+    best = min((r.cost for schedule in itertools.product((None, *market.offers), repeat=7)
+                if not (r := replay(market, 0, params, moves, Script(market.offers, moves, schedule))).missed),
+               default=None)
+    opt = simulate_opt_zones(market, 0, params, moves)
+    assert best is not None
+    if d == 0.2001:
+        assert opt.cost <= best + 1e-9
+    else:
+        assert opt.cost == pytest.approx(best, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_opt_is_never_dearer_than_any_policy(seed):
+    params = Params(nodes=2, job_h=20, deadline_h=28, changeover_h=0.2, starts=4)
+    market = market_of(markov_set(seed), params)
+    for start in zone_starts(market, params):
+        opt = simulate_opt_zones(market, start, params, MOVES)
+        for policy in all_policies(market, MOVES, start):
+            run = replay(market, start, params, MOVES, policy)
+            if not run.missed:
+                assert opt.cost <= run.cost + 1e-9, policy.name
+
+
+# --------------------------------------------------------------------------------------- model
+def test_a_pinned_policy_costs_what_the_one_zone_replay_costs():
+    """The multi-zone replay of a policy kept in one zone is the single-zone replay (cost in $)."""
+    traces = markov_set(7)
+    params = Params(nodes=2, job_h=20, deadline_h=30, changeover_h=0.2, starts=3)
+    market = market_of(traces, params)
+    for start in zone_starts(market, params):
+        for trace in traces:
+            for name in ("up", "default", "greedy"):
+                single = simulate_policy(trace, start, name, params)
+                multi = replay(market, start, params, MOVES, Pinned(market.offers, MOVES, trace.name, make_policy(name)))
+                assert multi.cost == pytest.approx(single.cost, rel=1e-9), (trace.name, name)
+                assert multi.missed == single.missed and multi.moves == 0 and multi.probes == 0
+
+
+def test_a_move_pays_transfer_time_and_egress_across_regions_only():
+    traces = [zone_trace("us-east4-a", [2, 2, 0, 0, 0, 0] * 4), zone_trace("us-east4-b", [0, 0] + [2] * 22),
+              zone_trace("europe-west1-c", [0, 0] + [2] * 22)]
+    params = Params(nodes=2, job_h=1.0, deadline_h=3, changeover_h=0.2, starts=1)
+    market = market_of(traces, params)
+    a, b, eu = (next(o for o in market.offers if o.zone == z and o.spot) for z in
+                ("us-east4-a", "us-east4-b", "europe-west1-c"))
+    within = replay(market, 0, params, MOVES, Script(market.offers, MOVES, [a, a] + [b] * 12))
+    across = replay(market, 0, params, MOVES, Script(market.offers, MOVES, [a, a] + [eu] * 12))
+    assert within.moves == across.moves == 1
+    assert within.egress == 0 and across.egress == pytest.approx(50 * 0.05)  # Northern America <-> Europe
+    # both: 2 launches x 0.2 h + one 40-s transfer billed without progress, at 2 nodes x $1/h
+    assert within.cost == pytest.approx(2 * (1.0 + 0.4 + 40 / 3600))
+    assert across.cost == pytest.approx(within.cost + 2.5)
+
+
+def test_a_probe_is_billed_one_minute_when_it_succeeds_and_nothing_when_it_fails():
+    traces = [zone_trace("us-east4-a", [0] * 30), zone_trace("us-east4-b", [2] * 30)]
+    params = Params(nodes=2, job_h=1.0, deadline_h=4, changeover_h=0.2, starts=1)
+    market = market_of(traces, params)
+    a, b = (next(o for o in market.offers if o.zone == z and o.spot) for z in ("us-east4-a", "us-east4-b"))
+
+    class Prober(Script):
+        ticks = 0
+
+        def decide(self, obs, view):
+            Prober.ticks += 1
+            assert view.probe(a) is False and view.probe(b) is True
+            return [] if obs.now_h < 0.5 - 1e-9 else super().decide(obs, view)
+
+    run = replay(market, 0, params, MOVES, Prober(market.offers, MOVES, [b] * 30))
+    assert run.probes == Prober.ticks > 3  # one billed probe (b) per tick; the failed one (a) is free
+    assert run.cost == pytest.approx(2 * 1.0 * (1.0 + 0.2) + run.probes * 2 * 1.0 / 60)
+
+
+def test_the_safety_net_counts_the_transfer_to_the_on_demand_zone():
+    """Spot only early in a zone whose on-demand is dear; the deadline is met on the cheaper zone's
+    on-demand, transfer included, by every policy."""
+    traces = [zone_trace("us-east4-a", [2] * 3 + [0] * 200, on_demand=9.0),
+              zone_trace("europe-west1-c", [0] * 203, on_demand=4.0)]
+    params = Params(nodes=2, job_h=10, deadline_h=12, changeover_h=0.2, starts=1)
+    market = market_of(traces, params, [Shape("t", 2)])
+    for policy in all_policies(market, Moves(checkpoint_gb=900, transfer_gbps=1), 0):
+        run = replay(market, 0, params, Moves(checkpoint_gb=900, transfer_gbps=1), policy)  # 2 h transfer
+        assert not run.missed, policy.name
+
+
+def test_default_never_misses_where_opt_meets_the_deadline():
+    params = Params(nodes=2, job_h=20, deadline_h=24, changeover_h=0.2, starts=4)
+    for seed in (8, 9):
+        market = market_of(markov_set(seed), params)
+        for start in zone_starts(market, params):
+            if not simulate_opt_zones(market, start, params, MOVES).missed:
+                assert not replay(market, start, params, MOVES, ZoneDefault(market.offers, MOVES, seed=start)).missed
+
+
+def test_failover_tries_the_zone_that_preempted_last():
+    traces = [zone_trace(z, [2] * 50) for z in ZONE_NAMES]
+    params = Params(nodes=2, job_h=5, deadline_h=8, changeover_h=0.2, starts=1)
+    market = market_of(traces, params)
+    policy = Failover(market.offers, MOVES, seed=1)
+    first = policy.decide(replace(_obs(), running=None), None)
+    policy.decide(replace(_obs(), running=first[0]), None)
+    again = policy.decide(replace(_obs(), zone=first[0].zone, preempted=True), None)
+    assert again[-1].zone == first[0].zone and {o.zone for o in again} == set(ZONE_NAMES)
+    assert all(o.market == SPOT for o in again)
+
+
+def _obs():
+    from kit.policy.zones import ZoneObservation
+
+    return ZoneObservation(now_h=1, progress_h=1, job_h=5, deadline_h=8, changeover_h=0.2, tick_h=1 / 6,
+                           running=None, zone=None, checkpoint_zone=None)
+
+
+# --------------------------------------------------------------------------------------- offers
+def test_shapes_must_have_the_same_gpu_count():
+    with pytest.raises(InputError, match="same total GPU count"):
+        check_shapes([Shape("a3-highgpu-1g", 16, 1), Shape("a3-highgpu-8g", 1, 8)])
+    check_shapes([Shape("a3-highgpu-1g", 16, 1), Shape("a3-highgpu-8g", 2, 8)])
+
+
+def test_offers_file_shapes_and_prices(tmp_path):
+    path = tmp_path / "offers.yaml"
+    path.write_text("shapes:\n"
+                    "  - {instance_type: a3-highgpu-1g, nodes: 16, markets: [spot]}\n"
+                    "  - {instance_type: a3-highgpu-8g, nodes: 2, gpus_per_node: 8, markets: [on-demand],"
+                    " on_demand_price: 80}\n")
+    shapes, prices = load_offers(path)
+    traces = [zone_trace("us-east4-a", [16] * 400, instance_type="a3-highgpu-1g")]
+    market = ZoneSet.of(traces, shapes, Params(nodes=16), prices)
+    assert [(o.shape.name, o.market, o.price) for o in market.offers] == [
+        ("16xa3-highgpu-1g", SPOT, 16.0), ("2xa3-highgpu-8g", ON_DEMAND, 160.0)]
+    path.write_text("shapes:\n  - {instance_type: x, nodes: 0}\n")
+    with pytest.raises(InputError, match="nodes"):
+        load_offers(path)
+
+
+def test_regions_and_default_egress():
+    assert region_of("us-central1-a") == "us-central1" and region_of("us-east-1a") == "us-east-1"
+    moves = Moves()
+    assert moves.egress("us-east4-a", "us-east4-b") == 0
+    assert moves.egress("us-east4-a", "us-central1-a") == pytest.approx(50 * 0.02)
+    assert moves.egress("us-east4-a", "asia-south2-b") == pytest.approx(50 * 0.08)
+    assert moves.transfer_h(None, "us-east4-a") == 0 and moves.transfer_h("a", "b") == pytest.approx(40 / 3600)
+
+
+def test_cli_zones_all_json_and_errors():
+    result = runner.invoke(app, ["simulate", "gcp-a3-h100-2025-10", "--zones", "us-central1-a,us-east4-a",
+                                 "--starts", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["zones"] == ["us-central1-a", "us-east4-a"] and summary["runs"] == 2
+    assert set(summary["cost_vs_on_demand"]) == {"opt", "default", "failover", "up@mean-zone", "up@best-zone",
+                                                 "default@mean-zone", "default@best-zone"}
+    assert all(summary["cost_vs_on_demand"]["opt"] <= v + 1e-9 for v in summary["cost_vs_on_demand"].values())
+    assert {"moves", "probes", "egress", "deadline_misses"} <= set(summary)
+    bad = runner.invoke(app, ["simulate", "gcp-a3-h100-2025-10", "--zones", "mars-1a"])
+    assert bad.exit_code != 0 and "--zones" in bad.output and "us-central1-a" in bad.output
+
+
+def test_simulate_zones_refuses_traces_with_different_ticks():
+    params = Params(nodes=2, job_h=5, deadline_h=8, starts=1)
+    with pytest.raises(InputError, match="same ticks"):
+        simulate_zones([zone_trace("a-1a", [2] * 100), zone_trace("b-1a", [2] * 90)], ["opt"], params, MOVES)
+
+
+def test_an_offer_is_hashable_and_named():
+    offer = Offer("us-east4-a", Shape("t", 2), SPOT, 2.0)
+    assert {offer: 1}[Offer("us-east4-a", Shape("t", 2), SPOT, 2.0)] == 1
+    assert offer.name == "us-east4-a/2xt/spot"
