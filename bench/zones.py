@@ -1,0 +1,136 @@
+"""Multi-zone benchmark: kit's ``default`` against the omniscient bound and the baselines, with moves.
+
+    .venv/bin/python bench/zones.py [--out bench-zones.json] [--skip-synthetic]
+
+1. The bundled GCP H100 set as one market (``kit simulate gcp-a3-h100-2025-10 --zones all``):
+   all 13 zones, N = 16, 4, 1; C0 = 48 h; R0 = 60 h and 72 h; d = 0.2 h; 8 starts; a 50 GB checkpoint
+   at 10 Gbit/s; egress at the clouds' list prices;
+2. the same with the zones of one region (us-central1: 3 zones; us-east4: 2 zones);
+3. synthetic markets: 5 zones, each an on/off Markov chain with its own availability (0.2 to 0.9),
+   mean spot run (20 min to 12 h) and spot price, 2 nodes, 3 seeds per setting, d = 1 to 4 ticks;
+4. ``opt``'s runtime on 13 zones at R0 = 60 h, 8 starts (and at d = 0.2001 h, no common unit).
+
+Prints Markdown tables (pasted into docs/benchmarks.md, section "Many zones"). Every row reports
+every policy; "ok" says whether ``default`` has no more misses than ``opt``, is below ``failover``
+and below the best zone's ``up``, and where it stands against 1.10 x ``opt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kit.paths import SPOT_TRACES_DIR
+from kit.policy.offers import Moves
+from kit.simulate.single import Params
+from kit.simulate.zones import ZONE_ALL, ZoneSet, default_shapes, simulate_opt_zones, simulate_zones, zone_starts
+from kit.traces import Trace, load_traces, markov_availability
+
+GCP = "gcp-a3-h100-2025-10"
+SHOWN = ("opt", "default", "failover", "up@best-zone", "up@mean-zone", "default@best-zone")
+
+
+def row(label: str, summary: dict) -> tuple[str, dict]:
+    c, m = summary["cost_vs_on_demand"], summary["deadline_misses"]
+    d = c["default"]
+    verdict = {"misses_ok": m["default"] <= m["opt"], "below_failover": d < c["failover"],
+               "below_best_up": d < c["up@best-zone"], "vs_opt": d / c["opt"]}
+    cells = " | ".join(f"{c[p]:.4f} ({m[p]})" for p in SHOWN)
+    ok = ("yes" if verdict["misses_ok"] and verdict["below_failover"] and verdict["below_best_up"] else "**no**")
+    return f"| {label} | {cells} | {verdict['vs_opt']:.3f} | {ok} |", verdict
+
+
+def header(first: str) -> list[str]:
+    return [f"| {first} | " + " | ".join(SHOWN) + " | default / opt | below baselines |",
+            "|---|" + "---:|" * (len(SHOWN) + 2)]
+
+
+def gcp(md: list[str], out: dict, traces: list[Trace]) -> None:
+    md += ["**GCP H100, 13 zones and one region at a time** (mean cost vs on-demand in the cheapest zone, "
+           "(deadline misses); 8 starts)", "", *header("setting")]
+    settings = [("13 zones", None), ("us-central1 (3 zones)", "us-central1-"), ("us-east4 (2 zones)", "us-east4-")]
+    for label, prefix in settings:
+        ts = [t for t in traces if prefix is None or t.name.startswith(prefix)]
+        for nodes in (16, 4, 1):
+            if prefix is not None and nodes != 16:
+                continue
+            for deadline in (60.0, 72.0):
+                params = Params(nodes=nodes, job_h=48.0, deadline_h=deadline, changeover_h=0.2, starts=8)
+                summary = simulate_zones(ts, list(ZONE_ALL), params, Moves())
+                line, verdict = row(f"{label}, N={nodes}, R0={deadline:g}", summary)
+                md.append(line)
+                out[f"gcp/{label}/N{nodes}/R{deadline:g}"] = {"summary": summary, "verdict": verdict}
+    md.append("")
+
+
+def synthetic_set(seed: int, n: int = 2016) -> list[Trace]:
+    rng = random.Random(seed)
+    zones = ["us-east4-a", "us-east4-b", "us-central1-a", "europe-west1-c", "asia-southeast1-b"]
+    out = []
+    for i, zone in enumerate(zones):
+        share, run_h = rng.uniform(0.2, 0.9), rng.choice([0.33, 1.0, 3.0, 12.0])
+        data = markov_availability(seed * 101 + i, n, share, run_h * 6, 2)
+        meta = {"gap_seconds": 600, "zone": zone, "spot_price_per_hour": round(rng.uniform(0.8, 1.3), 3),
+                "on_demand_price_per_hour": 4.0}
+        out.append(Trace(path=Path(f"{zone}.json"), gap_seconds=600, data=tuple(data), metadata=meta))
+    return out
+
+
+def synthetic(md: list[str], out: dict) -> None:
+    md += ["**Synthetic 5-zone markets** (2 nodes, each zone its own Markov availability and run length; "
+           "C0 = 48 h, 3 seeds x 8 starts per row)", "", *header("d, R0, seed")]
+    for d_ticks in (1, 2, 4):
+        for deadline in (60.0, 72.0):
+            for seed in (11, 12, 13):
+                params = Params(nodes=2, job_h=48.0, deadline_h=deadline, changeover_h=d_ticks / 6, starts=8)
+                summary = simulate_zones(synthetic_set(seed), list(ZONE_ALL), params, Moves())
+                line, verdict = row(f"d={d_ticks} ticks, R0={deadline:g}, seed {seed}", summary)
+                md.append(line)
+                out[f"synthetic/d{d_ticks}/R{deadline:g}/s{seed}"] = {"summary": summary, "verdict": verdict}
+    md.append("")
+
+
+def opt_runtime(md: list[str], out: dict, traces: list[Trace]) -> None:
+    md += ["**opt runtime**, 13 zones, N = 16, C0 = 48 h, R0 = 60 h, 8 starts", "",
+           "| d | seconds | mean opt |", "|---|---:|---:|"]
+    for d in (0.2, 0.2001):
+        params = Params(nodes=16, job_h=48.0, deadline_h=60.0, changeover_h=d, starts=8)
+        market = ZoneSet.of(traces, default_shapes(traces, 16), params)
+        t0 = time.perf_counter()
+        runs = [simulate_opt_zones(market, s, params, Moves()) for s in zone_starts(market, params)]
+        seconds = time.perf_counter() - t0
+        mean = sum(r.cost_vs_on_demand for r in runs) / len(runs)
+        md.append(f"| {d} h | {seconds:.1f} | {mean:.4f} |")
+        out[f"opt_runtime/d{d}"] = {"seconds": seconds, "mean": mean}
+    md.append("")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", type=Path, default=SPOT_TRACES_DIR / GCP)
+    ap.add_argument("--out", type=Path, default=None, help="write every summary as JSON here")
+    ap.add_argument("--skip-synthetic", action="store_true")
+    args = ap.parse_args()
+    traces = load_traces([args.traces])
+    md: list[str] = []
+    out: dict = {}
+    t0 = time.perf_counter()
+    gcp(md, out, traces)
+    if not args.skip_synthetic:
+        synthetic(md, out)
+    opt_runtime(md, out, traces)
+    md.append(f"({time.perf_counter() - t0:.0f} s in all)")
+    print("\n".join(md))
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
