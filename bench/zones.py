@@ -29,7 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kit.paths import SPOT_TRACES_DIR
 from kit.policy.offers import Moves
 from kit.simulate.single import Params
-from kit.simulate.zones import ZONE_ALL, ZoneSet, default_shapes, simulate_opt_zones, simulate_zones, zone_starts
+from kit.simulate.zones import (
+    ZONE_ALL,
+    ZoneSet,
+    default_shapes,
+    simulate_opt_zones,
+    simulate_zones,
+    zone_starts,
+)
 from kit.traces import Trace, load_traces, markov_availability
 
 GCP = "gcp-a3-h100-2025-10"
@@ -52,8 +59,8 @@ def header(first: str) -> list[str]:
 
 
 def gcp(md: list[str], out: dict, traces: list[Trace]) -> None:
-    md += ["**GCP H100, 13 zones and one region at a time** (mean cost vs on-demand in the cheapest zone, "
-           "(deadline misses); 8 starts)", "", *header("setting")]
+    md += [("**GCP H100, 13 zones and one region at a time** (mean cost vs on-demand in the cheapest zone, "
+           "(deadline misses); 8 starts)"), "", *header("setting")]
     settings = [("13 zones", None), ("us-central1 (3 zones)", "us-central1-"), ("us-east4 (2 zones)", "us-east4-")]
     for label, prefix in settings:
         ts = [t for t in traces if prefix is None or t.name.startswith(prefix)]
@@ -83,8 +90,8 @@ def synthetic_set(seed: int, n: int = 2016) -> list[Trace]:
 
 
 def synthetic(md: list[str], out: dict) -> None:
-    md += ["**Synthetic 5-zone markets** (2 nodes, each zone its own Markov availability and run length; "
-           "C0 = 48 h, 3 seeds x 8 starts per row)", "", *header("d, R0, seed")]
+    md += [("**Synthetic 5-zone markets** (2 nodes, each zone its own Markov availability and run length; "
+           "C0 = 48 h, 3 seeds x 8 starts per row)"), "", *header("d, R0, seed")]
     for d_ticks in (1, 2, 4):
         for deadline in (60.0, 72.0):
             for seed in (11, 12, 13):
