@@ -54,7 +54,6 @@ def simulate_command(
     import json
 
     from kit.errors import InputError
-    from kit.paths import check_output_file
     from kit.simulate import simulate
     from kit.simulate.plot import plot
     from kit.simulate.single import DEFAULT_ON_DEMAND_PRICE, DEFAULT_SPOT_PRICE, Params
@@ -71,9 +70,7 @@ def simulate_command(
         raise InputError("an offers file describes a multi-zone market", where="--offers", fix="add --zones all")
     names = _policies(policy)
     if plot_file is not None:
-        if plot_file.suffix.lower() != ".png":
-            raise InputError("the plot is written as PNG", where=f"--plot {plot_file}", fix="name the file *.png")
-        check_output_file(plot_file, "--plot")
+        _check_png(plot_file)
     params.check()
     loaded = load_traces(traces)
     summary = simulate(loaded, names, params)
@@ -87,6 +84,15 @@ def simulate_command(
         typer.echo(json.dumps(summary, separators=(",", ":")))
         return
     _print_table(summary, names)
+
+
+def _check_png(plot_file: Path) -> None:
+    from kit.errors import InputError
+    from kit.paths import check_output_file
+
+    if plot_file.suffix.lower() != ".png":
+        raise InputError("the plot is written as PNG", where=f"--plot {plot_file}", fix="name the file *.png")
+    check_output_file(plot_file, "--plot")
 
 
 def _zone_policies(policy: str) -> list[str]:
@@ -103,11 +109,11 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Path | 
     import json
 
     from kit.errors import InputError
-    from kit.simulate.zones import load_offers, simulate_zones
+    from kit.simulate.zones import default_shapes, load_offers, simulate_zones
     from kit.traces import load_traces
 
     if plot_file is not None:
-        raise InputError("--plot draws the one-zone replay only, for now", where="--plot", fix="add --zones each")
+        _check_png(plot_file)
     params.check()
     moves.check()
     loaded = load_traces(traces)
@@ -123,6 +129,13 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Path | 
     if summary["runs"] == 0:
         raise InputError(f"the traces are shorter than the deadline window ({params.deadline_h} h)",
                          where=", ".join(str(t) for t in traces), fix="use longer traces or a shorter --deadline-hours")
+    if plot_file is not None:
+        from kit.simulate.plot import plot_zones
+        from kit.simulate.zones import ZoneSet
+
+        plot_zones(ZoneSet.of(loaded, shapes or default_shapes(loaded, params.nodes), params, prices), params, moves,
+                   summary, str(plot_file))
+        summary["plot"] = str(plot_file)
     if json_out:
         typer.echo(json.dumps(summary, separators=(",", ":")))
         return

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kit.errors import InputError
-from kit.policy import ON_DEMAND
+from kit.policy import ON_DEMAND, SPOT
 from kit.simulate.single import OPT, Params, simulate_policy, span_ticks, start_ticks
 from kit.traces import Trace
 
@@ -75,6 +75,75 @@ def plot(traces: list[Trace], policies: list[str], params: Params, summary: dict
     fig, (ax, bars) = plt.subplots(1, 2, figsize=(14, 5), gridspec_kw={"width_ratios": [2, 1]})
     _plot_progress(ax, trace, start, policies, params)
     _plot_costs(bars, policies, summary)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------- many zones
+def _zone_runs(market, start: int, params: Params, moves, names: list[str]) -> dict:
+    """Recorded replays of the named multi-zone policies (``P@best-zone`` pinned in its best zone)."""
+    from kit.policy import make_policy
+    from kit.policy.zones import Pinned, make_zone_policy
+    from kit.simulate.zones import replay
+
+    runs = {}
+    for name in names:
+        single, _, zone = name.partition("@")
+        if zone:
+            policy = Pinned(market.offers, moves, zone, make_policy(single))
+        else:
+            policy = make_zone_policy(name, market.offers, moves, seed=start)
+        runs[name] = replay(market, start, params, moves, policy, record=True)
+    return runs
+
+
+def plot_zones(market, params: Params, moves, summary: dict, out: str) -> None:
+    """One start of the multi-zone market (the one where ``default`` and ``failover`` differ most):
+    progress against time with the uniform-progress line, and each policy's zone and market over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kit.simulate.zones import zone_starts
+
+    best = summary.get("best_zone", {}).get("up@best-zone")
+    names = [n for n in ("default", "failover") if n in summary["policies"]] + ([f"up@{best}"] if best else [])
+    if not names:
+        raise InputError("--plot needs default, failover or up@each among the policies", where="--plot",
+                         fix="use --policy all")
+
+    def spread(s: int) -> float:
+        costs = [r.cost_vs_on_demand for r in _zone_runs(market, s, params, moves, names).values()]
+        return max(costs) - min(costs)
+
+    start = max(zone_starts(market, params), key=spread)
+    runs = _zone_runs(market, start, params, moves, names)
+    zones = list(market.zones)
+    fig, axes = plt.subplots(1 + len(names), 1, figsize=(13, 4 + 2.2 * len(names)), sharex=True,
+                             gridspec_kw={"height_ratios": [2] + [1] * len(names)})
+    ax = axes[0]
+    ax.plot([0, params.deadline_h], [0, params.job_h], "k--", lw=1, label="uniform progress")
+    ax.axvline(params.deadline_h, color="tab:red", lw=1, ls=":", label="deadline")
+    for name, run in runs.items():
+        ts = [0.0] + [row["t"] + market.G for row in run.timeline]
+        ax.plot(ts, [0.0] + [row["progress"] for row in run.timeline], lw=1.5,
+                label=f"{name} ({run.cost_vs_on_demand:.3f}, {run.moves} moves, {run.probes} probes)")
+    ax.set_ylabel("compute done (h)")
+    ax.set_title(f"start tick {start}: progress; below, the zone and market each policy holds "
+                 "(green spot, red on-demand)", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    colors = {SPOT: "tab:green", ON_DEMAND: "tab:red"}
+    for lane, (name, run) in zip(axes[1:], runs.items()):
+        for row in run.timeline:
+            if row["market"]:
+                y = zones.index(row["zone"])
+                lane.fill_between([row["t"], row["t"] + market.G], y - 0.4, y + 0.4, color=colors[row["market"]], lw=0)
+        lane.set_yticks(range(len(zones)), zones, fontsize=6)
+        lane.set_ylim(-0.6, len(zones) - 0.4)
+        lane.set_ylabel(name, fontsize=8)
+    axes[-1].set_xlabel("hours since start")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
