@@ -257,6 +257,7 @@ class DefaultPolicy(Policy):
     name = "default"
     sticky_net = False
     LAMBDA_CAP = 100.0
+    LOOKAHEAD_D = 1.0  # how far ahead (in changeovers) a launch is compared with launching later
 
     def __init__(self, price_ratio: float = 4.0, prior_spot_run_h: float = 4.0, prior_outage_h: float = 0.25,
                  prior_weight: float = 1.0) -> None:
@@ -319,6 +320,14 @@ class DefaultPolicy(Policy):
                     num += value(r - age - shift)
         return num / den
 
+    def _later(self, age: float, value, tick: float, d: float) -> float:
+        """The best value of deciding later instead: waiting s hours, then launching if the run still
+        goes on, for every s in whole ticks up to ``LOOKAHEAD_D`` changeovers (at least one tick).
+        The horizon is a time, not a number of ticks, so the rule does not change with the tick."""
+        horizon = max(tick, self.LOOKAHEAD_D * d)
+        steps = max(1, math.floor(horizon / tick + 1e-9))
+        return max(self._run_mean(age, value, shift=j * tick) for j in range(1, steps + 1))
+
     def _rest_of_outage(self, age: float, d: float) -> float:
         """E[(rest of the current outage - d)+] given its age (censored-exponential beyond the data)."""
         tail = (sum(self.outages) + age + self.w * self.prior_down) / (len(self.outages) + self.w)
@@ -374,13 +383,13 @@ class DefaultPolicy(Policy):
                 fixed = lam * d + min(k * d, lam * m["outage_h"])
                 value = lambda rest: k * max(0.0, rest - d) - rest - fixed
                 now = self._run_mean(age, value)
-                if now > 0 and now >= self._run_mean(age, value, shift=tick):
+                if now > 0 and now >= self._later(age, value, tick, d):
                     return SPOT
                 return ON_DEMAND
             value = lambda rest: (k + lam) * max(0.0, rest - d) - rest
             now = self._run_mean(age, value)
             if now > 0:
-                return SPOT if now >= self._run_mean(age, value, shift=tick) else WAIT
+                return SPOT if now >= self._later(age, value, tick, d) else WAIT
             excursion_pays = lam > 0  # spot is not worth its changeover: this is an outage for us
         else:
             if obs.market == ON_DEMAND:
