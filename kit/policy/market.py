@@ -228,13 +228,14 @@ class DefaultPolicy(Policy):
     * on spot: stay (a changeover is already paid);
     * idle, spot available: take it if a run is worth its changeover, E[(k + lambda)(L - d)+ - L] > 0
       over the learned lengths L of runs at least as old as the current one (Can't Be Late's
-      break-even kd/(k - 1) for lambda = 0, generalised to a distribution), unless deciding one tick
-      later is worth more (one-step optimal stopping: on markets where many runs last a single
-      tick, it lets a run prove itself first);
+      break-even kd/(k - 1) for lambda = 0, generalised to a distribution), unless deciding later is
+      worth more: waiting s and launching if the run still goes on, for s in whole ticks up to one
+      changeover (optimal stopping over a horizon that is a time, so the rule does not change with
+      the tick; where many runs are short, a run must first prove itself);
     * on on-demand, spot available: switch if E[k(L - d)+ - L] > lambda d + min(kd, lambda E[outage])
       (the slack of a spot changeover now, and at the next outage either a new on-demand launch or a
       wait: the paper's 2kd/(k - 1) when slack is dear, kd/(k - 1) when it is free), with the same
-      one-tick lookahead;
+      lookahead;
     * idle in an outage (or with spot not worth taking): go on-demand only when the budget cannot
       afford waiting this long in every remaining outage *and* the on-demand excursion pays for its
       changeover, lambda E[(rest of outage - d)+] > kd. The rest of the outage is the mean residual

@@ -313,3 +313,17 @@ def test_an_offer_is_hashable_and_named():
     offer = Offer("us-east4-a", Shape("t", 2), SPOT, 2.0)
     assert {offer: 1}[Offer("us-east4-a", Shape("t", 2), SPOT, 2.0)] == 1
     assert offer.name == "us-east4-a/2xt/spot"
+
+
+def test_cli_offers_file_of_the_example():
+    root = Path(__file__).resolve().parents[4]
+    offers = root / "examples" / "offers-gcp-a3.yaml"
+    result = runner.invoke(app, ["simulate", "gcp-a3-h100-2025-10", "--zones", "us-central1-a,us-east4-a",
+                                 "--offers", str(offers), "--starts", "1", "--policy", "opt,default", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["params"]["shapes"] == ["16xa3-highgpu-1g", "2xa3-highgpu-8g"]
+    assert {o["offer"] for o in summary["offers"]} == {
+        f"{z}/{s}" for z in ("us-central1-a", "us-east4-a") for s in ("16xa3-highgpu-1g/spot", "2xa3-highgpu-8g/on-demand")}
+    alone = runner.invoke(app, ["simulate", "gcp-a3-h100-2025-10", "--offers", str(offers)])
+    assert alone.exit_code != 0 and "--zones all" in alone.output
