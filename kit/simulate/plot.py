@@ -84,12 +84,13 @@ def plot(traces: list[Trace], policies: list[str], params: Params, summary: dict
 def _zone_runs(market, start: int, params: Params, moves, names: list[str]) -> dict:
     """Recorded replays of the named multi-zone policies (``P@best-zone`` pinned in its best zone)."""
     from kit.policy import make_policy
-    from kit.policy.zones import Pinned, make_zone_policy
+    from kit.policy.zones import Pinned, ZonePolicy, make_zone_policy
     from kit.simulate.zones import replay
 
     runs = {}
     for name in names:
         single, _, zone = name.partition("@")
+        policy: ZonePolicy
         if zone:
             policy = Pinned(market.offers, moves, zone, make_policy(single))
         else:
