@@ -22,7 +22,6 @@ Prints Markdown tables (pasted into docs/benchmarks.md, section "Policies").
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -33,6 +32,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import replay_args
 
 from kit.paths import SPOT_TRACES_DIR
 from kit.policy import ON_DEMAND, SPOT, WAIT, Policy
@@ -47,8 +48,6 @@ from kit.simulate import (
     start_ticks,
 )
 from kit.traces import Trace, load_traces, markov_availability
-
-GCP = "gcp-a3-h100-2025-10"
 
 
 def _grid(G: float, d: float, C0: float, *, round_up: bool = False) -> tuple[float, list[int], int]:
@@ -257,11 +256,7 @@ def review_grid(md: list[str], out: dict) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--traces", type=Path, default=SPOT_TRACES_DIR / GCP)
-    ap.add_argument("--out", type=Path, default=None, help="write every summary as JSON here")
-    ap.add_argument("--skip-synthetic", action="store_true")
-    args = ap.parse_args()
+    args = replay_args.parse(__doc__)
     t0 = time.time()
     traces = sorted(load_traces([args.traces]), key=lambda t: t.name)
     out: dict[str, dict] = {}

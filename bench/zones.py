@@ -18,7 +18,6 @@ and below the best zone's ``up``, and where it stands against 1.10 x ``opt``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -26,6 +25,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import replay_args
 
 from kit.paths import SPOT_TRACES_DIR
 from kit.policy.offers import Moves
@@ -40,7 +41,6 @@ from kit.simulate.zones import (
 )
 from kit.traces import Trace, load_traces, markov_availability
 
-GCP = "gcp-a3-h100-2025-10"
 AWS = "aws-p3-v100-2023-02"
 SHOWN = ("opt", "default", "failover", "up@best-zone", "up@mean-zone", "default@best-zone")
 
@@ -134,11 +134,7 @@ def opt_runtime(md: list[str], out: dict, traces: list[Trace]) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--traces", type=Path, default=SPOT_TRACES_DIR / GCP)
-    ap.add_argument("--out", type=Path, default=None, help="write every summary as JSON here")
-    ap.add_argument("--skip-synthetic", action="store_true")
-    args = ap.parse_args()
+    args = replay_args.parse(__doc__)
     traces = load_traces([args.traces])
     md: list[str] = []
     out: dict = {}

@@ -1,0 +1,18 @@
+"""The command line shared by the replay benchmarks (bench/policies.py, bench/zones.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from kit.paths import SPOT_TRACES_DIR
+
+GCP = "gcp-a3-h100-2025-10"
+
+
+def parse(doc: str | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", type=Path, default=SPOT_TRACES_DIR / GCP)
+    ap.add_argument("--out", type=Path, default=None, help="write every summary as JSON here")
+    ap.add_argument("--skip-synthetic", action="store_true")
+    return ap.parse_args()
