@@ -21,6 +21,10 @@ install-python:
 	# torchvision cannot load torchvision's operators. The check below fails early if they disagree.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
+	# The provider emulator's plugin protocol (tests/support/tf_emulator) is the tf package's (PyPI, MIT).
+	# It pins protobuf<6 while google-cloud-compute needs protobuf>=6; its generated tfplugin6 modules
+	# load under both, so it goes in without its pins (grpcio, msgpack, cryptography: the dev extras).
+	$(BIN)/pip install -q --no-deps tf==1.2.0
 	$(BIN)/python -c "import timm, torchvision" || { echo "torch/torchvision mismatch: $(BIN)/pip install -U torch torchvision" >&2; exit 1; }
 
 install-tools: ## system packages and isolated tool environments (root needed for apt)

