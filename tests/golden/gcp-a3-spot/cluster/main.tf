@@ -37,7 +37,6 @@ module "placement" {
   cluster_name = var.cluster_name
   project      = var.project
   region       = var.region
-  nodes        = var.nodes
   enabled      = var.placement == "cluster"
   labels       = var.labels
 }
