@@ -4,6 +4,7 @@ core's; the emulator answers as the provider does (docs/infrastructure.md, "Real
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -111,3 +112,34 @@ def test_aws_first_deployment_and_market_switch_both_ways(aws):
         assert not [c for c in lines if "aws_ebs_volume" in c], lines
         out = kit("apply", str(aws))
         assert out.count(f"({market})") == 4, out
+
+
+def test_destroy_keeps_the_disks_unless_with_disks(gcp, tmp_path):
+    """`kit destroy` removes the cluster only; `--with-disks` goes through the disks' prevent_destroy
+    (lifted for that run by an override file, which is gone afterwards) and removes them too."""
+    kit("plan", str(gcp))
+    kit("apply", str(gcp))
+    kit("destroy", str(gcp))
+    state = json.loads(terraform_state(tmp_path, "disks"))
+    assert sum(r["type"] == "google_compute_disk" for r in state.get("resources", [])) == 1  # counted resource
+    assert not json.loads(terraform_state(tmp_path, "cluster")).get("resources")
+    kit("destroy", str(gcp), "--with-disks")
+    assert not json.loads(terraform_state(tmp_path, "disks")).get("resources")
+    assert not list((tmp_path / "deploy").rglob("*_override.tf"))
+
+
+def terraform_state(tmp_path: Path, root: str) -> str:
+    return next((tmp_path / "deploy").glob(f"*/{root}/terraform.tfstate")).read_text()
+
+
+def test_the_markdown_summary_of_a_real_plan_lists_every_address_and_replacement(aws):
+    kit("plan", str(aws))
+    kit("apply", str(aws))
+    set_spec(aws, market="on-demand")
+    md = kit("plan", str(aws), "--format", "markdown")
+    for i in range(4):
+        assert (f"| replace | cluster | `module.instances.aws_instance.node[{i}]` | "
+                "forced by lifecycle.replace_triggered_by |") in md, md
+        assert f"| replace | cluster | `module.instances.aws_volume_attachment.data[{i}]` | forced by instance_id |" in md
+    assert "**Plan: 8 to add, 1 to change, 8 to destroy.**" in md
+    assert "now $2.60/h (4 spot), after $6.50/h (4 on-demand)" in md, md

@@ -133,3 +133,32 @@ def test_aws_spot_to_on_demand_replaces_the_instances_only_with_the_trigger(tmp_
         apply(root, env)
         back = planned(root, env, "-var=market=spot")
         assert back['aws_instance.node[0]']["change"]["actions"] == ["delete", "create"]
+
+
+def _rendered(example: str, out: Path) -> Path:
+    from tests.golden.regen import render_example
+
+    render_example(example, out)
+    return out
+
+
+@pytest.mark.parametrize("example", ["aws-g5-spot", "gcp-a3-spot"])
+def test_terraform_validate_passes_on_every_rendered_root(tmp_path, env, example):
+    deploy = _rendered(example, tmp_path / "deploy")
+    roots = sorted(p.parent for p in deploy.rglob("versions.tf") if p.parent.parent == deploy)
+    assert {r.name for r in roots} == {"disks", "cluster"}
+    for root in roots:
+        terraform(["init", "-backend=false", "-input=false", "-no-color"], root, env)
+        result = json.loads(terraform(["validate", "-json", "-no-color"], root, env))
+        assert result["valid"] and result["error_count"] == 0, result
+
+
+def test_validate_catches_what_the_real_schema_does_not_have(tmp_path, env):
+    """The check can fail: an argument the provider's schema lacks is an error from core itself."""
+    (tmp_path / "main.tf").write_text((GOOGLE_DISK % {"size": 100, "type": "pd-balanced"})
+                                      .replace('  size = 100', '  size = 100\n  size_gib = 100'))
+    terraform(["init", "-input=false", "-no-color"], tmp_path, env)
+    rc, out, _ = run_terraform(["validate", "-json", "-no-color"], tmp_path, env=env, embedded=True)
+    result = json.loads(out)
+    assert rc != 0 and not result["valid"]
+    assert any('"size_gib" is not expected' in d["detail"] for d in result["diagnostics"]), result
