@@ -143,3 +143,74 @@ def test_the_markdown_summary_of_a_real_plan_lists_every_address_and_replacement
         assert f"| replace | cluster | `module.instances.aws_volume_attachment.data[{i}]` | forced by instance_id |" in md
     assert "**Plan: 8 to add, 1 to change, 8 to destroy.**" in md
     assert "now $2.60/h (4 spot), after $6.50/h (4 on-demand)" in md, md
+
+
+@pytest.fixture
+def moto_ec2(monkeypatch):
+    """A moto server (EC2) that the emulator creates the AWS resources in."""
+    import socket
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from tests.support.tf_emulator.aws_moto import ENDPOINT_ENV
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", ENDPOINT_ENV: url}.items():
+        monkeypatch.setenv(key, value)
+    yield url, boto3.client("ec2", region_name="us-east-1", endpoint_url=url)
+    server.stop()
+
+
+def _nodes(ec2) -> dict[str, dict]:
+    """Live instances by their Name tag."""
+    out = {}
+    for reservation in ec2.describe_instances()["Reservations"]:
+        for inst in reservation["Instances"]:
+            if inst["State"]["Name"] not in ("terminated", "shutting-down"):
+                out[next(t["Value"] for t in inst["Tags"] if t["Key"] == "Name")] = inst
+    return out
+
+
+def _data_volumes(ec2) -> dict[str, str | None]:
+    """Data volume id -> the instance it is attached to."""
+    vols = ec2.describe_volumes(Filters=[{"Name": "tag:kit:role", "Values": ["data-disk"]}])["Volumes"]
+    return {v["VolumeId"]: next((a["InstanceId"] for a in v.get("Attachments", [])), None) for v in vols}
+
+
+def test_what_terraform_creates_is_what_boto3_and_the_watcher_see(aws, moto_ec2):
+    """The AWS example applied by real core into moto: boto3 (and kit's watcher source) see four
+    spot instances, each with its own data volume; a market switch replaces the instances and the
+    same volumes are attached to the new ones; an instance the cloud terminated is created again."""
+    from kit.watch.sources.aws import AwsSource
+
+    url, ec2 = moto_ec2
+    kit("plan", str(aws))
+    kit("apply", str(aws))
+    nodes = _nodes(ec2)
+    assert sorted(nodes) == [f"g5-spot-node-{i}" for i in range(4)]
+    assert {n.get("InstanceLifecycle") for n in nodes.values()} == {"spot"}
+    volumes = _data_volumes(ec2)
+    assert len(volumes) == 4 and set(volumes.values()) == {n["InstanceId"] for n in nodes.values()}
+    seen = AwsSource("g5-spot", "us-east-1", endpoint_url=url).poll()
+    assert sorted(s.market for s in seen.instances) == ["spot"] * 4
+
+    set_spec(aws, market="on-demand")
+    kit("plan", str(aws))
+    kit("apply", str(aws))
+    after = _nodes(ec2)
+    assert {n.get("InstanceLifecycle") for n in after.values()} == {None}
+    assert not {n["InstanceId"] for n in after.values()} & {n["InstanceId"] for n in nodes.values()}
+    moved = _data_volumes(ec2)
+    assert set(moved) == set(volumes) and set(moved.values()) == {n["InstanceId"] for n in after.values()}
+
+    ec2.terminate_instances(InstanceIds=[after["g5-spot-node-1"]["InstanceId"]])
+    lines = changes(kit("plan", str(aws)))
+    assert [c for c in lines if not c.startswith("~")] == [
+        "+ cluster module.instances.aws_instance.node[1]", "+ cluster module.instances.aws_volume_attachment.data[1]"], lines

@@ -16,7 +16,8 @@ answers the RPCs, from the vendored ``terraform providers schema -json`` output
   ``legacy_type_system``, as the SDK does, so core tolerates such a plan (a block the configuration
   no longer has) as it does from the real provider.
 
-Apply fills unknowns with typed placeholders; nothing talks to a cloud.
+Apply fills unknowns with typed placeholders. With ``$KIT_TF_EMULATOR_AWS_ENDPOINT`` set, the AWS
+resources kit uses are created in moto (``aws_moto.py``), so boto3 sees what Terraform made.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from tf.gen import tfplugin_pb2 as pb
 from tf.gen import tfplugin_pb2_grpc as rpc
 from tf.types import Unknown
 from tf.utils import read_dynamic_value, to_dynamic_value
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # started as a script by Terraform core
+import aws_moto
 
 SCHEMAS = Path(__file__).resolve().parents[3] / "kit" / "data" / "provider-schemas"
 FACTS = json.loads((Path(__file__).with_name("facts.json")).read_text())
@@ -91,6 +95,8 @@ def changed(prior: Any, planned: Any, path: list[str]) -> bool:
 
 class Emulator(rpc.ProviderServicer):
     def __init__(self, cloud: str) -> None:
+        self.cloud = cloud
+        self.moto: aws_moto.MotoAWS | None = None
         self.resources = {p.stem: json.loads(p.read_text()) for p in (SCHEMAS / cloud / "resource").glob("*.json")}
         self.data = {p.stem: json.loads(p.read_text()) for p in (SCHEMAS / cloud / "data").glob("*.json")}
 
@@ -118,6 +124,9 @@ class Emulator(rpc.ProviderServicer):
         return pb.ValidateDataResourceConfig.Response()
 
     def ConfigureProvider(self, request, context):
+        config = read_dynamic_value(request.config) or {}
+        if self.cloud == "aws" and aws_moto.enabled():
+            self.moto = aws_moto.MotoAWS(config.get("region") or "us-east-1")
         return pb.ConfigureProvider.Response()
 
     def UpgradeResourceState(self, request, context):
@@ -125,10 +134,11 @@ class Emulator(rpc.ProviderServicer):
 
     def ReadResource(self, request, context):
         """The resource as it is; one whose ``name`` is listed in the file ``$GONE_ENV`` is gone
-        (a preempted VM that GCP deleted), so core plans to create it again."""
+        (a preempted VM that GCP deleted), as is one that moto no longer has, so core plans to
+        create it again."""
         state = read_dynamic_value(request.current_state) or {}
         gone = Path(os.environ[GONE_ENV]).read_text().split() if os.environ.get(GONE_ENV) else []
-        if state.get("name") in gone:
+        if state.get("name") in gone or (self.moto is not None and not self.moto.exists(request.type_name, state)):
             return pb.ReadResource.Response(new_state=pb.DynamicValue())
         return pb.ReadResource.Response(new_state=request.current_state, private=request.private)
 
@@ -154,8 +164,13 @@ class Emulator(rpc.ProviderServicer):
 
     def ApplyResourceChange(self, request, context):
         planned = read_dynamic_value(request.planned_state)
+        prior = read_dynamic_value(request.prior_state)
         if planned is None:
+            if self.moto is not None and prior is not None:
+                self.moto.delete(request.type_name, prior)
             return pb.ApplyResourceChange.Response(new_state=request.planned_state)
+        if self.moto is not None and prior is None:
+            planned = self.moto.create(request.type_name, planned)
         attrs = self.resources[request.type_name]["block"].get("attributes", {})
         for name, path in FACTS.get(request.type_name, {}).get("apply_values", {}).items():
             if planned.get(name) is Unknown:
@@ -168,6 +183,8 @@ class Emulator(rpc.ProviderServicer):
 
     def ReadDataSource(self, request, context):
         config = read_dynamic_value(request.config) or {}
+        if self.moto is not None:
+            config = self.moto.data(request.type_name, config)
         attrs = self.data[request.type_name]["block"].get("attributes", {})
         for name, spec in attrs.items():
             if spec.get("computed") and config.get(name) in (None, Unknown):

@@ -1,0 +1,129 @@
+"""The emulator's AWS resources, backed by moto in server mode: what Terraform creates is what
+boto3 (kit's watcher) sees. Used when ``$ENDPOINT_ENV`` names the moto server.
+
+Covered: instances (with their spot market), EBS volumes and attachments, security groups, key
+pairs, and the default VPC / subnet / an AMI as data sources. Placement groups are kept by the
+emulator alone (moto does not implement CreatePlacementGroup). Anything else keeps
+the emulator's placeholders. moto's limits apply (docs: docs.getmoto.org, EC2 "implemented
+features"): a spot instance is launched at once (no capacity is ever short), and there is no
+interruption unless a test terminates the instance itself.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+ENDPOINT_ENV = "KIT_TF_EMULATOR_AWS_ENDPOINT"
+
+
+def enabled() -> bool:
+    return bool(os.environ.get(ENDPOINT_ENV))
+
+
+def _tags(state: dict, kind: str) -> list[dict]:
+    tags = state.get("tags") or {}
+    return [{"ResourceType": kind, "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}] if tags else []
+
+
+def _first(value: Any) -> dict:
+    return value[0] if isinstance(value, list) and value else {}
+
+
+class MotoAWS:
+    def __init__(self, region: str) -> None:
+        import boto3
+
+        self.ec2 = boto3.client("ec2", region_name=region, endpoint_url=os.environ[ENDPOINT_ENV],
+                                aws_access_key_id="testing", aws_secret_access_key="testing")
+        self.region = region
+
+    # ----------------------------------------------------------------- create / delete
+    def create(self, kind: str, s: dict) -> dict:
+        make = getattr(self, f"_create_{kind}", None)
+        if make is not None:
+            s.update(make(s))
+        return s
+
+    def delete(self, kind: str, s: dict) -> None:
+        ec2 = self.ec2
+        if kind == "aws_instance":
+            ec2.terminate_instances(InstanceIds=[s["id"]])
+        elif kind == "aws_ebs_volume":
+            ec2.delete_volume(VolumeId=s["id"])
+        elif kind == "aws_key_pair":
+            ec2.delete_key_pair(KeyName=s["key_name"])
+        elif kind == "aws_security_group":
+            ec2.delete_security_group(GroupId=s["id"])
+        elif kind == "aws_volume_attachment" and not s.get("skip_destroy"):
+            ec2.detach_volume(VolumeId=s["volume_id"], InstanceId=s["instance_id"], Device=s["device_name"])
+
+    def _create_aws_ebs_volume(self, s: dict) -> dict:
+        v = self.ec2.create_volume(AvailabilityZone=s["availability_zone"], Size=int(s["size"]),
+                                   VolumeType=s.get("type") or "gp3", Encrypted=bool(s.get("encrypted")),
+                                   TagSpecifications=_tags(s, "volume"))
+        return {"id": v["VolumeId"], "arn": f"arn:aws:ec2:{self.region}::volume/{v['VolumeId']}"}
+
+    def _create_aws_key_pair(self, s: dict) -> dict:
+        k = self.ec2.import_key_pair(KeyName=s["key_name"], PublicKeyMaterial=s["public_key"].encode())
+        return {"id": s["key_name"], "key_pair_id": k["KeyPairId"]}
+
+    def _create_aws_security_group(self, s: dict) -> dict:
+        name = s.get("name") or f"{s.get('name_prefix') or 'kit'}{len(s.get('description') or '')}"
+        g = self.ec2.create_security_group(GroupName=name, Description=s.get("description") or "kit",
+                                           VpcId=s["vpc_id"])
+        return {"id": g["GroupId"], "name": name}
+
+    def _create_aws_placement_group(self, s: dict) -> dict:
+        return {"id": s["name"]}  # moto has no CreatePlacementGroup: kept by the emulator alone
+
+    def _create_aws_volume_attachment(self, s: dict) -> dict:
+        self.ec2.attach_volume(Device=s["device_name"], InstanceId=s["instance_id"], VolumeId=s["volume_id"])
+        return {"id": f"vai-{abs(hash((s['device_name'], s['instance_id'], s['volume_id'])))}"}
+
+    def _create_aws_instance(self, s: dict) -> dict:
+        market = _first(s.get("instance_market_options"))
+        args: dict[str, Any] = {
+            "ImageId": s["ami"], "InstanceType": s["instance_type"], "MinCount": 1, "MaxCount": 1,
+            "SubnetId": s["subnet_id"], "KeyName": s.get("key_name"),
+            "SecurityGroupIds": list(s.get("vpc_security_group_ids") or []),
+            "TagSpecifications": _tags(s, "instance")}
+        if s.get("placement_group"):
+            args["Placement"] = {"GroupName": s["placement_group"]}
+        if market.get("market_type"):
+            args["InstanceMarketOptions"] = {"MarketType": market["market_type"]}
+        i = self.ec2.run_instances(**{k: v for k, v in args.items() if v not in (None, [])})["Instances"][0]
+        return {"id": i["InstanceId"], "private_ip": i.get("PrivateIpAddress"), "public_ip": i.get("PublicIpAddress"),
+                "instance_lifecycle": i.get("InstanceLifecycle"), "availability_zone": i["Placement"]["AvailabilityZone"],
+                "instance_state": i["State"]["Name"], "arn": f"arn:aws:ec2:{self.region}::instance/{i['InstanceId']}"}
+
+    # ----------------------------------------------------------------- read
+    def exists(self, kind: str, s: dict) -> bool:
+        """False once the cloud no longer has it (a terminated instance, a deleted volume)."""
+        if kind == "aws_instance":
+            found = self.ec2.describe_instances(Filters=[{"Name": "instance-id", "Values": [s["id"]]}])
+            states = [i["State"]["Name"] for r in found["Reservations"] for i in r["Instances"]]
+            return any(x not in ("terminated", "shutting-down") for x in states)
+        if kind == "aws_ebs_volume":
+            return bool(self.ec2.describe_volumes(Filters=[{"Name": "volume-id", "Values": [s["id"]]}])["Volumes"])
+        if kind == "aws_volume_attachment":  # as the provider's read: gone once the volume is not attached there
+            vols = self.ec2.describe_volumes(Filters=[{"Name": "volume-id", "Values": [s["volume_id"]]}])["Volumes"]
+            return any(a["InstanceId"] == s["instance_id"] and a["State"] in ("attaching", "attached")
+                       for v in vols for a in v.get("Attachments", []))
+        return True
+
+    def data(self, kind: str, c: dict) -> dict:
+        if kind == "aws_vpc":
+            vpc = self.ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"][0]
+            c.update(id=vpc["VpcId"], cidr_block=vpc["CidrBlock"])
+        elif kind == "aws_subnet":
+            filters = [{"Name": "availability-zone", "Values": [c["availability_zone"]]},
+                       {"Name": "default-for-az", "Values": ["true"]}] if c.get("availability_zone") else \
+                [{"Name": "subnet-id", "Values": [c["id"]]}]
+            sub = self.ec2.describe_subnets(Filters=filters)["Subnets"][0]
+            c.update(id=sub["SubnetId"], vpc_id=sub["VpcId"], cidr_block=sub["CidrBlock"],
+                     availability_zone=sub["AvailabilityZone"])
+        elif kind == "aws_ami":
+            image = self.ec2.describe_images()["Images"][0]  # moto's catalogue has no DLAMI: any image
+            c.update(id=image["ImageId"], image_id=image["ImageId"], name=image.get("Name"))
+        return c
