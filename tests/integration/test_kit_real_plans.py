@@ -78,12 +78,19 @@ def test_first_deployment_then_no_changes_then_one_node_lost(gcp, tmp_path, monk
     assert changes(kit("plan", str(gcp))) == ["+ cluster module.instances.google_compute_instance.node[2]"]
 
 
-def test_fewer_nodes_would_destroy_disks_and_is_refused(gcp):
+@pytest.mark.parametrize(("old", "new", "disks"), [
+    ("nodes: 4", "nodes: 2", ["this[2]", "this[3]"]),  # fewer nodes: two disks destroyed
+    ("  type: pd-balanced", "  type: pd-ssd", ["this[0]", "this[3]"]),  # another disk type: all replaced
+    ("  size_gb: 500", "  size_gb: 100", ["this[0]", "this[3]"]),  # a smaller disk: replaced (disks only grow)
+])
+def test_a_spec_change_that_would_lose_data_disks_is_refused_on_a_real_plan(gcp, old, new, disks):
     kit("plan", str(gcp))
     kit("apply", str(gcp))
-    set_spec(gcp, nodes="2")
+    text = gcp.read_text()
+    assert f"\n{old}\n" in text
+    gcp.write_text(text.replace(f"\n{old}\n", f"\n{new}\n"))
     out = kit("plan", str(gcp), ok=False)
-    assert "prevent_destroy" in out and "google_compute_disk.this[3]" in out
+    assert "prevent_destroy" in out and all(f"google_compute_disk.{d}" in out for d in disks), out
 
 
 def test_market_switch_replaces_the_instances_and_touches_no_disk(gcp):

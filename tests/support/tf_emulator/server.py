@@ -157,8 +157,11 @@ class Emulator(rpc.ProviderServicer):
         for name in facts.get("keep_prior_blocks", []):
             if not proposed.get(name) and prior.get(name):
                 proposed[name] = prior[name]
-        replace = [pb.AttributePath(steps=[pb.AttributePath.Step(attribute_name=key) for key in path.split(".")[:1]])
-                   for path in facts.get("force_new", []) if changed(prior, proposed, path.split("."))]
+        forced = [path for path in facts.get("force_new", []) if changed(prior, proposed, path.split("."))]
+        forced += [name for name in facts.get("force_new_if_smaller", [])
+                   if isinstance(prior.get(name), (int, float)) and isinstance(proposed.get(name), (int, float))
+                   and proposed[name] < prior[name]]
+        replace = [pb.AttributePath(steps=[pb.AttributePath.Step(attribute_name=path.split(".")[0])]) for path in forced]
         return pb.PlanResourceChange.Response(planned_state=to_dynamic_value(proposed), requires_replace=replace,
                                               legacy_type_system=facts.get("sdk") == "v2")
 
