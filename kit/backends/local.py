@@ -116,6 +116,9 @@ class LocalBackend(Backend):
     # (a node replaced by a market switch, Ctrl-C, a failed loop) before they are killed; a
     # tiny model saves in about a second
     save_grace_s = 30.0
+    # what a node that never reported progress gets after its stop file: it has nothing to save yet
+    # (still bootstrapping, importing torch or waiting in the rendezvous, where the stop file is not read)
+    startup_grace_s = 2.0
 
     def __init__(self, spec: LocalSpec, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None,
                  clock: Callable[[], float] = time.time, node_command: Callable[[LocalBackend, int, str],
@@ -214,11 +217,13 @@ class LocalBackend(Backend):
         return found
 
     def _stop_leftovers(self, rank: int) -> None:
-        """The stop file, ``save_grace_s`` to save and exit, then SIGKILL for what is left."""
+        """The stop file, ``save_grace_s`` to save and exit (``startup_grace_s`` for a node that never
+        reported progress: nothing to save), then SIGKILL for what is left."""
         from training.contract import write_atomic
 
         write_atomic(self.stop_file(rank), "kit restarted after a crash\n")
-        deadline = time.monotonic() + self.save_grace_s
+        grace = self.save_grace_s if self.progress_file(rank).exists() else min(self.save_grace_s, self.startup_grace_s)
+        deadline = time.monotonic() + grace
         while time.monotonic() < deadline and self.node_processes(rank):
             time.sleep(0.2)
         for pid in self.node_processes(rank):
@@ -228,7 +233,7 @@ class LocalBackend(Backend):
     def _signs_of_life(self, rank: int) -> list[float]:
         """Wall times at which node ``rank``'s processes last wrote something."""
         times = []
-        for name in ("progress.json", "train.log", "agent.log"):
+        for name in (self.progress_file(rank).name, "train.log", "agent.log"):
             with contextlib.suppress(OSError):
                 times.append((self.node_dir(rank) / name).stat().st_mtime)
         return times

@@ -349,6 +349,7 @@ def test_reconcile_waits_for_leftover_processes_then_kills_them(backend, tmp_pat
     script.write_text(IGNORES_STOP)
     backend.write_state(0, "node-0-1", "spot", "running")
     backend.node_dir(0).mkdir(parents=True)
+    backend.progress_file(0).write_text("{}")  # it was training: it gets the whole grace to save
     # reparented to init, as a node process is once its kit died; found by the stop-file argument
     stuck = subprocess.Popen([sys.executable, str(script), "--stop-file", str(backend.stop_file(0))],
                              start_new_session=True)
@@ -366,3 +367,27 @@ def test_reconcile_waits_for_leftover_processes_then_kills_them(backend, tmp_pat
         for proc in (stuck, other):
             proc.kill()
             proc.wait()
+
+
+def test_reconcile_kills_a_leftover_that_never_reported_progress_without_the_save_grace(backend, tmp_path):
+    """A node killed during its start-up (no progress yet) has nothing to save: it gets the short
+    start-up grace, not the 30-s save grace, so the restarted kit trains again at once."""
+    script = tmp_path / "stuck.py"
+    script.write_text(IGNORES_STOP)
+    backend.write_state(0, "node-0-1", "spot", "running")
+    backend.node_dir(0).mkdir(parents=True)
+    stuck = subprocess.Popen([sys.executable, str(script), "--stop-file", str(backend.stop_file(0))],
+                             start_new_session=True)
+    try:
+        restarted = LocalBackend(fake_spec(1), backend.deploy_dir, use_agent=False)
+        waited = time.monotonic() + 5
+        while restarted.node_processes(0) != [stuck.pid] and time.monotonic() < waited:
+            time.sleep(0.05)  # until the child has exec'd and shows its --stop-file argument
+        assert restarted.save_grace_s >= 30 and restarted.node_processes(0) == [stuck.pid]
+        t0 = time.monotonic()
+        assert restarted.reconcile() == [0]
+        assert restarted.startup_grace_s <= time.monotonic() - t0 < 10
+        assert stuck.wait(5) == -9
+    finally:
+        stuck.kill()
+        stuck.wait()
