@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import replay_args
 
 from kit.paths import SPOT_TRACES_DIR
-from kit.policy import ON_DEMAND, SPOT, WAIT, Policy
+from kit.policy import ON_DEMAND, SPOT, WAIT
 from kit.simulate import (
     ALL_POLICIES,
     OPT,
@@ -196,11 +196,13 @@ def known_market_policy(leave_up: float, leave_down: float, tick_h: float, param
             new[m, 0], act[i, m, 0] = new[0, 0], act[i, 0, 0]
         value = new
 
-    class Known(Policy):
-        name, sticky_net = "known", False
+    class Known:
+        """Plays the dynamic program's table, which is the whole policy (no safety net of its own
+        around it), so it is no ``Policy`` subclass: the replay only needs ``decide``."""
+
+        name = "known"
 
         def __init__(self) -> None:
-            super().__init__()
             self.phase = 0
 
         def decide(self, obs) -> str:
@@ -211,9 +213,6 @@ def known_market_policy(leave_up: float, leave_down: float, tick_h: float, param
             choice = (WAIT, ON_DEMAND, SPOT)[act[round(obs.now_h / tick_h), m, int(obs.spot_available), c]]
             self.phase = 0 if choice == WAIT else (self.phase + 1 if choice == obs.market else 1)
             return choice
-
-        def _decide(self, obs) -> str:  # decide() is the whole policy: the table has the net in it
-            raise NotImplementedError
 
     return Known
 

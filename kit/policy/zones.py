@@ -95,20 +95,38 @@ def zone_slack(obs: ZoneObservation, hours: float) -> float | None:
 
 
 class ZonePolicy(ABC):
-    """Base class: thrift and the deadline safety net around ``_decide``.
+    """What the replay (or the watcher) calls: ``decide`` once per tick, answering a plan."""
+
+    name = "?"
+
+    def __init__(self, offers: tuple[Offer, ...], moves: Moves, seed: int = 0) -> None:
+        self.offers, self.moves = tuple(offers), moves
+        self.rng = random.Random(seed)
+        self.start_zone: str | None = None  # a zone whose capacity the policy knows before its first launch
+
+    @abstractmethod
+    def decide(self, obs: ZoneObservation, market: Market) -> list[Offer]:
+        """The offers to try this tick, in order ([]: hold nothing)."""
+
+    def spot_offers(self) -> list[Offer]:
+        return [o for o in self.offers if o.spot]
+
+    def __repr__(self) -> str:
+        return f"<zone policy {self.name}>"
+
+
+class NettedZonePolicy(ZonePolicy):
+    """Thrift and the deadline safety net around ``_decide``.
 
     The net: when the time left, less what finishing on the cheapest on-demand offer needs from here
     (transfer included), is one tick or less, run on that offer (or stay on the on-demand offer
     already running)."""
 
-    name = "?"
     sticky_net = True
 
     def __init__(self, offers: tuple[Offer, ...], moves: Moves, seed: int = 0) -> None:
-        self.offers, self.moves = tuple(offers), moves
-        self.rng = random.Random(seed)
+        super().__init__(offers, moves, seed)
         self.net_fired = False
-        self.start_zone: str | None = None  # a zone whose capacity the policy knows before its first launch
 
     def decide(self, obs: ZoneObservation, market: Market) -> list[Offer]:
         self._observe(obs)
@@ -130,15 +148,10 @@ class ZonePolicy(ABC):
     def _decide(self, obs: ZoneObservation, market: Market) -> list[Offer]:
         """The plan when the safety net does not decide."""
 
-    def spot_offers(self) -> list[Offer]:
-        return [o for o in self.offers if o.spot]
-
-    def __repr__(self) -> str:
-        return f"<zone policy {self.name}>"
-
 
 class Pinned(ZonePolicy):
-    """A single-zone policy in one zone: the first spot and the first on-demand offer of that zone."""
+    """A single-zone policy in one zone: the first spot and the first on-demand offer of that zone.
+    The one-zone policy keeps its own safety net (no move can be needed from its zone)."""
 
     def __init__(self, offers: tuple[Offer, ...], moves: Moves, zone: str, inner: Policy, seed: int = 0) -> None:
         super().__init__(offers, moves, seed)
@@ -164,11 +177,8 @@ class Pinned(ZonePolicy):
             return [self.on_demand]
         return []
 
-    def _decide(self, obs: ZoneObservation, market: Market) -> list[Offer]:  # pragma: no cover - decide is whole
-        raise NotImplementedError
 
-
-class Failover(ZonePolicy):
+class Failover(NettedZonePolicy):
     """SkyPilot managed jobs' ``EAGER_NEXT_REGION`` (sky/jobs/recovery_strategy.py): stay on a spot
     cluster until it is preempted; then relaunch, trying the zones in shuffled order (the Spell seed's
     "shuffle the zones and try each in turn") with the zone that just preempted tried last, every
@@ -198,7 +208,7 @@ class Failover(ZonePolicy):
         return [o for z in zones for o in self.spot_offers() if o.zone == z]
 
 
-class ZoneDefault(ZonePolicy):
+class ZoneDefault(NettedZonePolicy):
     """kit's multi-zone policy: the single-zone ``default`` decides *whether* to run spot, on-demand or
     wait, on the market "the best spot offer we can get now"; a learned ranking decides *where*.
 
@@ -301,7 +311,7 @@ class ZoneDefault(ZonePolicy):
         return []
 
 
-_ZONE_POLICIES: dict[str, type[ZonePolicy]] = {"failover": Failover, "default": ZoneDefault}
+_ZONE_POLICIES: dict[str, type[NettedZonePolicy]] = {"failover": Failover, "default": ZoneDefault}
 
 
 def make_zone_policy(name: str, offers: tuple[Offer, ...], moves: Moves, seed: int = 0, **params) -> ZonePolicy:
@@ -309,5 +319,5 @@ def make_zone_policy(name: str, offers: tuple[Offer, ...], moves: Moves, seed: i
     return _ZONE_POLICIES[name](offers, moves, seed=seed, **params)
 
 
-__all__ = ["ZONE_POLICY_NAMES", "Failover", "Market", "Pinned", "ZoneDefault", "ZoneObservation", "ZonePolicy",
+__all__ = ["ZONE_POLICY_NAMES", "Failover", "Market", "NettedZonePolicy", "Pinned", "ZoneDefault", "ZoneObservation", "ZonePolicy",
            "finishing_offer", "make_zone_policy"]

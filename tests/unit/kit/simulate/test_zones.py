@@ -19,7 +19,7 @@ from kit.cli import app
 from kit.errors import InputError
 from kit.policy import ON_DEMAND, SPOT, make_policy
 from kit.policy.offers import Moves, Offer, Shape, check_shapes, region_of
-from kit.policy.zones import Failover, Pinned, ZoneDefault, ZonePolicy
+from kit.policy.zones import Failover, NettedZonePolicy, Pinned, ZoneDefault, ZonePolicy
 from kit.simulate.single import Params, simulate_policy
 from kit.simulate.zones import ZoneSet, load_offers, replay, simulate_opt_zones, simulate_zones, zone_starts
 from kit.traces import Trace, markov_availability
@@ -53,7 +53,7 @@ def all_policies(market, moves, seed):
 
 
 # --------------------------------------------------------------------------------------- no leak
-class Peeker(ZonePolicy):
+class Peeker(NettedZonePolicy):
     """Cheats: reads every zone's capacity through a back door (the market object it was given)."""
 
     name = "peeker"
@@ -129,9 +129,6 @@ class Script(ZonePolicy):
     def decide(self, obs, market):
         choice = self.schedule.pop(0) if self.schedule else None
         return [] if choice is None or obs.remaining_h <= 1e-9 else [choice]
-
-    def _decide(self, obs, market):  # pragma: no cover
-        raise NotImplementedError
 
 
 @pytest.mark.parametrize(("d", "moves"), [(0.2, MOVES), (0.5, Moves(checkpoint_gb=225, transfer_gbps=1)),
