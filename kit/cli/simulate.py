@@ -109,13 +109,11 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Path | 
     import json
 
     from kit.errors import InputError
-    from kit.simulate.zones import default_shapes, load_offers, simulate_zones
+    from kit.simulate.zones import load_offers, simulate_market, zone_market
     from kit.traces import load_traces
 
     if plot_file is not None:
         _check_png(plot_file)
-    params.check()
-    moves.check()
     loaded = load_traces(traces)
     if zones != "all":
         wanted = [z.strip() for z in zones.split(",") if z.strip()]
@@ -125,16 +123,15 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Path | 
                              fix=f"use all, each, or zones of: {', '.join(t.name for t in loaded)}")
         loaded = [t for t in loaded if t.name in wanted]
     shapes, prices = load_offers(offers) if offers is not None else (None, None)
-    summary = simulate_zones(loaded, _zone_policies(policy), params, moves, shapes, prices)
+    market = zone_market(loaded, params, moves, shapes, prices)
+    summary = simulate_market(market, _zone_policies(policy), params, moves)
     if summary["runs"] == 0:
         raise InputError(f"the traces are shorter than the deadline window ({params.deadline_h} h)",
                          where=", ".join(str(t) for t in traces), fix="use longer traces or a shorter --deadline-hours")
     if plot_file is not None:
         from kit.simulate.plot import plot_zones
-        from kit.simulate.zones import ZoneSet
 
-        plot_zones(ZoneSet.of(loaded, shapes or default_shapes(loaded, params.nodes), params, prices), params, moves,
-                   summary, str(plot_file))
+        plot_zones(market, params, moves, summary, str(plot_file))
         summary["plot"] = str(plot_file)
     if json_out:
         typer.echo(json.dumps(summary, separators=(",", ":")))

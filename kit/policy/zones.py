@@ -251,22 +251,23 @@ class ZoneDefault(NettedZonePolicy):
         if obs.running is not None and obs.running.spot and self.held is None:
             self.held, self.launched_at = obs.running, obs.now_h - obs.tick_h  # launched in the last tick
 
-    def mean_run(self, offer: Offer, now_h: float) -> float:
-        """Mean length of a spot run on ``offer``: hours held over losses, with a prior run of
-        ``prior_run_h`` (weight ``w``); the run going on now counts with its age. This is the
-        maximum-likelihood mean of an exponential from censored runs (voluntary leaves are censored)."""
+    def mean_runs(self, now_h: float) -> dict[Offer, float]:
+        """Mean length of a spot run on each spot offer: hours held over losses, with a prior run of
+        the length pooled over all offers (``prior_run_h`` before any data, weight ``w``); the run going
+        on now counts with its age. This is the maximum-likelihood mean of an exponential from censored
+        runs (voluntary leaves are censored)."""
         age = now_h - self.launched_at if self.held is not None and self.launched_at is not None else 0.0
         pooled = ((self.w * self.prior_run_h + sum(self.hours.values()) + age)
                   / (self.w + sum(self.losses.values())))
-        held = self.hours[offer] + (age if self.held == offer else 0.0)
-        return (self.w * pooled + held) / (self.w + self.losses[offer])
+        return {offer: (self.w * pooled + (held + (age if self.held == offer else 0.0))) / (self.w + self.losses[offer])
+                for offer, held in self.hours.items()}
 
-    def rate(self, offer: Offer, obs: ZoneObservation) -> float:
-        """$ per hour of progress on ``offer``, moving there from the checkpoint's zone: with exponential
-        runs of mean m, a run that first loses c = d + T makes E[(L - c)+] = m exp(-c/m) hours of progress
-        for m hours paid, so the price is multiplied by exp(c/m), and the egress is spread over the progress."""
+    def rate(self, offer: Offer, obs: ZoneObservation, m: float) -> float:
+        """$ per hour of progress on ``offer`` with mean run ``m``, moving there from the checkpoint's
+        zone: a run that first loses c = d + T makes E[(L - c)+] = m exp(-c/m) hours of progress for m
+        hours paid (exponential runs), so the price is multiplied by exp(c/m), and the egress is spread
+        over the progress."""
         lost = obs.changeover_h + self.moves.transfer_h(obs.checkpoint_zone, offer.zone)
-        m = self.mean_run(offer, obs.now_h)
         if lost / m > 50:
             return float("inf")
         useful = m * math.exp(-lost / m)
@@ -274,7 +275,7 @@ class ZoneDefault(NettedZonePolicy):
 
     def ranked(self, obs: ZoneObservation, ceiling: float) -> list[Offer]:
         """Spot offers cheaper per hour of progress than ``ceiling``, best first."""
-        rated = [(self.rate(o, obs), self.tie[o.zone], o) for o in self.spot_offers()]
+        rated = [(self.rate(o, obs, m), self.tie[o.zone], o) for o, m in self.mean_runs(obs.now_h).items()]
         return [o for r, _, o in sorted(rated, key=lambda x: x[:2]) if r < ceiling]
 
     def _find(self, obs: ZoneObservation, market: Market, ranked: list[Offer]) -> Offer | None:

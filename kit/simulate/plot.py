@@ -82,21 +82,11 @@ def plot(traces: list[Trace], policies: list[str], params: Params, summary: dict
 
 # --------------------------------------------------------------------------------------- many zones
 def _zone_runs(market, start: int, params: Params, moves, names: list[str]) -> dict:
-    """Recorded replays of the named multi-zone policies (``P@best-zone`` pinned in its best zone)."""
-    from kit.policy import make_policy
-    from kit.policy.zones import Pinned, ZonePolicy, make_zone_policy
-    from kit.simulate.zones import replay
+    """Recorded replays of the named multi-zone policies (``up@ZONE``: pinned in that zone)."""
+    from kit.simulate.zones import policies_for, replay
 
-    runs = {}
-    for name in names:
-        single, _, zone = name.partition("@")
-        policy: ZonePolicy
-        if zone:
-            policy = Pinned(market.offers, moves, zone, make_policy(single))
-        else:
-            policy = make_zone_policy(name, market.offers, moves, seed=start)
-        runs[name] = replay(market, start, params, moves, policy, record=True)
-    return runs
+    return {name: replay(market, start, params, moves, policies_for(name, market, moves, seed=start)[0], record=True)
+            for name in names}
 
 
 def plot_zones(market, params: Params, moves, summary: dict, out: str) -> None:

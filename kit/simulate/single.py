@@ -86,6 +86,12 @@ class Run:
     timeline: list[dict] = field(default_factory=list)  # per tick, only when recorded
 
 
+def split_tick(setup_left: float, tick_h: float, remaining_h: float) -> tuple[float, float]:
+    """(changeover, work) hours of a tick held: the changeover left first, then work until the job is done."""
+    setup = min(setup_left, tick_h)
+    return setup, min(tick_h - setup, remaining_h)
+
+
 def span_ticks(params: Params, tick_h: float) -> int:
     return math.ceil(params.deadline_h / tick_h - EPS) + 1
 
@@ -162,8 +168,7 @@ class _PolicyReplay:
         w = self.w
         if self.market is None:
             return 0.0
-        setup = min(self.setup_left, w.G)
-        work = min(w.G - setup, w.C0 - self.progress)
+        setup, work = split_tick(self.setup_left, w.G, w.C0 - self.progress)
         held = setup + work
         self.setup_left -= setup
         self.progress += work

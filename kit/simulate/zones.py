@@ -29,7 +29,7 @@ from kit.errors import InputError
 from kit.policy import ON_DEMAND, POLICY_NAMES, SPOT, make_policy
 from kit.policy.offers import EACH, PROBE_H, Moves, Offer, Shape, check_shapes
 from kit.policy.zones import ZONE_POLICY_NAMES, Pinned, ZoneObservation, ZonePolicy, make_zone_policy
-from kit.simulate.single import EPS, OPT, Params, _Waste, span_ticks
+from kit.simulate.single import EPS, OPT, Params, _Waste, span_ticks, split_tick
 from kit.traces import Trace
 
 ZONE_ALL = (OPT, "default", "failover", "up@each", "default@each")
@@ -194,9 +194,12 @@ class _ZoneReplay:
     def price(self, offer: Offer, i: int) -> float:
         return float(self.market.prices[offer][self.start + i]) if offer.spot else offer.price
 
+    def known(self, offer: Offer, what: str) -> None:
+        if offer not in self.market.offers:
+            raise ValueError(f"policy {self.policy.name} {what} an unknown offer {offer}")
+
     def probe(self, offer: Offer, i: int) -> bool:
-        if offer not in self.market.avail and offer.market != ON_DEMAND:
-            raise ValueError(f"policy {self.policy.name} probed an unknown offer {offer}")
+        self.known(offer, "probed")
         ok = self.has_capacity(offer, i)
         if ok:
             self.run_.probes += 1
@@ -218,8 +221,7 @@ class _ZoneReplay:
     def act(self, plan: list[Offer], i: int) -> None:
         failed = []
         for offer in plan:
-            if offer not in self.market.offers:
-                raise ValueError(f"policy {self.policy.name} planned an unknown offer {offer}")
+            self.known(offer, "planned")
             if offer == self.running:
                 break
             if not self.has_capacity(offer, i):
@@ -246,8 +248,7 @@ class _ZoneReplay:
         G, offer = self.market.G, self.running
         if offer is None:
             return 0.0
-        setup = min(self.setup_left, G)
-        work = min(G - setup, self.p.job_h - self.progress)
+        setup, work = split_tick(self.setup_left, G, self.p.job_h - self.progress)
         self.setup_left -= setup
         self.progress += work
         if work > 0:
@@ -416,14 +417,24 @@ def _rows(name: str, market: ZoneSet, starts: list[int], params: Params, moves: 
             f"{single}@best-zone": {**per_zone[best], "zone": best.partition("@")[2]}}
 
 
-def simulate_zones(traces: list[Trace], policies: list[str], params: Params, moves: Moves,
-                   shapes: list[Shape] | None = None, prices: dict | None = None) -> dict:
-    """Every policy on every start of the multi-zone market; returns the ``--json`` document."""
+def zone_market(traces: list[Trace], params: Params, moves: Moves, shapes: list[Shape] | None = None,
+                prices: dict | None = None) -> ZoneSet:
+    """The checked multi-zone market of a trace set (one shape from the traces when none is given)."""
     params.check()
     moves.check()
     shapes = shapes or default_shapes(traces, params.nodes)
     check_shapes(shapes)
-    market = ZoneSet.of(traces, shapes, params, prices)
+    return ZoneSet.of(traces, shapes, params, prices)
+
+
+def simulate_zones(traces: list[Trace], policies: list[str], params: Params, moves: Moves,
+                   shapes: list[Shape] | None = None, prices: dict | None = None) -> dict:
+    """Every policy on every start of the multi-zone market; returns the ``--json`` document."""
+    return simulate_market(zone_market(traces, params, moves, shapes, prices), policies, params, moves)
+
+
+def simulate_market(market: ZoneSet, policies: list[str], params: Params, moves: Moves) -> dict:
+    """:func:`simulate_zones` on a market already built."""
     starts = zone_starts(market, params)
     rows: dict[str, dict] = {}
     for name in policies if starts else []:
@@ -440,5 +451,6 @@ def simulate_zones(traces: list[Trace], policies: list[str], params: Params, mov
         "params": {"nodes": params.nodes, "job_hours": params.job_h, "deadline_hours": params.deadline_h,
                    "changeover_hours": params.changeover_h, "starts": params.starts,
                    "checkpoint_gb": moves.checkpoint_gb, "transfer_gbps": moves.transfer_gbps,
-                   "egress_per_gb": moves.egress_per_gb, "shapes": [s.name for s in shapes]},
+                   "egress_per_gb": moves.egress_per_gb,
+                   "shapes": list(dict.fromkeys(o.shape.name for o in market.offers))},
     }
