@@ -219,11 +219,10 @@ class _Waste:
     bundled trace, and the default 50 GB at 10 Gbit/s), states of equal waste are one state: one axis
     over ``k u``. Otherwise two axes (launches r, idle ticks W), waste ``W G + r d``: exact for any
     ``d``, at ``(R0 - C0)/d`` times the states. A transfer time that fits neither is rounded down (to
-    the unit, or to whole ticks), which keeps the bound a lower bound; ``exact`` says whether it was."""
+    the unit, or to whole ticks), which keeps the bound a lower bound."""
 
     def __init__(self, G: float, d: float, slack: float, move_h: float = 0.0) -> None:
         units = _common_units(G, d, d + move_h) or _common_units(G, d)
-        self.exact = True
         self.idle_step: tuple[int, ...]
         self.launch_step: tuple[int, ...]
         self.move_step: tuple[int, ...]
@@ -231,12 +230,10 @@ class _Waste:
             m, launch = units[0], units[1]
             u = G / m
             move = units[2] if len(units) > 2 else launch + math.floor(move_h / u + 1e-9)
-            self.exact = len(units) > 2 or move_h == 0
             self.idle_step, self.launch_step, self.move_step = (m,), (launch,), (move,)
             self.hours = np.arange(math.floor(slack / u + 1e-9) + 1) * u
         else:
             ticks = math.floor(move_h / G + 1e-9)
-            self.exact = abs(move_h - ticks * G) < 1e-9
             self.idle_step, self.launch_step, self.move_step = (0, 1), (1, 0), (1, ticks)
             r, W = np.meshgrid(np.arange(math.floor(slack / d + 1e-9) + 1), np.arange(math.floor(slack / G + 1e-9) + 1),
                                indexing="ij")

@@ -12,6 +12,7 @@ interruption unless a test terminates the instance itself.
 from __future__ import annotations
 
 import os
+import uuid
 from typing import Any
 
 ENDPOINT_ENV = "KIT_TF_EMULATOR_AWS_ENDPOINT"
@@ -69,7 +70,7 @@ class MotoAWS:
         return {"id": s["key_name"], "key_pair_id": k["KeyPairId"]}
 
     def _create_aws_security_group(self, s: dict) -> dict:
-        name = s.get("name") or f"{s.get('name_prefix') or 'kit'}{len(s.get('description') or '')}"
+        name = s.get("name") or f"{s.get('name_prefix') or 'terraform-'}{uuid.uuid4().hex[:12]}"  # as the provider: unique
         g = self.ec2.create_security_group(GroupName=name, Description=s.get("description") or "kit",
                                            VpcId=s["vpc_id"])
         return {"id": g["GroupId"], "name": name}
