@@ -74,9 +74,7 @@ def simulate_command(
     params.check()
     loaded = load_traces(traces)
     summary = simulate(loaded, names, params)
-    if summary["runs"] == 0:
-        raise InputError(f"every trace is shorter than the deadline window ({deadline_hours} h)",
-                         where=", ".join(str(t) for t in traces), fix="use longer traces or a shorter --deadline-hours")
+    _require_runs(summary, traces, params.deadline_h)
     if plot_file is not None:
         plot(loaded, names, params, summary, str(plot_file))
         summary["plot"] = str(plot_file)
@@ -84,6 +82,14 @@ def simulate_command(
         typer.echo(json.dumps(summary, separators=(",", ":")))
         return
     _print_table(summary, names)
+
+
+def _require_runs(summary: dict, traces: list[Path], deadline_h: float) -> None:
+    from kit.errors import InputError
+
+    if summary["runs"] == 0:
+        raise InputError(f"every trace is shorter than the deadline window ({deadline_h:g} h)",
+                         where=", ".join(str(t) for t in traces), fix="use longer traces or a shorter --deadline-hours")
 
 
 def _check_png(plot_file: Path) -> None:
@@ -125,9 +131,7 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Path | 
     shapes, prices = load_offers(offers) if offers is not None else (None, None)
     market = zone_market(loaded, params, moves, shapes, prices)
     summary = simulate_market(market, _zone_policies(policy), params, moves)
-    if summary["runs"] == 0:
-        raise InputError(f"the traces are shorter than the deadline window ({params.deadline_h} h)",
-                         where=", ".join(str(t) for t in traces), fix="use longer traces or a shorter --deadline-hours")
+    _require_runs(summary, traces, params.deadline_h)
     if plot_file is not None:
         from kit.simulate.plot import plot_zones
 
