@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -49,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-file", default=None, help="appearance of this file = stop request")
     p.add_argument("--progress-file", default=None,
                    help="node-local JSON progress file (local rank 0 of every node rewrites it)")
+    p.add_argument("--ckpt-bucket", default=None,
+                   help="durable copy of the newest checkpoint, an fsspec URL (s3://bucket/prefix, gs://bucket/prefix, "
+                        "file:///dir); kit sets it from the spec's checkpoint_bucket")
     p.add_argument("--peak-tflops", type=float, default=None, help="per-device peak for MFU (default: table)")
     p.add_argument("--dist-timeout-s", type=float, default=180.0,
                    help="collective timeout: how long surviving ranks wait for a vanished peer before exiting")
@@ -88,6 +92,8 @@ def validate(args, check_paths: bool = True) -> str | None:
         return "--dist-timeout-s must be > 0"
     if not 0.0 <= args.drop_path < 1.0:
         return "--drop-path must be in [0, 1)"
+    if args.ckpt_bucket is not None and not re.fullmatch(r"[a-z][a-z0-9+.-]*://\S+", args.ckpt_bucket):
+        return f"--ckpt-bucket {args.ckpt_bucket!r}: not a URL (s3://bucket/prefix, gs://bucket/prefix, file:///dir)"
     if check_paths and args.data != "synthetic" and not Path(args.data).is_dir():
         return f"--data {args.data}: not 'synthetic' and not a directory (ImageFolder layout: root/class/img)"
     return None
@@ -248,6 +254,13 @@ class Trainer:
         # Every node's writer keeps its node-local progress file (launch.exit_status reads it to map
         # torchrun's 1 back to 75 on that node); all nodes write the same content.
         self.progress = ProgressWriter(args.progress_file, args.steps, enabled=self.info.is_node_writer)
+        # The durable tier (training/bucket.py): rank 0 alone copies checkpoints and restores from them.
+        self.bucket, self.uploader = None, None
+        if args.ckpt_bucket and self.info.is_main:
+            from .bucket import Bucket, Uploader
+
+            self.bucket = Bucket(args.ckpt_bucket, keep=2, log=self.warn)
+            self.uploader = Uploader(self.bucket)
         self.saved_args = {"model": args.model, "batch_size": args.batch_size, "seed": args.seed,
                            "image_size": args.image_size, "num_classes": args.num_classes, "steps": args.steps}
 
@@ -266,6 +279,8 @@ class Trainer:
                           "COMPLETE marker (lost or deleted): kept, not trusted, and no fresh start over them")
             try:
                 found = newest_loadable(ckpt_dir, log=self.warn)
+                if self.bucket is not None and self.bucket.restore_newer(ckpt_dir, found[0] if found else -1):
+                    found = newest_loadable(ckpt_dir, log=self.warn)  # restore order: the disk, then the bucket
             except UnloadableCheckpoint as e:
                 error = str(e)
         mine = {"step": found[0] if found else -1, "path": str(found[1]) if found else None,
@@ -353,6 +368,18 @@ class Trainer:
             self.last_saved = -1
         elif stats.path and stats.write_s is not None:
             self.log(f"ckpt_written step={stats.step} write_s={stats.write_s:.3f} bytes={stats.bytes}")
+            self.upload(stats.step)
+
+    def upload(self, step: int, wait_s: float | None = 0.0) -> None:
+        """Hand the complete checkpoint of ``step`` to the background upload (rank 0 with a bucket);
+        ``wait_s``: then wait that long for it (None: until done)."""
+        from .checkpoint import step_dir_name
+
+        if self.uploader is None or not self.ckpt.has(step):
+            return
+        self.uploader.submit(Path(self.args.ckpt_dir) / step_dir_name(step))
+        if wait_s != 0.0 and not self.uploader.flush(wait_s):
+            self.warn(f"WARNING the upload of step {step} did not finish within {wait_s:g} s; the disk holds it")
 
     def save_periodic(self, time_due: bool) -> None:
         args, step = self.args, self.step
@@ -366,6 +393,7 @@ class Trainer:
     def save_for_stop(self) -> int:
         """A stop request all ranks agreed on: finish an in-flight write, save this step
         synchronously (unless every node holds it), and report the run as preempted."""
+        from . import bucket
         from . import distributed as D
 
         t0 = time.perf_counter()
@@ -377,6 +405,7 @@ class Trainer:
             self.last_saved = self.step
         D.barrier(self.info)
         save_s = time.perf_counter() - t0
+        self.upload(self.step, wait_s=bucket.STOP_FLUSH_S)
         if self.info.is_node_writer:
             self.stop.consume_stop_file()
         self.log(f"stop step={self.step} reason={reason.replace(' ', '_')} emergency_save_s={save_s:.3f} "
@@ -392,6 +421,7 @@ class Trainer:
         if self.last_saved != self.step:
             self.ckpt.save(self.step, self.full_state(self.step), sync=True, if_missing=True)
         D.barrier(self.info)  # every node's final copy is on disk before any node reports "done"
+        self.upload(self.step, wait_s=None)  # the finished model is durable before "done"
         digest = params_sha256(self.raw_model) if (self.info.is_main or self.info.is_node_writer) else None
         self.progress.write(self.step, state="done", step_time_s=self.step_time, params_sha256=digest, force=True)
         self.log(f"params_sha256={digest}")
@@ -479,9 +509,12 @@ class Trainer:
             self.progress.write(self.step, step_time_s=self.step_time)
 
     def close(self) -> None:
+        from . import bucket
         from . import distributed as D
 
         self.ckpt.close()
+        if self.uploader is not None:
+            self.uploader.close(bucket.STOP_FLUSH_S)
         self.data.close()
         D.barrier(self.info)
         D.destroy()

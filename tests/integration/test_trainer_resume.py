@@ -321,3 +321,36 @@ def test_time_based_checkpoints_and_rerun_after_done_is_idempotent(tmp_path):
     assert again.finish() == 0, again.output
     assert resumed(again.output)[0] == 6 and digest(again.output) == digest(r.output)
     assert "first_step_done" not in again.output
+
+
+def test_f_disks_lost_and_shape_switched_resumes_exactly_from_the_bucket(tmp_path, tmp_path_factory):
+    """The durable tier (training/bucket.py) and a shape switch at the trainer: 1 node x 2 ranks with
+    ``--ckpt-bucket file://...`` is stopped (SIGTERM: the stop save is uploaded before exit 75); every
+    disk is then lost, and the job resumes as 2 nodes x 1 rank (same world size) on empty disks: rank 0
+    restores from the bucket, broadcasts, and the run ends with an undisturbed 2-rank run's digest."""
+    ref = reference_digest(2, tmp_path_factory)
+    bucket = f"file://{tmp_path / 'bucket' / 'job'}"
+    one = tmp_path / "one-node" / "ckpt"
+    r1 = Run(command(2, args_for(one, tmp_path / "p.json", throttle=0.3, extra=["--ckpt-bucket", bucket])))
+    r1.wait_for(lambda: r1.max_step_logged() >= 5, what="step 5")
+    r1.signal(signal.SIGTERM)
+    r1.finish()
+    stop_step = int(stop_line(r1.output)["step"])
+    uploaded = complete_steps(tmp_path / "bucket" / "job")
+    assert uploaded[-1] == stop_step and len(uploaded) <= 2, (uploaded, r1.output)
+    shutil.rmtree(tmp_path / "one-node")  # the zone is left: its disk is not reachable any more
+
+    dirs = [tmp_path / f"node{i}" / "ckpt" for i in (0, 1)]
+    port = _free_port()
+    runs = [Run(command(2, args_for(dirs[node], extra=["--ckpt-bucket", bucket]),
+                        torchrun_args=["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                                       f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=kit-bucket-{port}",
+                                       f"--node-rank={node}", f"--rdzv-conf=is_host={str(node == 0).lower()}"]))
+            for node in (0, 1)]
+    rcs = [r.finish() for r in runs]
+    out = runs[0].output + runs[1].output
+    assert rcs == [0, 0], out
+    step, path = resumed(out)
+    assert step == stop_step and str(dirs[0]) in path, out  # restored onto node 0's disk, then broadcast
+    assert digest(out) == ref
+    assert complete_steps(tmp_path / "bucket" / "job")[-1] == STEPS  # the finished model is durable too
