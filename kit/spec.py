@@ -182,6 +182,21 @@ class PolicySection(_Model):
         return name
 
 
+class ShapeSection(_Model):
+    """One way to buy the job's GPUs: ``nodes`` x ``instance_type`` (a cloud) or ``nodes`` x
+    ``gpus_per_node`` processes (local), on ``markets`` (default: every market the type is sold on).
+    Every shape of a job has the same GPU count, so the trainer's world size never changes."""
+
+    instance_type: str | None = None
+    nodes: StrictInt = Field(ge=1, le=MAX_NODES)
+    gpus_per_node: StrictInt | None = Field(None, ge=1)
+    markets: list[Literal["spot", "on-demand"]] | None = Field(None, min_length=1)
+
+
+# The URL schemes of ``checkpoint_bucket`` (fsspec): what each cloud's nodes can write to.
+BUCKET_URL_RE = re.compile(r"(?P<scheme>[a-z0-9]+)://(?P<rest>\S+)")
+
+
 # ------------------------------------------------------------------------------------------------
 # The spec
 
@@ -201,6 +216,12 @@ class SpecBase(_Model):
     prices: PricesSection = Field(default_factory=PricesSection)
     training: TrainingSection = Field(default_factory=TrainingSection)
     policy: PolicySection = Field(default_factory=PolicySection)
+    # Where the job may run (kit.policy.offers): candidate zones and instance shapes; the job starts on
+    # the spec's own zone and shape (the first of each list when those are left out).
+    zones: list[str] | None = Field(None, min_length=1)
+    shapes: list[ShapeSection] | None = Field(None, min_length=1)
+    # The durable checkpoint tier (training/bucket.py): s3://bucket/prefix, gs://bucket/prefix, file:///dir.
+    checkpoint_bucket: str | None = None
     # Where the spec came from (not a YAML field): the generated-file header names it.
     _source: str | None = PrivateAttr(default=None)
 
@@ -227,6 +248,133 @@ class SpecBase(_Model):
                 raise SpecProblem(f"labels.{key}", f"label {key}={value!r} is not valid on both clouds",
                                   "use lowercase letters, digits, '_' and '-' (keys start with a letter, ≤63 chars)")
         return labels
+
+    @model_validator(mode="before")
+    @classmethod
+    def _start_on_the_first_shape(cls, data: Any) -> Any:
+        """``shapes`` without top-level ``nodes``/``gpus_per_node``: the job starts on the first shape."""
+        if isinstance(data, dict) and isinstance(data.get("shapes"), list) and data["shapes"]:
+            first = data["shapes"][0]
+            if isinstance(first, dict):
+                data = dict(data)
+                # a cloud shape's GPUs come from the catalog (checked per shape); a local one's are processes
+                keys = ("nodes", "instance_type") if first.get("instance_type") else ("nodes", "gpus_per_node")
+                for key in keys:
+                    if key in first and key not in data and key in cls.model_fields:
+                        data[key] = first[key]
+        return data
+
+    @model_validator(mode="after")
+    def _where_to_run(self) -> SpecBase:
+        from kit.policy.offers import check_shapes
+
+        zones = self.zone_list
+        self._check_places()
+        if len(set(zones)) != len(zones):
+            raise SpecProblem("zones", f"zones are listed twice: {zones}", "list each zone once")
+        try:
+            check_shapes(self.shape_list())
+        except InputError as error:
+            raise SpecProblem(error.where or "shapes", error.what, error.fix or "fix the shapes") from None
+        start = (self.start_type, self.nodes, self.gpus_of(self.start_type, self.gpus_per_node))
+        if self.shapes and start not in [(s.instance_type, s.nodes, s.gpus_per_node) for s in self.shape_list()]:
+            raise SpecProblem("shapes", f"the job's own shape ({self.nodes} x {self.start_type}) is not one of shapes",
+                              "leave nodes/instance_type out (the job starts on the first shape) or list it")
+        self._check_bucket()
+        return self
+
+    def _check_places(self) -> None:
+        """The cloud's own rules for the listed zones and shapes (its catalog), before the shared ones."""
+
+    def _check_bucket(self) -> None:
+        url = self.checkpoint_bucket
+        if url is None:
+            return
+        schemes = self.cloud_facts.bucket_schemes
+        m = BUCKET_URL_RE.fullmatch(url)
+        if m is None or m.group("scheme") not in schemes:
+            raise SpecProblem("checkpoint_bucket", f"{url!r} is not a {' or '.join(schemes)} URL",
+                              f"use {' or '.join(f'{s}://...' for s in schemes)}, e.g. {schemes[0]}://my-bucket/kit")
+        rest = m.group("rest")
+        if m.group("scheme") == "file":
+            if not rest.startswith("/") or ".." in rest.split("/"):
+                raise SpecProblem("checkpoint_bucket", f"{url!r} is not an absolute directory",
+                                  "use file:///absolute/path")
+        elif not BUCKET_RE.fullmatch(rest.split("/", 1)[0]) or ".." in rest:
+            raise SpecProblem("checkpoint_bucket", f"{url!r} does not start with a valid bucket name",
+                              "use lowercase letters, digits, '-', '.', '_' for the bucket, e.g. s3://my-bucket/kit")
+
+    # -- where to run -------------------------------------------------------------------------
+    @property
+    def zone_list(self) -> list[str]:
+        """The candidate zones (a spec without ``zones`` runs in its one zone)."""
+        return list(self.zones or [self.start_zone])
+
+    @property
+    def start_zone(self) -> str:
+        return "local"
+
+    @property
+    def start_type(self) -> str:
+        return "local"
+
+    def gpus_of(self, instance_type: str, given: int | None) -> int:
+        """GPUs per node: as given, else the catalog's, else 1 (a local node's processes)."""
+        itype = self.cloud_facts.instance(instance_type)
+        return int(given or (itype.gpus if itype is not None else 1))
+
+    def sold_markets(self, instance_type: str) -> tuple[str, ...]:
+        """The markets the cloud sells ``instance_type`` on (the catalog's; unknown types: both)."""
+        itype = self.cloud_facts.instance(instance_type)
+        return MARKETS if itype is None or itype.on_demand else ("spot",)
+
+    def shape_list(self) -> list:
+        """The shapes (kit.policy.offers.Shape); a spec without ``shapes`` has its own, on every market
+        its type is sold on."""
+        from kit.policy.offers import Shape
+
+        if not self.shapes:
+            itype = self.start_type
+            return [Shape(itype, self.nodes, self.gpus_of(itype, self.gpus_per_node), self.sold_markets(itype))]
+        out = []
+        for s in self.shapes:
+            itype = s.instance_type or self.start_type
+            out.append(Shape(itype, s.nodes, self.gpus_of(itype, s.gpus_per_node),
+                             tuple(s.markets or self.sold_markets(itype))))
+        return out
+
+    def node_price(self, shape, market: str) -> float:
+        """$/h per node of ``shape``: the spec's prices for its own type, the catalog's for the others."""
+        from training.contract import SPOT
+
+        instance_type = shape.instance_type
+        itype = self.cloud_facts.instance(instance_type)
+        if instance_type == self.start_type or itype is None:
+            price = self.prices.spot_per_hour if market == SPOT else self.prices.on_demand_per_hour
+            return float(price or 0.0)
+        return itype.spot_per_hour if market == SPOT else itype.on_demand_per_hour
+
+    def offers(self) -> tuple:
+        """Every (zone, shape, market) the job may run on (kit.policy.offers.Offer), $/h for the gang."""
+        from kit.policy.offers import Offer
+
+        return tuple(Offer(zone, shape, market, shape.nodes * self.node_price(shape, market))
+                     for zone in self.zone_list for shape in self.shape_list() for market in shape.markets)
+
+    def with_offer(self, offer) -> SpecBase:
+        """This spec on ``offer``: its zone, shape and market (what a move or a shape switch renders)."""
+        from training.contract import ON_DEMAND, SPOT
+
+        shape = offer.shape
+        # prices per node of the new shape, so that the moved spec's offers and costs stay its own
+        prices = self.prices.model_copy(update={"spot_per_hour": self.node_price(shape, SPOT),
+                                                "on_demand_per_hour": self.node_price(shape, ON_DEMAND)})
+        update = {"nodes": shape.nodes, "gpus_per_node": shape.gpus_per_node, "market": offer.market,
+                  "prices": prices, **self._offer_update(offer)}
+        return self.model_copy(update=update, deep=True)
+
+    def _offer_update(self, offer) -> dict:
+        return {}
 
     @property
     def source(self) -> str | None:
@@ -299,6 +447,42 @@ class CloudSpec(SpecBase):
     def instance(self):
         return self.cloud_facts.instance(self.instance_type)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _start_in_the_first_zone(cls, data: Any) -> Any:
+        """``zones`` without ``zone``: the job starts in the first; ``region`` defaults to its region."""
+        from kit.policy.offers import region_of
+
+        if isinstance(data, dict) and isinstance(data.get("zones"), list) and data["zones"] and "zone" not in data:
+            data = {**data, "zone": data["zones"][0]}
+            if "region" not in data and isinstance(data["zone"], str):
+                data["region"] = region_of(data["zone"])
+        return data
+
+    @property
+    def start_zone(self) -> str:
+        return self.zone
+
+    def _check_places(self) -> None:
+        for i, zone in enumerate(self.zone_list):
+            _check_zone(self, zone, f"zones[{i}]" if self.zones else "zone")
+        if self.zones and self.zone not in self.zones:
+            raise SpecProblem("zone", f"zone {self.zone!r} is not one of zones {self.zones}",
+                              "leave zone out (the job starts in the first of zones) or add it to zones")
+        _check_shapes(self)
+
+    @property
+    def start_type(self) -> str:
+        return self.instance_type
+
+    def _offer_update(self, offer) -> dict:
+        from kit.policy.offers import region_of
+
+        itype = self.cloud_facts.instance(offer.shape.instance_type)
+        placement = self.placement if itype is None or itype.placement else "none"
+        return {"zone": offer.zone, "region": region_of(offer.zone), "instance_type": offer.shape.instance_type,
+                "placement": placement}
+
     @property
     def state(self) -> BackendSection:
         """Where the Terraform state lives (validation made sure the spec says)."""
@@ -321,7 +505,6 @@ class CloudSpec(SpecBase):
     @model_validator(mode="after")
     def _cloud_rules(self) -> CloudSpec:
         _check_state(self)
-        _check_zone(self)
         _check_instance_type(self)
         _check_disk_type(self)
         _check_ssh(self)
@@ -349,13 +532,35 @@ def _check_state(spec: CloudSpec) -> None:
                           "to keep the state in deploy/<name>/ on this machine only")
 
 
-def _check_zone(spec: CloudSpec) -> None:
-    zones = spec.cloud_facts.zones_of(spec.region)
-    if zones is not None and spec.zone not in zones:
-        raise SpecProblem("zone", f"zone {spec.zone!r} is not in region {spec.region!r}", f"use one of {', '.join(zones)}")
-    if zones is None and (not spec.zone.startswith(spec.region) or spec.zone == spec.region):
-        raise SpecProblem("zone", f"zone {spec.zone!r} is not in region {spec.region!r}",
-                          f"use a zone of {spec.region}, e.g. {spec.region}-a")
+def _check_zone(spec: CloudSpec, zone: str, field: str) -> None:
+    """``zone`` is a zone of its region (the spec's region for its own zone; a listed zone's own)."""
+    from kit.policy.offers import region_of
+
+    region = spec.region if zone == spec.zone else region_of(zone)
+    zones = spec.cloud_facts.zones_of(region)
+    if zones is not None and zone not in zones:
+        raise SpecProblem(field, f"zone {zone!r} is not in region {region!r}", f"use one of {', '.join(zones)}")
+    if zones is None and (not zone.startswith(region) or zone == region or not REGION_RE.fullmatch(region)):
+        raise SpecProblem(field, f"zone {zone!r} is not in region {region!r}",
+                          f"use a zone of {region}, e.g. {region}-a")
+
+
+def _check_shapes(spec: CloudSpec) -> None:
+    """Each listed shape names an instance type the catalog knows (or says its GPUs), on markets the
+    cloud sells it on."""
+    for i, shape in enumerate(spec.shapes or []):
+        where = f"shapes[{i}]"
+        name = shape.instance_type or spec.instance_type  # a shape without a type: the spec's own
+        itype = spec.cloud_facts.instance(name)
+        if itype is None and shape.gpus_per_node is None:
+            raise SpecProblem(f"{where}.gpus_per_node", f"instance type {name!r} is not in kit's catalog",
+                              "set gpus_per_node yourself, or use a catalog type (kit/clouds/<cloud>.py)")
+        if itype is not None and shape.gpus_per_node is not None and shape.gpus_per_node != itype.gpus:
+            raise SpecProblem(f"{where}.gpus_per_node", f"{itype.name} has {itype.gpus} GPU(s), not {shape.gpus_per_node}",
+                              f"remove gpus_per_node or set it to {itype.gpus}")
+        if itype is not None and not itype.on_demand and "on-demand" in (shape.markets or ()):
+            raise SpecProblem(f"{where}.markets", f"{itype.name} cannot run on-demand ({itype.note})",
+                              "list only spot for it, and add a shape of a type sold on-demand as the fallback")
 
 
 def _check_instance_type(spec: CloudSpec) -> None:
@@ -370,12 +575,12 @@ def _check_instance_type(spec: CloudSpec) -> None:
         if spec.market == "on-demand":
             raise SpecProblem("market", f"{spec.instance_type} cannot run on-demand ({itype.note})",
                               "set market: spot, or use an instance type sold on-demand")
-        if policy_may_use_on_demand(spec):
+        if policy_may_use_on_demand(spec) and not any("on-demand" in s.markets for s in spec.shape_list()):
             raise SpecProblem("policy", f"policy {spec.policy.name!r}"
                               f"{' with a deadline' if spec.policy.deadline_hours is not None else ''} may move the "
                               f"job to on-demand, but {spec.instance_type} has no on-demand ({itype.note})",
                               "use policy.name: spot (or default/greedy/up) without deadline_hours, "
-                              "or an instance type sold on-demand")
+                              "or add a shape of a type sold on-demand (shapes:)")
     if spec.placement == "cluster" and itype is not None and not itype.placement:
         raise SpecProblem("placement", f"{spec.instance_type} does not support cluster/compact placement",
                           "set placement: none, or use a type that supports it (AWS g5/p4d/p5, GCP a2/a3/g2)")

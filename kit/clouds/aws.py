@@ -66,6 +66,8 @@ def _t(name: str, gpus: int, gpu: str, on_demand: float, spot: float, *, efa: bo
 class Aws(Cloud[AwsSpec]):
     name = "aws"
     state_backend = "s3"
+    bucket_schemes = ("s3",)
+    bucket_packages = ("s3fs==2026.9.0",)  # fsspec's S3 (aiobotocore); pins its fsspec
     spec_model = AwsSpec
     cluster_tag = "kit:cluster"
     tags_variable = "tags"

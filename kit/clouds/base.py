@@ -64,6 +64,9 @@ class Cloud(ABC, Generic[S]):
     zones: ClassVar[dict[str, tuple[str, ...]]] = {}  # region -> zones, for the regions kit knows
     disk_types: ClassVar[tuple[str, ...]] = ()        # every data-disk type the cloud has
     state_backend: ClassVar[str] = ""                 # Terraform's backend for state in this cloud's storage
+    # checkpoint_bucket: the URL schemes its nodes can write (fsspec), and what they install for them
+    bucket_schemes: ClassVar[tuple[str, ...]] = ()
+    bucket_packages: ClassVar[tuple[str, ...]] = ()
 
     def instance(self, name: str | None) -> InstanceType | None:
         return next((t for t in self.instance_types if t.name == name), None)

@@ -82,6 +82,8 @@ class GcpSpec(CloudSpec):
 class Gcp(Cloud[GcpSpec]):
     name = "gcp"
     state_backend = "gcs"
+    bucket_schemes = ("gs",)
+    bucket_packages = ("gcsfs==2026.10.1",)  # fsspec's GCS; pins its fsspec
     spec_model = GcpSpec
     cluster_tag = "kit-cluster"
     tags_variable = "labels"

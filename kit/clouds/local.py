@@ -16,7 +16,8 @@ DEFAULT_PRICES = (1.0, 4.0)  # spot, on-demand $/h per node when the trace says 
 
 
 class LocalSection(_Model):
-    trace: str | None = None
+    trace: str | None = None  # one zone's file; with ``zones``: a trace set (a directory of <zone>.json)
+    zone: str | None = None   # the zone the job runs in (default: the first of zones); a move sets it
     time_scale: Annotated[Finite, Field(gt=0)] = 3600.0
     preempt_every_seconds: Annotated[Finite, Field(gt=0)] | None = None
     grace_seconds: Annotated[Finite, Field(ge=0)] = 5.0
@@ -27,6 +28,23 @@ class LocalSpec(SpecBase):
     cloud: Literal["local"]
     gpus_per_node: int = Field(1, ge=1)  # processes per node
     local: LocalSection = Field(default_factory=LocalSection)
+
+    @property
+    def start_zone(self) -> str:
+        return self.local.zone or (self.zones[0] if self.zones else "local")
+
+    def trace_of(self, zone: str) -> str | None:
+        """The capacity trace zone ``zone`` replays (each zone of a set its own file)."""
+        if self.local.trace and self.zones:
+            return str(Path(self.local.trace) / f"{zone}.json")
+        return self.local.trace
+
+    def node_price(self, shape, market: str) -> float:
+        """The spec's prices are for a node with one process: a node with more costs proportionally more."""
+        return super().node_price(shape, market) * shape.gpus_per_node / self.gpus_per_node
+
+    def _offer_update(self, offer) -> dict:
+        return {"local": self.local.model_copy(update={"zone": offer.zone})}
 
     def with_run_options(self, **options: Any) -> LocalSpec:
         """``kit train --time-scale/--preempt-every/--no-preemptions`` over the spec's local section."""
@@ -52,7 +70,12 @@ class LocalSpec(SpecBase):
         from kit.traces import load_trace, resolve
 
         meta: dict = {}
-        if self.local.trace:
+        if self.zones and self.local.zone is not None and self.local.zone not in self.zones:
+            raise SpecProblem("local.zone", f"zone {self.local.zone!r} is not one of zones {self.zones}",
+                              "leave local.zone out (the job starts in the first of zones)")
+        if self.local.trace and self.zones:
+            meta = self._trace_set(spec_path(info))
+        elif self.local.trace:
             path = spec_path(info)
             found = resolve(self.local.trace, relative_to=Path(path).parent, where=f"{path}: local.trace")
             if not found.is_file():
@@ -60,6 +83,9 @@ class LocalSpec(SpecBase):
                                   "file", f"name one file of the set, e.g. {self.local.trace.rstrip('/')}/<zone>.json")
             meta = load_trace(found).metadata  # a bad file is refused with its own where/fix
             self.local = self.local.model_copy(update={"trace": str(found)})
+        elif self.zones and self.local.preemptions and self.local.preempt_every_seconds is None:
+            raise SpecProblem("local.trace", "local zones replay a trace set, one file per zone, and none is named",
+                              "set local.trace to a set, e.g. gcp-a3-h100-2025-10 (its files are <zone>.json)")
         self.prices = self.prices.model_copy(update={
             "spot_per_hour": self.prices.spot_per_hour or float(meta.get("spot_price_per_hour") or DEFAULT_PRICES[0]),
             "on_demand_per_hour": self.prices.on_demand_per_hour
@@ -67,8 +93,25 @@ class LocalSpec(SpecBase):
         return self
 
 
+    def _trace_set(self, path: str) -> dict:
+        """``local.trace`` as a set's directory holding every listed zone's file; the first one's prices."""
+        from kit.traces import load_trace, resolve
+
+        found = resolve(self.local.trace or "", relative_to=Path(path).parent, where=f"{path}: local.trace")
+        if not found.is_dir():
+            raise SpecProblem("local.trace", f"{self.local.trace!r} is one file, but zones replay a set (one file "
+                              "per zone)", "name the set's directory, e.g. gcp-a3-h100-2025-10")
+        missing = [z for z in self.zones or [] if not (found / f"{z}.json").is_file()]
+        if missing:
+            have = sorted(p.stem for p in found.glob("*.json"))
+            raise SpecProblem("zones", f"no trace for zone(s) {missing} in {found}", f"use zones of the set: {', '.join(have)}")
+        self.local = self.local.model_copy(update={"trace": str(found)})
+        return load_trace(found / f"{(self.zones or [''])[0]}.json").metadata
+
+
 class Local(Cloud[LocalSpec]):
     name = "local"
+    bucket_schemes = ("file", "s3")  # a directory here, or S3 (moto in the tests)
     spec_model = LocalSpec
     renders_terraform = False
 

@@ -128,6 +128,23 @@ BAD = [
     ("monitoring-on-gcp", GCP, "monitoring", True, "monitoring", "remove"),
     ("gcp-no-network-named", GCP, "network", {"create": False}, "network.create", "network.name: default"),
     ("egress-on-gcp", GCP, "network", {"egress_cidrs": ["10.0.0.0/8"]}, "network.egress_cidrs", "remove it"),
+    # where to run: zones, shapes, the checkpoint bucket
+    ("zone-not-in-zones", AWS, "zones", ["us-east-1b", "us-east-1c"], "zone", "first of zones"),
+    ("listed-zone-unknown", _set(AWS, "zone", _DEL), "zones", ["us-east-1a", "us-east-1z"], "zones[1]", "us-east-1b"),
+    ("zones-twice", _set(AWS, "zone", _DEL), "zones", ["us-east-1a", "us-east-1a"], "zones", "once"),
+    ("shapes-gpu-counts-differ", _set(_set(GCP, "instance_type", _DEL), "nodes", _DEL), "shapes",
+     [{"instance_type": "a3-highgpu-1g", "nodes": 8}, {"instance_type": "a3-highgpu-8g", "nodes": 2}], "shapes",
+     "same nodes x gpus_per_node"),
+    ("shape-spot-only-on-demand", _set(_set(GCP, "instance_type", _DEL), "nodes", _DEL), "shapes",
+     [{"instance_type": "a3-highgpu-1g", "nodes": 8, "markets": ["spot", "on-demand"]}], "shapes[0].markets",
+     "sold on-demand"),
+    ("shape-gpus-mismatch", _set(AWS, "instance_type", _DEL), "shapes",
+     [{"instance_type": "g5.4xlarge", "nodes": 4, "gpus_per_node": 4}], "shapes[0].gpus_per_node", "set it to 1"),
+    ("own-shape-not-listed", AWS, "shapes", [{"instance_type": "g5.48xlarge", "nodes": 1}], "shapes",
+     "leave nodes/instance_type out"),
+    ("bucket-of-another-cloud", AWS, "checkpoint_bucket", "gs://my-bucket/kit", "checkpoint_bucket", "s3://"),
+    ("bucket-bad-name", GCP, "checkpoint_bucket", "gs://My Bucket", "checkpoint_bucket", "gs://"),
+    ("bucket-bad-name-2", GCP, "checkpoint_bucket", "gs://-x/kit", "checkpoint_bucket", "lowercase"),
 ]
 
 
@@ -195,3 +212,74 @@ def test_local_trace_is_resolved_at_load_and_refused_when_missing(tmp_path, monk
         result = CliRunner().invoke(app, argv)
         assert result.exit_code == 2 and "local.trace" in result.output and "kit traces" in result.output, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["specs"], "nothing written"
+
+
+def test_zones_and_shapes_give_the_offers_and_a_move_renders_the_offer():
+    """8 x a3-highgpu-1g spot (sold only as spot) with 1 x a3-highgpu-8g on-demand as the fallback, in two
+    regions: the job starts on the first zone and shape; every (zone, shape, market) is an offer at the
+    gang's price; with_offer gives the spec a move renders (zone, region, type, nodes, market, prices)."""
+    data = _set(_set(_set(GCP, "instance_type", _DEL), "nodes", _DEL), "zone", _DEL)
+    data = _set(_set(data, "region", _DEL), "policy.deadline_hours", 72)
+    data["zones"] = ["us-central1-a", "us-east4-b"]
+    data["shapes"] = [{"instance_type": "a3-highgpu-1g", "nodes": 8}, {"instance_type": "a3-highgpu-8g", "nodes": 1}]
+    spec = parse_spec(data)
+    assert (spec.zone, spec.region, spec.instance_type, spec.nodes, spec.gpus_per_node) == (
+        "us-central1-a", "us-central1", "a3-highgpu-1g", 8, 1)
+    names = [o.name for o in spec.offers()]
+    assert names == ["us-central1-a/8xa3-highgpu-1g/spot", "us-central1-a/1xa3-highgpu-8g/spot",
+                     "us-central1-a/1xa3-highgpu-8g/on-demand", "us-east4-b/8xa3-highgpu-1g/spot",
+                     "us-east4-b/1xa3-highgpu-8g/spot", "us-east4-b/1xa3-highgpu-8g/on-demand"]
+    one_g = spec.cloud_facts.instance("a3-highgpu-1g")
+    eight_g = spec.cloud_facts.instance("a3-highgpu-8g")
+    prices = {o.name: o.price for o in spec.offers()}
+    assert prices["us-east4-b/8xa3-highgpu-1g/spot"] == pytest.approx(8 * one_g.spot_per_hour)
+    assert prices["us-east4-b/1xa3-highgpu-8g/on-demand"] == pytest.approx(eight_g.on_demand_per_hour)
+    fallback = spec.offers()[-1]
+    moved = spec.with_offer(fallback)
+    assert (moved.zone, moved.region, moved.instance_type, moved.nodes, moved.gpus_per_node, moved.market) == (
+        "us-east4-b", "us-east4", "a3-highgpu-8g", 1, 8, "on-demand")
+    assert moved.prices.on_demand_per_hour == pytest.approx(eight_g.on_demand_per_hour)
+    assert moved.offers() == spec.offers()  # the same offers, whichever one the job is on
+
+
+def test_a_spot_only_type_with_a_deadline_is_fine_with_an_on_demand_shape():
+    data = _set(GCP, "policy.deadline_hours", 48)
+    with pytest.raises(InputError, match="no on-demand"):
+        parse_spec(data)
+    data["shapes"] = [{"instance_type": "a3-highgpu-1g", "nodes": 4}, {"instance_type": "a3-highgpu-4g", "nodes": 1,
+                                                                        "markets": ["spot"]}]
+    with pytest.raises(InputError, match="no on-demand"):
+        parse_spec(data)
+    data["nodes"] = 8
+    data["shapes"] = [{"instance_type": "a3-highgpu-1g", "nodes": 8}, {"instance_type": "a3-highgpu-8g", "nodes": 1}]
+    assert parse_spec(data).shape_list()[1].markets == ("spot", "on-demand")
+
+
+def test_checkpoint_bucket_urls_per_cloud():
+    assert parse_spec(_set(AWS, "checkpoint_bucket", "s3://my-ckpts/kit")).checkpoint_bucket == "s3://my-ckpts/kit"
+    assert parse_spec(_set(GCP, "checkpoint_bucket", "gs://my-ckpts")).checkpoint_bucket == "gs://my-ckpts"
+    local = yaml.safe_load((EXAMPLES_DIR / "local.yaml").read_text())
+    assert parse_spec(_set(local, "checkpoint_bucket", "file:///var/kit/ckpts")).checkpoint_bucket
+    for bad in ("file://relative/dir", "file:///a/../b", "gs://x"):
+        with pytest.raises(InputError, match="checkpoint_bucket|bucket|directory"):
+            parse_spec(_set(local, "checkpoint_bucket", bad))
+
+
+def test_local_zones_replay_one_file_of_a_set_each(tmp_path):
+    local = yaml.safe_load((EXAMPLES_DIR / "local.yaml").read_text())
+    data = _set(_set(local, "local.trace", "gcp-a3-h100-2025-10"), "zones", ["us-central1-c", "us-east4-b"])
+    data["shapes"] = [{"nodes": 2, "gpus_per_node": 1}, {"nodes": 1, "gpus_per_node": 2}]
+    spec = parse_spec(data)
+    assert spec.start_zone == "us-central1-c" and spec.trace_of("us-east4-b").endswith(
+        "gcp-a3-h100-2025-10/us-east4-b.json")
+    offers = spec.offers()
+    assert len(offers) == 8 and len({o.price for o in offers if o.market == "spot"}) == 1  # same GPUs, same price
+    moved = spec.with_offer(next(o for o in offers if o.zone == "us-east4-b" and o.shape.nodes == 1))
+    assert (moved.start_zone, moved.nodes, moved.gpus_per_node) == ("us-east4-b", 1, 2)
+    with pytest.raises(InputError, match="no trace for zone") as info:
+        parse_spec(_set(data, "zones", ["us-central1-c", "mars-1a"]))
+    assert "us-east4-b" in info.value.fix
+    with pytest.raises(InputError, match="replay a set"):
+        parse_spec(_set(data, "local.trace", "gcp-a3-h100-2025-10/us-central1-c.json"))
+    with pytest.raises(InputError, match="2 GPUs|same total GPU"):
+        parse_spec(_set(data, "shapes", [{"nodes": 2}, {"nodes": 1}]))
