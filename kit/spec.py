@@ -343,22 +343,23 @@ class SpecBase(_Model):
                              tuple(s.markets or self.sold_markets(itype))))
         return out
 
-    def node_price(self, shape, market: str) -> float:
-        """$/h per node of ``shape``: the spec's prices for its own type, the catalog's for the others."""
+    def node_price(self, shape, market: str) -> float | None:
+        """$/h per node of ``shape``: the spec's prices for its own type, the catalog's for the others
+        (None: unknown, e.g. a type outside the catalog whose price the spec does not say)."""
         from training.contract import SPOT
 
         instance_type = shape.instance_type
         itype = self.cloud_facts.instance(instance_type)
         if instance_type == self.start_type or itype is None:
             price = self.prices.spot_per_hour if market == SPOT else self.prices.on_demand_per_hour
-            return float(price or 0.0)
+            return None if price is None else float(price)
         return itype.spot_per_hour if market == SPOT else itype.on_demand_per_hour
 
     def offers(self) -> tuple:
         """Every (zone, shape, market) the job may run on (kit.policy.offers.Offer), $/h for the gang."""
         from kit.policy.offers import Offer
 
-        return tuple(Offer(zone, shape, market, shape.nodes * self.node_price(shape, market))
+        return tuple(Offer(zone, shape, market, shape.nodes * (self.node_price(shape, market) or 0.0))
                      for zone in self.zone_list for shape in self.shape_list() for market in shape.markets)
 
     def with_offer(self, offer) -> SpecBase:

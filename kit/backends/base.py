@@ -35,6 +35,8 @@ class Node:
     private_ip: str | None = None
     public_ip: str | None = None
     disk_id: str | None = None
+    shape: str | None = None    # the shape it belongs to (kit.policy.offers.Shape.name); the actor sets it
+    price: float | None = None  # $/h of this node on its market; the actor sets it
 
     @classmethod
     def from_output(cls, item: dict, rank: int) -> Node:
@@ -58,6 +60,7 @@ class Backend(ABC):
     trainers and lets them save on an interrupt, through these hooks alone."""
 
     cloud: str = "?"
+    spec: SpecBase  # what is deployed (or about to be): zone, shape and market included
     tick_interval_s: float = 15.0   # seconds between watcher ticks unless told otherwise
     progress_every_s: float = 15.0  # seconds between reads of the nodes' progress files
 
@@ -86,6 +89,10 @@ class Backend(ABC):
 
     def close(self) -> None:
         """The run is over (done or not)."""
+
+    def use(self, spec: SpecBase) -> None:
+        """What is deployed now runs ``spec`` (a restarted watcher's last applied zone, shape and market)."""
+        self.spec = spec
 
     @abstractmethod
     def apply(self, spec: SpecBase, market: str) -> list[Node]:

@@ -39,9 +39,10 @@ class LocalSpec(SpecBase):
             return str(Path(self.local.trace) / f"{zone}.json")
         return self.local.trace
 
-    def node_price(self, shape, market: str) -> float:
-        """The spec's prices are for a node with one process: a node with more costs proportionally more."""
-        return super().node_price(shape, market) * shape.gpus_per_node / self.gpus_per_node
+    def node_price(self, shape, market: str) -> float | None:
+        """The spec's prices are for a node of its own shape: a node with more processes costs more."""
+        price = super().node_price(shape, market)
+        return None if price is None else price * shape.gpus_per_node / self.gpus_per_node
 
     def _offer_update(self, offer) -> dict:
         return {"local": self.local.model_copy(update={"zone": offer.zone})}

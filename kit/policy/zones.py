@@ -88,6 +88,34 @@ def finishing_offer(obs: ZoneObservation, offers: tuple[Offer, ...], moves: Move
     return offer, hours
 
 
+def search_order(offers: tuple[Offer, ...], market: str, rng: random.Random, *, current: Offer | None = None,
+                 preempted_zone: str | None = None) -> list[Offer]:
+    """Where to try a launch on ``market``, in order: SkyPilot's ``EAGER_NEXT_REGION``
+    (sky/jobs/recovery_strategy.py) with the Spell seed's "shuffle the zones and try each in turn": the
+    zones in shuffled order, the one that just preempted last; the zone the job runs in first unless
+    it is that one (no checkpoint to move). Within a zone, the running shape first, then the given
+    order (on-demand: cheapest first). The watcher's capacity search and ``failover`` both use it."""
+    mine = [o for o in offers if o.market == market]
+    zones = sorted({o.zone for o in mine})
+    rng.shuffle(zones)
+    if preempted_zone in zones:
+        zones.remove(preempted_zone)
+        zones.append(preempted_zone)
+    here = current.zone if current is not None else None
+    if here in zones and here != preempted_zone:
+        zones.remove(here)
+        zones.insert(0, here)
+    out: list[Offer] = []
+    for zone in zones:
+        in_zone = [o for o in mine if o.zone == zone]
+        if market == ON_DEMAND:
+            in_zone.sort(key=lambda o: o.price)
+        if current is not None:
+            in_zone.sort(key=lambda o: o.shape != current.shape)
+        out += in_zone
+    return out
+
+
 def zone_slack(obs: ZoneObservation, hours: float) -> float | None:
     if obs.deadline_h is None:
         return None
@@ -200,12 +228,7 @@ class Failover(NettedZonePolicy):
     def _decide(self, obs: ZoneObservation, market: Market) -> list[Offer]:
         if obs.running is not None and obs.running.spot:
             return [obs.running]
-        zones = sorted({o.zone for o in self.spot_offers()})
-        self.rng.shuffle(zones)
-        if self.last_preempted in zones:
-            zones.remove(self.last_preempted)
-            zones.append(self.last_preempted)
-        return [o for z in zones for o in self.spot_offers() if o.zone == z]
+        return search_order(self.offers, SPOT, self.rng, preempted_zone=self.last_preempted)
 
 
 class ZoneDefault(NettedZonePolicy):
@@ -321,4 +344,4 @@ def make_zone_policy(name: str, offers: tuple[Offer, ...], moves: Moves, seed: i
 
 
 __all__ = ["ZONE_POLICY_NAMES", "Failover", "Market", "NettedZonePolicy", "Pinned", "ZoneDefault", "ZoneObservation", "ZonePolicy",
-           "finishing_offer", "make_zone_policy"]
+           "finishing_offer", "make_zone_policy", "search_order"]

@@ -5,6 +5,14 @@ A decision's action is one of:
   disks kept), bootstrap every node (node 0 may be new: everyone gets the new rendezvous
   endpoint and restarts from the newest checkpoint).
 * ``recover``: same market, re-apply to recreate lost nodes, then bootstrap every node.
+
+Where: a spec with several zones or shapes has several offers on the decided market. A launch,
+switch or recover tries them in the capacity search's order (``kit.policy.zones.search_order``:
+the running zone and shape first unless that zone just preempted, the other zones shuffled, the
+preempting zone last) until one has capacity; each offer without capacity is recorded as a
+capacity error. Landing elsewhere is a move (another zone: the checkpoint comes from the bucket)
+or a shape switch (the same GPUs in other instances: torchrun's nnodes x nproc-per-node change,
+the world size does not).
 * ``release``: delete the instances, keep the disks (the policy chose to wait).
 
 Retry timing follows SkyPilot's managed-job launcher (sky/jobs/recovery_strategy.py with
@@ -21,11 +29,12 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
+from kit.policy.zones import search_order
 from kit.watch.events import CAPACITY_ERROR, Event
 from kit.watch.ledger import Apply, Decision, Ledger
 from kit.watch.sources.base import EventSource, SourceError
@@ -73,6 +82,7 @@ class Actor:
     # ------------------------------------------------------------------ restart recovery
     def resume(self) -> None:
         """Finish what a killed watcher left half done (see ledger docstring)."""
+        self.backend.use(self.deployed_spec())
         for attempt in self.ledger.applies(status="applied"):
             decision = self.ledger.decision(attempt.decision_id)
             if decision.status != "pending":
@@ -105,7 +115,7 @@ class Actor:
         # GCP VM that an apply restarts keeps its id, so such an apply is retried, not adopted:
         # harmless, applying is idempotent.
         lost = {n.instance_id for n in rows if n.state in ("lost", "replaced", "released")} - up
-        return (len(deployed) == self.spec.nodes
+        return (len(deployed) in {shape.nodes for shape in self.spec.shape_list()}
                 and all(n.market == decision.market_after for n in deployed)
                 and not any(n.instance_id in lost for n in deployed))
 
@@ -134,9 +144,9 @@ class Actor:
                 self.backend.destroy(keep_disks=True)
                 nodes = []
             else:
-                nodes = self.backend.apply(self.spec.with_market(market), market)
+                nodes = self._launch(decision, attempt_id, market)
         except CapacityError as error:
-            return self._failed(decision, attempt_id, str(error), capacity=True)
+            return self._failed(decision, attempt_id, str(error), capacity=True, recorded=True)
         except KitError as error:
             return self._failed(decision, attempt_id, str(error), capacity=False)
         wrong_market = self.market_mismatch(nodes, market)
@@ -147,6 +157,56 @@ class Actor:
         self.ledger.mark_applied(attempt_id, [n.to_dict() for n in nodes], market=decision.market_after,
                                  now=self.clock())
         return self._finish(decision, attempt, nodes)
+
+    # ------------------------------------------------------------------ where
+    def current_offer(self):
+        """The offer (kit.policy.offers.Offer) of the newest apply that reached the cloud, or None."""
+        name = self.ledger.applied_offer()
+        return next((o for o in self.spec.offers() if o.name == name), None) if name else None
+
+    def deployed_spec(self) -> SpecBase:
+        """The spec of what runs now: the spec on its current offer (its own zone and shape before any)."""
+        offer = self.current_offer()
+        return self.spec.with_offer(offer) if offer is not None else self.spec
+
+    def search(self, decision: Decision, market: str) -> list:
+        """The offers a launch on ``market`` tries, in order (module docstring)."""
+        import random
+
+        lost = [n.zone for n in self.ledger.nodes(("lost",)) if n.zone]
+        return search_order(self.spec.offers(), market, random.Random(f"{self.spec.name}:{decision.id}"),
+                            current=self.current_offer(), preempted_zone=lost[-1] if lost else None)
+
+    def _launch(self, decision: Decision, attempt_id: int, market: str) -> list[Node]:
+        """Apply the first offer of the capacity search that has capacity; its nodes carry their shape
+        and price. Raises CapacityError when none has (each one recorded), KitError otherwise."""
+        order = self.search(decision, market)
+        if not order:
+            self.spec.with_market(market)  # raises the spec's own reason (e.g. a type sold only as spot)
+            raise KitError(f"no offer of the spec is on {market}", where="shapes", fix="add a shape sold on it")
+        errors = []
+        for offer in order:
+            try:
+                nodes = self.backend.apply(self.spec.with_offer(offer), market)
+            except CapacityError as error:
+                errors.append(f"{offer.name}: {error.what}")
+                self._capacity_event(decision, attempt_id, market, offer.name, str(error))
+                continue
+            self.ledger.set_apply_offer(attempt_id, offer.name)
+            if len(order) > 1:
+                log.info("decision %d: %s has capacity (offer %d of %d)", decision.id, offer.name,
+                         order.index(offer) + 1, len(order))
+            price = self.spec.node_price(offer.shape, market)  # None: unknown (the cost stays unknown)
+            return [replace(n, shape=offer.shape.name, price=price) for n in nodes]
+        raise CapacityError(f"no {market} capacity in {len(order)} offer(s): {'; '.join(errors)}",
+                            where=f"offers on {market}", fix="kit watch retries with backoff")
+
+    def _capacity_event(self, decision: Decision, attempt_id: int, market: str, offer: str, error: str) -> None:
+        attempts = self.ledger.decision(decision.id).attempts
+        self.ledger.record(Event(kind=CAPACITY_ERROR, instance="*", time=self.clock(), source="watcher",
+                                 detail={"market": market, "offer": offer, "decision": decision.id,
+                                         "attempt": attempts, "error": error[:2000]},
+                                 dedup_key=f"watcher:capacity:{attempt_id}:{offer}"))
 
     def market_mismatch(self, nodes: list[Node], market: str | None) -> str | None:
         """Why the applied nodes do not run on ``market``, or None. An apply that "succeeded" may
@@ -192,7 +252,8 @@ class Actor:
         self.ledger.finish_apply(attempt.id, decision.id, [n.to_dict() for n in nodes], decision.market_after, now)
         return Outcome("done", nodes=nodes)
 
-    def _failed(self, decision: Decision, attempt_id: int, error: str, *, capacity: bool) -> Outcome:
+    def _failed(self, decision: Decision, attempt_id: int, error: str, *, capacity: bool,
+                recorded: bool = False) -> Outcome:
         now = self.clock()
         attempts = self.ledger.decision(decision.id).attempts
         # Capacity: the market's failures since its last success, not this decision's attempts.
@@ -200,10 +261,8 @@ class Actor:
         next_attempt = now + self.backoff.delay(max(attempts, failures))
         self.ledger.fail_apply(attempt_id, decision.id, error, capacity=capacity, next_attempt=next_attempt, now=now)
         if capacity:
-            self.ledger.record(Event(kind=CAPACITY_ERROR, instance="*", time=now, source="watcher",
-                                     detail={"market": decision.market_after, "decision": decision.id,
-                                             "attempt": attempts, "error": error[:2000]},
-                                     dedup_key=f"watcher:capacity:{attempt_id}"))
+            if not recorded:  # the capacity search recorded one event per offer it tried
+                self._capacity_event(decision, attempt_id, decision.market_after or "", "", error)
             log.warning("decision %d: no capacity on %s (failure %d in a row), retry in %.0f s",
                         decision.id, decision.market_after, failures, next_attempt - now)
             return Outcome("retry", capacity_error=True, error=error)

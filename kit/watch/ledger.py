@@ -5,7 +5,9 @@ Tables: ``events`` (what happened, deduplicated), ``progress`` (trainer heartbea
 history), ``decisions`` (what the watcher chose to do), ``applies`` (each attempt at doing it),
 ``nodes`` (which instance ran when, on which market, and how it ended: the basis of cost
 accounting; one row per incarnation, since a stopped GCP spot VM comes back under the same id),
-``run`` (one row: the job's own facts, typed: when it started, the deployed market, the final
+``nodes`` also keeps each incarnation's shape and
+price per hour (where the job ran on several shapes or zones, the cost is theirs), ``applies`` the
+offer (zone x shape x market) each apply was for; ``run`` (one row: the job's own facts, typed: when it started, the deployed market, the final
 digest, whether it finished, the local clock's origin, the spot backoff, the wall time so far)
 and ``capacity_failures`` (per market). The schema version is SQLite's ``user_version``.
 
@@ -39,7 +41,7 @@ from typing import Any
 from kit.errors import KitError
 from kit.watch.events import PROGRESS, Event
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, recorded REAL NOT NULL, kind TEXT NOT NULL,
@@ -87,10 +89,14 @@ CREATE TABLE IF NOT EXISTS nodes (
     market TEXT, zone TEXT, private_ip TEXT, public_ip TEXT, disk_id TEXT,
     state TEXT NOT NULL CHECK (state IN ('up', 'lost', 'replaced', 'released')),
     since REAL NOT NULL, until REAL, apply_id INTEGER,
-    lost_kind TEXT);  -- how this incarnation was lost ('preemption' / 'instance-lost'), NULL if it was not
+    lost_kind TEXT,  -- how this incarnation was lost ('preemption' / 'instance-lost'), NULL if it was not
+    shape TEXT,      -- the shape it belonged to (kit.policy.offers.Shape.name), NULL before version 4
+    price REAL);     -- $/h of this node on its market, NULL before version 4 (the spec's prices apply)
 CREATE UNIQUE INDEX IF NOT EXISTS nodes_current ON nodes(instance_id) WHERE state IN ('up', 'lost');
 """
 NODE_COLUMNS = "instance_id, name, rank, market, zone, private_ip, public_ip, disk_id, state, since, until, apply_id"
+# Columns version 4 added to tables that older ledgers already have (ALTER TABLE ... ADD COLUMN).
+ADDED_COLUMNS = (("nodes", "shape", "TEXT"), ("nodes", "price", "REAL"), ("applies", "offer", "TEXT"))
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,7 @@ class Apply:
     adopted: bool
     error: str | None
     nodes: list[dict] | None
+    offer: str | None = None  # kit.policy.offers.Offer.name of what was applied (None: a release, or older)
 
 
 @dataclass(frozen=True)
@@ -140,6 +147,8 @@ class NodeRow:
     apply_id: int | None = None
     id: int | None = None  # the incarnation (an instance id can come back after a stop)
     lost_kind: str | None = None  # 'preemption' / 'instance-lost' when this incarnation was lost
+    shape: str | None = None
+    price: float | None = None  # $/h (None: the spec's price for its market)
 
 
 def _rowid(cursor: sqlite3.Cursor) -> int:
@@ -173,7 +182,7 @@ class Ledger:
         self._db.execute("PRAGMA foreign_keys=ON")
         with self._lock:
             version = self._version()
-            if version not in (0, 1, 2, SCHEMA_VERSION):
+            if version not in (0, 1, 2, 3, SCHEMA_VERSION):
                 raise KitError(f"ledger schema version {version}, this kit writes {SCHEMA_VERSION}",
                                where=str(self.path), fix="use the kit version that created this ledger")
             if version == 1:
@@ -181,6 +190,7 @@ class Ledger:
             self._db.executescript(SCHEMA + NODES_SCHEMA)
             if version in (1, 2):
                 self._migrate_meta()
+            self._add_columns()
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _version(self) -> int:
@@ -212,6 +222,13 @@ class Ledger:
                 " WHEN EXISTS (SELECT 1 FROM events e WHERE e.instance = nodes.instance_id AND e.source != 'agent'"
                 "              AND e.kind = 'instance-lost') THEN 'instance-lost' END"
                 " WHERE until IS NOT NULL")
+
+    def _add_columns(self) -> None:
+        """Version 4's new columns on an older ledger's tables (new ledgers are created with them)."""
+        with self.transaction() as db:
+            for table, column, kind in ADDED_COLUMNS:
+                if not db.execute(f"SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?", (column,)).fetchone():
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     def _migrate_meta(self) -> None:
         """Versions 1 and 2 kept the job's facts as text in a ``meta`` key-value table; version 3
@@ -425,12 +442,27 @@ class Ledger:
                        (error, now, decision_id))
 
     # ------------------------------------------------------------------ applies
-    def start_apply(self, decision_id: int, market: str | None, now: float) -> int:
+    def start_apply(self, decision_id: int, market: str | None, now: float, offer: str | None = None) -> int:
         with self.transaction() as db:
             db.execute("UPDATE decisions SET attempts = attempts + 1 WHERE id = ?", (decision_id,))
             return _rowid(db.execute(
-                "INSERT INTO applies(decision_id, started, market, status) VALUES (?, ?, ?, 'started')",
-                (decision_id, now, market)))
+                "INSERT INTO applies(decision_id, started, market, status, offer) VALUES (?, ?, ?, 'started', ?)",
+                (decision_id, now, market, offer)))
+
+    def set_apply_offer(self, apply_id: int, offer: str) -> None:
+        """The offer an attempt ended up applying (a capacity search may pass several)."""
+        with self.transaction() as db:
+            db.execute("UPDATE applies SET offer = ? WHERE id = ?", (offer, apply_id))
+
+    def applied_offer(self) -> str | None:
+        """The offer of the newest apply that reached the cloud (None: nothing applied, or a release)."""
+        rows = self._query("SELECT offer, market FROM applies WHERE nodes IS NOT NULL ORDER BY id DESC LIMIT 1")
+        return rows[0]["offer"] if rows and rows[0]["market"] is not None else None
+
+    def applied_offers(self) -> list[str]:
+        """The offer of every apply that reached the cloud, in order (releases and older ledgers left out)."""
+        return [r["offer"] for r in self._query(
+            "SELECT offer FROM applies WHERE nodes IS NOT NULL AND market IS NOT NULL AND offer IS NOT NULL ORDER BY id")]
 
     def applies(self, *, decision_id: int | None = None, status: str | None = None) -> list[Apply]:
         sql = "SELECT * FROM applies WHERE 1=1"
@@ -522,9 +554,10 @@ class Ledger:
                 db.execute("UPDATE nodes SET state = 'replaced', until = ? WHERE id = ?", (now, current["id"]))
             db.execute(
                 "INSERT INTO nodes(instance_id, name, rank, market, zone, private_ip, public_ip, disk_id, state,"
-                " since, apply_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'up', ?, ?)",
+                " since, apply_id, shape, price) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'up', ?, ?, ?, ?)",
                 (instance_id, node.get("name") or f"node-{rank}", node.get("rank", rank), node_market,
-                 node.get("zone"), node.get("private_ip"), node.get("public_ip"), node.get("disk_id"), now, apply_id))
+                 node.get("zone"), node.get("private_ip"), node.get("public_ip"), node.get("disk_id"), now, apply_id,
+                 node.get("shape"), node.get("price")))
         db.execute("UPDATE run SET market = ? WHERE id = 1", (market or None,))
 
     def applied_markets(self) -> list[str]:

@@ -1,14 +1,16 @@
 """The ledger's view of a cluster: nodes, market, preemptions, decisions, progress, cost so far.
 
-Cost is node-hours per market (each instance from when an apply brought it up until it was
-lost, replaced or released) times the spec's prices (``prices{spot_per_hour,
+Cost is each instance's hours (from when an apply brought it up until it was lost, replaced or
+released) times its own price per hour, recorded with it from the offer it ran on (zone x shape x
+market); rows of older ledgers use the spec's prices (``prices{spot_per_hour,
 on_demand_per_hour}``, per node). A price that is unknown leaves the cost unknown rather than
 guessing.
 
 The comparison, ``cost_all_on_demand``, is what the *same job* would cost on on-demand from the
 start: the simulator's baseline ``N x Q x (d + C0)`` (+ the same final export), with
 
-* ``N`` the spec's nodes, ``Q`` its on-demand price;
+* ``N x Q`` the cheapest on-demand offer's price for the whole job (the spec's nodes x its
+  on-demand price for a spec with one zone and shape);
 * ``d`` one launch: this job's first launch as measured (from the start of its apply to the
   trainer's first step, estimated from the first heartbeat after it), else
   ``policy.changeover_hours`` (a deployment adopted from ``kit apply``, or no heartbeat yet);
@@ -35,6 +37,22 @@ from training.contract import ON_DEMAND, SPOT
 
 if TYPE_CHECKING:
     from kit.spec import SpecBase
+
+
+def node_cost(ledger: Ledger, now: float, prices: dict[str, float | None]) -> float | None:
+    """$ so far: each incarnation's hours x its own price (the offer it ran on), else its market's
+    price in ``prices``; None when a price is unknown."""
+    total = 0.0
+    for node in ledger.all_nodes():
+        end = node.until if node.until is not None else now
+        hours = max(0.0, end - node.since) / 3600.0
+        price = node.price if node.price is not None else prices.get(node.market or ON_DEMAND)
+        if price is None:
+            if hours > 0:
+                return None
+            continue
+        total += hours * price
+    return total
 
 
 def node_hours(ledger: Ledger, now: float) -> dict[str, float]:
@@ -83,14 +101,14 @@ def startup_hours(ledger: Ledger, step_s: float | None) -> float | None:
 
 def cost_summary(ledger: Ledger, prices: dict[str, float | None], now: float, *, nodes: int = 1,
                  changeover_h: float = DEFAULT_CHANGEOVER_H, steps: int | None = None,
-                 finished: bool = False) -> dict[str, Any]:
+                 finished: bool = False, on_demand_rate: float | None = None) -> dict[str, Any]:
     """Node-hours and cost so far, and the same job on on-demand (module docstring). ``steps``: the
     job's size for a finished job (default: the steps done so far); ``finished``: the nodes were
-    released after the trainer's done (the time in between counts for the baseline too)."""
+    released after the trainer's done (the time in between counts for the baseline too);
+    ``on_demand_rate``: the whole job's on-demand $/h (default ``nodes`` x the on-demand price)."""
     hours = node_hours(ledger, now)
-    known = all(prices[m] is not None for m in hours if hours[m] > 0)
-    cost = sum(hours[m] * (prices[m] or 0.0) for m in hours) if known else None
-    od = prices[ON_DEMAND]
+    cost = node_cost(ledger, now, prices)
+    od = on_demand_rate / nodes if on_demand_rate is not None else prices[ON_DEMAND]
     step_s = median_step_s(ledger)  # one read of the heartbeats for both estimates
     useful = compute_hours(ledger, steps, step_s)
     measured = startup_hours(ledger, step_s)
@@ -109,9 +127,16 @@ def cost_summary(ledger: Ledger, prices: dict[str, float | None], now: float, *,
     }
 
 
+def on_demand_rate(spec: SpecBase) -> float | None:
+    """The whole job on-demand, $/h: the cheapest on-demand offer (zone x shape) of the spec; None
+    when it has none (a type sold only as spot: then its list on-demand price stands in)."""
+    rates = [o.price for o in spec.offers() if o.market == ON_DEMAND]
+    return min(rates) if rates else None
+
+
 def cost_of(ledger: Ledger, spec: SpecBase, now: float, *, steps: int | None = None, finished: bool = False) -> dict[str, Any]:
-    return cost_summary(ledger, prices_of(spec), now, nodes=spec.nodes,
-                        changeover_h=changeover_of(spec), steps=steps, finished=finished)
+    return cost_summary(ledger, prices_of(spec), now, nodes=spec.nodes, changeover_h=changeover_of(spec),
+                        steps=steps, finished=finished, on_demand_rate=on_demand_rate(spec))
 
 
 def preemption_counts(ledger: Ledger) -> dict[str, int]:

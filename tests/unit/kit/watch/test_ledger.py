@@ -173,7 +173,7 @@ def test_a_version_1_ledger_is_migrated(tmp_path):
     db.executescript(V1_SCHEMA)
     db.close()
     ledger = Ledger(tmp_path / "l.sqlite")
-    assert ledger._query("PRAGMA user_version")[0][0] == 3
+    assert ledger._query("PRAGMA user_version")[0][0] == 4
     # the job's facts, from text in `meta` to typed columns (and `meta` is gone)
     assert (ledger.market(), ledger.started_at(), ledger.capacity_failures("spot")) == ("spot", 0.0, 3)
     assert ledger.clock_origin(999.0) == 12.5 and not ledger._query(
