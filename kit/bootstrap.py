@@ -82,6 +82,8 @@ def inventory_from_spec(spec: SpecBase, outputs: dict, role_vars: dict | None = 
         "trainer_flags": training_args(spec),
         # the training package this kit runs (installed or checked out), not a path beside the playbook
         "trainer_source": str(TRAINING_PACKAGE_DIR),
+        # the checkpoint bucket's fsspec backend (s3fs / gcsfs), when the spec names one
+        "python_env_extra_packages": list(spec.cloud_facts.bucket_packages) if spec.checkpoint_bucket else [],
         "preemption_agent_cloud": spec.cloud,
         "preemption_agent_cluster": spec.name,
     }

@@ -343,6 +343,16 @@ class SpecBase(_Model):
                              tuple(s.markets or self.sold_markets(itype))))
         return out
 
+    @property
+    def can_move(self) -> bool:
+        """Whether the job may change zone or shape (and so needs its checkpoints beyond its disks)."""
+        return len(self.zone_list) > 1 or len(self.shape_list()) > 1
+
+    @property
+    def bucket_url(self) -> str | None:
+        """This job's prefix in ``checkpoint_bucket`` (the trainer's ``--ckpt-bucket``)."""
+        return f"{self.checkpoint_bucket.rstrip('/')}/{self.name}" if self.checkpoint_bucket else None
+
     def node_price(self, shape, market: str) -> float | None:
         """$/h per node of ``shape``: the spec's prices for its own type, the catalog's for the others
         (None: unknown, e.g. a type outside the catalog whose price the spec does not say)."""
@@ -750,4 +760,5 @@ def check_ssh_key(spec: SpecBase) -> str:
 
 def training_args(spec: SpecBase) -> list[str]:
     """``training.train`` flags for the spec's training section (boolean flags only when true)."""
-    return to_flags(spec.training.model_dump())
+    flags = to_flags(spec.training.model_dump())
+    return flags + (["--ckpt-bucket", spec.bucket_url] if spec.bucket_url else [])

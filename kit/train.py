@@ -130,7 +130,8 @@ class TrainRun:
             self.add_wall_time(session.ledger)  # as it goes: a killed kit's time still counts
             progress = f"step {result.step}/{result.total_steps}" if result.step is not None else "starting"
             self.console.print(f"[{time.strftime('%H:%M:%S')}] {self.spec.name}: market {result.market or 'none'}, "
-                               f"{result.nodes_up}/{self.spec.nodes} up, {progress}, policy {result.decision or '-'}")
+                               f"{result.nodes_up}/{session.backend.spec.nodes} up, {progress}, "
+                               f"policy {result.decision or '-'}")
 
     def add_wall_time(self, ledger) -> float:
         wall, self.wall_start = ledger.add_wall_seconds(time.time() - self.wall_start), time.time()
@@ -199,6 +200,8 @@ class TrainRun:
             "steps_lost": steps_lost(ledger), "wall_seconds": round(wall, 2),
             "params_sha256": ledger.params_sha256(),
             "nodes_lost": status["nodes_lost"], "capacity_errors": status["capacity_errors"],
+            # where it ran: zone/shape/market per apply, moves between zones and shape switches
+            "offers": status["offers"], "moves": status["moves"], "shape_switches": status["shape_switches"],
             "export": export, "disks": disks,
         }
 
@@ -324,6 +327,7 @@ def render_report(report: dict, console) -> None:
     table.add_column("value", justify="right")
     rows = [("steps", f"{report['steps']}/{report['total_steps']}"), ("steps lost", str(report["steps_lost"])),
             ("preemptions", str(report["preemptions"])), ("market switches", str(report["market_switches"])),
+            ("moves / shape switches", f"{report.get('moves', 0)} / {report.get('shape_switches', 0)}"),
             ("spot node-hours", f"{report['spot_hours']:.2f}"), ("on-demand node-hours", f"{report['on_demand_hours']:.2f}"),
             ("cost", money(report["cost"])), ("same job all on-demand", money(report["cost_on_demand"])),
             ("wall time", f"{report['wall_seconds']:.1f} s"), ("params_sha256", str(report["params_sha256"])[:16] + "…")]
@@ -333,5 +337,7 @@ def render_report(report: dict, console) -> None:
     for key, value in rows:
         table.add_row(key, value)
     console.print(table)
+    if len(report.get("offers") or []) > 1:
+        console.print("ran on: " + " -> ".join(report["offers"]), highlight=False)
     if report.get("time_scale", 1.0) != 1.0:  # a compressed clock: the local backend's trace time
         console.print(f"(local hours are trace hours: wall time × time scale {report['time_scale']:g})")

@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
@@ -143,10 +143,10 @@ class LocalBackend(Backend):
         self.lock = threading.RLock()
         _LIVE.add(self)
 
-    def _spot_capacity(self) -> bool:
+    def _spot_capacity(self, spec: SpecBase) -> bool:
         if self.spot_available is not None:
             return self.spot_available()
-        return self.injector is None or self.injector.spot_available()
+        return self.injector is None or self.injector.spot_available(zone=spec.start_zone, nodes=spec.nodes)
 
     # ------------------------------------------------------------------ the run's life cycle
     @property
@@ -162,9 +162,11 @@ class LocalBackend(Backend):
         self.clock = clock = VirtualClock(origin, self.time_scale)
         self.reconcile(clock.at)
         local = self.local
-        self.injector = Injector(self, nodes=self.spec.nodes, clock=self.clock, origin=origin, trace=local.trace,
+        spec = cast("LocalSpec", self.spec)
+        zones = {zone: spec.trace_of(zone) for zone in spec.zone_list}
+        self.injector = Injector(self, nodes=spec.nodes, clock=self.clock, origin=origin, trace=local.trace,
                                  preempt_every=local.preempt_every_seconds, grace_seconds=local.grace_seconds,
-                                 enabled=local.preemptions)
+                                 enabled=local.preemptions, zones=zones, zone=spec.start_zone)
         return self.clock
 
     def reconcile(self, at: Callable[[float], float] = lambda wall: wall) -> list[int]:
@@ -291,8 +293,12 @@ class LocalBackend(Backend):
     def state_file(self, rank: int) -> Path:
         return self.state_dir() / f"node-{rank}.json"
 
-    def disk_dir(self, rank: int) -> Path:
-        return self.root / "disks" / f"node-{rank}"
+    def disk_dir(self, rank: int, zone: str | None = None) -> Path:
+        """Node ``rank``'s data disk in ``zone`` (default: the zone the job runs in). A job with zones
+        has disks per zone, as the clouds' zonal disks: a move starts on the new zone's (from the bucket)."""
+        if not self.spec.zones:
+            return self.root / "disks" / f"node-{rank}"
+        return self.root / "disks" / (zone or self.spec.start_zone) / f"node-{rank}"
 
     def node_dir(self, rank: int) -> Path:
         return self.root / "run" / f"node-{rank}"
@@ -310,11 +316,23 @@ class LocalBackend(Backend):
     def read_state(self, rank: int) -> dict | None:
         return read_json(self.state_file(rank))
 
-    def write_state(self, rank: int, instance_id: str, market: str, state: str, reason: str | None = None) -> dict:
+    def write_state(self, rank: int, instance_id: str, market: str, state: str, reason: str | None = None, *,
+                    zone: str | None = None, procs: int | None = None) -> dict:
+        current = self.read_state(rank) or {}
         data = {"name": f"node-{rank}", "instance_id": instance_id, "rank": rank, "market": market,
-                "state": state, "reason": reason, "time": self.clock()}
+                "state": state, "reason": reason, "time": self.clock(),
+                "zone": zone or current.get("zone") or self.spec.start_zone,
+                "procs": procs or current.get("procs") or int(self.spec.gpus_per_node or 1)}
         write_json_atomic(self.state_file(rank), data)
         return data
+
+    def _kept(self, rank: int, spec: SpecBase, market: str) -> bool:
+        """Node ``rank`` is up on ``market`` in the spec's zone with its processes: kept by an apply,
+        like terraform keeps a live instance that matches."""
+        state = self.read_state(rank)
+        return bool(rank < spec.nodes and state and state["state"] == "running" and state["market"] == market
+                    and state.get("zone", spec.start_zone) == spec.start_zone
+                    and state.get("procs", 1) == int(spec.gpus_per_node or 1))
 
     def _new_instance_id(self, rank: int) -> str:
         counter = self.root / "instance-counter"
@@ -326,24 +344,27 @@ class LocalBackend(Backend):
     # ------------------------------------------------------------------ Backend
     def apply(self, spec: SpecBase, market: str) -> list[Node]:
         with self.lock:
-            self.spec = spec
-            if market == SPOT and not self._spot_capacity():
-                raise CapacityError(f"no spot capacity for {spec.nodes} local nodes (the injector's trace is low)",
-                                    where=str(self.root), fix="kit retries with backoff or moves to on-demand")
+            if market == SPOT and not self._spot_capacity(spec):
+                raise CapacityError(f"no spot capacity for {spec.nodes} local nodes in {spec.start_zone} (the "
+                                    "injector's trace is low)", where=str(self.root),
+                                    fix="kit tries the next offer, retries with backoff or moves to on-demand")
             self._save_before_replacing(spec, market)
+            self.spec = spec
             for rank in range(spec.nodes, 1 << 16):  # a smaller spec: drop the extra nodes
                 if not self.state_file(rank).exists():
                     break
                 self.kill_node(rank)
                 self.state_file(rank).unlink()
+            zone, procs = spec.start_zone, int(spec.gpus_per_node or 1)
             for rank in range(spec.nodes):
-                state = self.read_state(rank)
-                if state and state["state"] == "running" and state["market"] == market:
-                    continue  # still up on this market: kept, like terraform keeps a live instance
+                if self._kept(rank, spec, market):
+                    continue
                 self.kill_node(rank)
                 shutil.rmtree(self.node_dir(rank), ignore_errors=True)
                 self.disk_dir(rank).mkdir(parents=True, exist_ok=True)
-                self.write_state(rank, self._new_instance_id(rank), market, "running")
+                self.write_state(rank, self._new_instance_id(rank), market, "running", zone=zone, procs=procs)
+            if self.injector is not None:  # preemptions follow the job to its zone and shape
+                self.injector.zone, self.injector.nodes = zone, spec.nodes
             return self.nodes()
 
     def nodes(self) -> list[Node]:
@@ -352,8 +373,9 @@ class LocalBackend(Backend):
             state = self.read_state(rank)
             if state is None or state["state"] != "running":
                 continue
+            zone = state.get("zone") or self.spec.start_zone
             out.append(Node(name=state["name"], instance_id=state["instance_id"], rank=rank, market=state["market"],
-                            zone="local", private_ip="127.0.0.1", disk_id=str(self.disk_dir(rank))))
+                            zone=zone, private_ip="127.0.0.1", disk_id=str(self.disk_dir(rank, zone))))
         return out
 
     def bootstrap(self, nodes: list[Node]) -> None:
@@ -374,7 +396,7 @@ class LocalBackend(Backend):
         return self.newest_progress(records)
 
     def checkpoint_dir(self, node: Node, scratch: Path) -> Path:
-        return self.disk_dir(node.rank) / "ckpt"  # the "disk" is on this machine already
+        return self.disk_dir(node.rank, node.zone) / "ckpt"  # the "disk" is on this machine already
 
     def destroy(self, keep_disks: bool = True) -> None:
         with self.lock:
@@ -391,6 +413,8 @@ class LocalBackend(Backend):
         args = training_args(self.spec)
         i = args.index("--ckpt-dir")
         args[i + 1] = str(self.disk_dir(rank) / "ckpt")
+        if "--ckpt-bucket" not in args and self.spec.can_move:  # a job that can leave its disks behind
+            args += ["--ckpt-bucket", f"file://{self.root / 'bucket'}/{self.spec.name}"]
         nproc = 1 if not self.spec.gpus_per_node else int(self.spec.gpus_per_node)
         return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={self.spec.nodes}",
                 f"--nproc-per-node={nproc}", f"--node-rank={rank}", "--rdzv-backend=c10d",
@@ -490,12 +514,7 @@ class LocalBackend(Backend):
         """A cloud instance that terraform replaces (a market switch) shuts down first, and its
         trainer saves on the way (systemd stops the unit, the launcher asks for a stop). Here the
         same: live trainers on nodes about to be replaced are asked to save before they are killed."""
-        doomed = []
-        for rank in list(self.procs):
-            state = self.read_state(rank)
-            kept = rank < spec.nodes and state and state["state"] == "running" and state["market"] == market
-            if not kept and self.trainer_exit(rank) is None:
-                doomed.append(rank)
+        doomed = [rank for rank in list(self.procs) if not self._kept(rank, spec, market) and self.trainer_exit(rank) is None]
         if doomed:
             self.request_stop(f"instance replaced (market {market})", self.save_grace_s, ranks=doomed)
 

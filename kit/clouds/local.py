@@ -84,9 +84,6 @@ class LocalSpec(SpecBase):
                                   "file", f"name one file of the set, e.g. {self.local.trace.rstrip('/')}/<zone>.json")
             meta = load_trace(found).metadata  # a bad file is refused with its own where/fix
             self.local = self.local.model_copy(update={"trace": str(found)})
-        elif self.zones and self.local.preemptions and self.local.preempt_every_seconds is None:
-            raise SpecProblem("local.trace", "local zones replay a trace set, one file per zone, and none is named",
-                              "set local.trace to a set, e.g. gcp-a3-h100-2025-10 (its files are <zone>.json)")
         self.prices = self.prices.model_copy(update={
             "spot_per_hour": self.prices.spot_per_hour or float(meta.get("spot_price_per_hour") or DEFAULT_PRICES[0]),
             "on_demand_per_hour": self.prices.on_demand_per_hour

@@ -1,6 +1,7 @@
 """Spot preemptions for the local backend, the way the clouds deliver them.
 
-Two modes: replay a capacity trace (``kit/data/spot-traces``) time-compressed by
+Two modes: replay a capacity trace (``kit/data/spot-traces``; with zones, one file of a set per zone,
+all on the same clock, and the running zone's decides) time-compressed by
 ``time_scale`` trace seconds per wall second — while ``data[i] < nodes`` spot capacity is low:
 running spot nodes beyond the capacity are preempted (highest rank first, so a trace with 0 hits
 node 0 too) and spot launches raise ``CapacityError`` — or preempt one spot node every
@@ -65,9 +66,11 @@ class VirtualClock:
 class Injector:
     def __init__(self, backend: LocalNodes, *, nodes: int, clock: Callable[[], float], origin: float,
                  trace: str | None = None, preempt_every: float | None = None, grace_seconds: float = 5.0,
-                 enabled: bool = True, wall: Callable[[], float] = time.time, period: float = 0.1):
+                 enabled: bool = True, wall: Callable[[], float] = time.time, period: float = 0.1,
+                 zones: dict[str, str | None] | None = None, zone: str = "local"):
         self.backend = backend
-        self.nodes = nodes
+        self.nodes = nodes  # the running shape's nodes and zone (the backend updates both on every apply)
+        self.zone = zone
         self.clock = clock
         self.origin = origin
         self.preempt_every = preempt_every
@@ -75,11 +78,14 @@ class Injector:
         self.enabled = enabled
         self.wall = wall
         self.period = period
-        self.trace = None
-        if trace and enabled and preempt_every is None:
+        # one capacity trace per zone (each zone of a set replays its own file at the same clock)
+        self.traces: dict = {}
+        if enabled and preempt_every is None:
             from kit.traces import load_trace, resolve
 
-            self.trace = load_trace(resolve(trace, where="local.trace"))
+            for name, path in (zones or {zone: trace}).items():
+                if path:
+                    self.traces[name] = load_trace(resolve(path, where="local.trace"))
         if preempt_every is not None and preempt_every <= 0:
             raise InputError(f"--preempt-every {preempt_every} must be > 0", where="--preempt-every",
                              fix="e.g. --preempt-every 20")
@@ -95,16 +101,23 @@ class Injector:
         self.thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ capacity
-    def capacity(self, now: float | None = None) -> int | None:
-        if self.trace is None:
+    @property
+    def trace(self):
+        """The running zone's trace (None: no trace replayed there)."""
+        return self.traces.get(self.zone)
+
+    def capacity(self, now: float | None = None, zone: str | None = None) -> int | None:
+        trace = self.traces.get(self.zone if zone is None else zone)
+        if trace is None:
             return None
         now = self.clock() if now is None else now
-        index = int(max(0.0, now - self.origin) // self.trace.gap_seconds) % len(self.trace.data)
-        return self.trace.data[index]
+        index = int(max(0.0, now - self.origin) // trace.gap_seconds) % len(trace.data)
+        return trace.data[index]
 
-    def spot_available(self) -> bool:
-        capacity = self.capacity()
-        return capacity is None or capacity >= self.nodes
+    def spot_available(self, zone: str | None = None, nodes: int | None = None) -> bool:
+        """Spot capacity for ``nodes`` (default: the running shape's) in ``zone`` (default: the running one)."""
+        capacity = self.capacity(zone=zone)
+        return capacity is None or capacity >= (self.nodes if nodes is None else nodes)
 
     # ------------------------------------------------------------------ preempting
     def running_spot(self) -> list[int]:

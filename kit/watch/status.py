@@ -161,6 +161,16 @@ def market_switches(ledger: Ledger) -> int:
     return sum(1 for before, after in itertools.pairwise(markets) if before != after)
 
 
+def placement_changes(ledger: Ledger) -> dict[str, Any]:
+    """Where the job ran, apply by apply (zone/shape/market, kit.policy.offers.Offer.name), and how
+    often it moved to another zone or changed shape on the way."""
+    offers = ledger.applied_offers()
+    parts = [name.split("/") for name in offers]
+    pairs = list(itertools.pairwise(parts))
+    return {"offers": offers, "moves": sum(1 for a, b in pairs if a[0] != b[0]),
+            "shape_switches": sum(1 for a, b in pairs if a[1] != b[1])}
+
+
 def status_report(ledger: Ledger, spec: SpecBase, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     progress = ledger.latest_progress()
@@ -180,6 +190,7 @@ def status_report(ledger: Ledger, spec: SpecBase, now: float | None = None) -> d
                        "action": d.action, "from": d.market_before, "to": d.market_after, "status": d.status,
                        "attempts": d.attempts, "reason": d.reason, "error": d.error} for d in decisions],
         "market_switches": market_switches(ledger),
+        **placement_changes(ledger),
         **preemption_counts(ledger),
         **cost_of(ledger, spec, now),
     }
@@ -200,7 +211,10 @@ def render_status(report: dict[str, Any], console) -> None:
     else:
         console.print("progress: no heartbeat yet")
     console.print(f"preemptions: {report['preemptions']}  nodes lost: {report['nodes_lost']}  "
-                  f"capacity errors: {report['capacity_errors']}  market switches: {report['market_switches']}")
+                  f"capacity errors: {report['capacity_errors']}  market switches: {report['market_switches']}  "
+                  f"moves: {report['moves']}  shape switches: {report['shape_switches']}")
+    if report["offers"]:
+        console.print(f"ran on: {' -> '.join(report['offers'])}")
     console.print(f"cost so far: {money(report['cost'])} (spot {report['spot_hours']:.2f} node-h, on-demand "
                   f"{report['on_demand_hours']:.2f} node-h; the compute done so far, all on-demand: "
                   f"{money(report['cost_all_on_demand'])})")

@@ -79,6 +79,10 @@ def test_default_run_matches_undisturbed_run(tmp_path):
         assert key in report
     assert report["preemptions"] >= 2, report
     assert report["market_switches"] >= 1, report
+    # us-central1-c preempts; europe-west3-c (tried first, the preempting zone last) fits only 1 node:
+    # the job moves and reshapes at once, restoring from the bucket (a directory), with the same digest
+    assert report["moves"] >= 1 and report["shape_switches"] >= 1, report
+    assert report["offers"][:2] == ["us-central1-c/2xlocal/spot", "europe-west3-c/1xlocal/spot"], report
     # cost_on_demand is the same *job* all on-demand (not the node-hours held at the on-demand
     # price, which spot's preemptions inflate): nodes x Q x (first start-up + compute + export)
     assert report["cost_on_demand"] == pytest.approx(on_demand_baseline(report), rel=1e-3), report
@@ -106,7 +110,8 @@ def test_default_run_matches_undisturbed_run(tmp_path):
     # the same job: the same useful compute, whatever happened to the nodes (step times measured
     # on 2 shared cores vary)
     assert 0.6 < undisturbed["compute_hours"] / report["compute_hours"] < 1.6, (undisturbed, report)
-    assert (tmp_path / "b" / "deploy" / "local-example" / "local" / "disks" / "node-0" / "ckpt").is_dir()
+    assert (tmp_path / "b" / "deploy" / "local-example" / "local" / "disks" / "us-central1-c" / "node-0" / "ckpt").is_dir()
+    assert undisturbed["moves"] == undisturbed["shape_switches"] == 0
     assert undisturbed["disks"] == "kept" and undisturbed["export"], "--keep-disks still exports"
     # the same command again: the job is done, so kit says so and shows its report (no training)
     again = kit_train(tmp_path / "a", timeout=60)
@@ -157,7 +162,7 @@ def test_ctrl_c_then_continue(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
     report = report_of(tmp_path, "r.json")
     assert report["steps"] == 100
-    log = (tmp_path / "deploy" / "ctrlc" / "local").glob("disks/node-*/ckpt")
+    log = (tmp_path / "deploy" / "ctrlc" / "local").glob("disks/*/node-*/ckpt")
     assert list(log)
     # Ctrl-C asks the trainers to save at a step boundary (their stop files) before they are
     # stopped: nothing is redone (a kill lost up to ckpt_every steps, more with a write in flight)

@@ -195,9 +195,9 @@ def test_cli_validate_subprocess_exit_code(tmp_path):
 def test_local_trace_is_resolved_at_load_and_refused_when_missing(tmp_path, monkeypatch):
     """local.trace: a bundled name, or a file beside the spec, becomes an absolute path; a missing
     one is refused by `kit validate` and `kit train` before anything is written."""
-    base = yaml.safe_load((EXAMPLES_DIR / "local.yaml").read_text())
-    spec = load_spec(EXAMPLES_DIR / "local.yaml")
-    assert Path(spec.local.trace).is_absolute() and Path(spec.local.trace).is_file()
+    base = _set(_set(yaml.safe_load((EXAMPLES_DIR / "local.yaml").read_text()), "zones", _DEL), "shapes", _DEL)
+    spec = load_spec(EXAMPLES_DIR / "local.yaml")  # zones: a bundled set, one file per zone
+    assert Path(spec.local.trace).is_absolute() and Path(spec.trace_of("europe-west3-c")).is_file()
     assert spec.prices.spot_per_hour < spec.prices.on_demand_per_hour  # from the trace's metadata
     specs = tmp_path / "specs"
     specs.mkdir()
