@@ -318,6 +318,12 @@ class SpecBase(_Model):
     def start_type(self) -> str:
         return "local"
 
+    def own_offer(self, market: str):
+        """The offer of the spec's own zone, shape and ``market`` (where a first launch starts), or None."""
+        own = (self.start_type, self.nodes, self.gpus_of(self.start_type, self.gpus_per_node))
+        return next((o for o in self.offers() if o.zone == self.start_zone and o.market == market
+                     and (o.shape.instance_type, o.shape.nodes, o.shape.gpus_per_node) == own), None)
+
     def gpus_of(self, instance_type: str, given: int | None) -> int:
         """GPUs per node: as given, else the catalog's, else 1 (a local node's processes)."""
         itype = self.cloud_facts.instance(instance_type)

@@ -174,8 +174,9 @@ class Actor:
         import random
 
         lost = [n.zone for n in self.ledger.nodes(("lost",)) if n.zone]
+        current = self.current_offer() or self.spec.own_offer(market)  # a first launch: the spec's own
         return search_order(self.spec.offers(), market, random.Random(f"{self.spec.name}:{decision.id}"),
-                            current=self.current_offer(), preempted_zone=lost[-1] if lost else None)
+                            current=current, preempted_zone=lost[-1] if lost else None)
 
     def _launch(self, decision: Decision, attempt_id: int, market: str) -> list[Node]:
         """Apply the first offer of the capacity search that has capacity; its nodes carry their shape

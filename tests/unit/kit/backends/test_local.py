@@ -391,3 +391,43 @@ def test_reconcile_kills_a_leftover_that_never_reported_progress_without_the_sav
     finally:
         stuck.kill()
         stuck.wait()
+
+
+def test_zones_replay_their_own_traces_and_a_move_or_reshape_replaces_every_node(tmp_path):
+    """Two zones of a set (each its own file, one clock): a spot launch in a zone without room is a
+    capacity error there only; preemptions follow the job to the zone and shape it runs on; a move
+    starts every node on the new zone's disks, a reshape (2 x 1 -> 1 x 2 processes) replaces them."""
+    from kit.spec import parse_spec
+
+    traces = tmp_path / "set"
+    traces.mkdir()
+    (traces / "za.json").write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [16, 0, 0]}))
+    (traces / "zb.json").write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [1, 1, 16]}))
+    spec = parse_spec({"name": "t", "cloud": "local", "zones": ["za", "zb"], "local": {"trace": str(traces)},
+                       "shapes": [{"nodes": 2, "gpus_per_node": 1}, {"nodes": 1, "gpus_per_node": 2}]},
+                      str(tmp_path / "c.yaml"))
+    wall = Wall()
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    b = LocalBackend(spec, tmp_path / "deploy", node_command=lambda b, r, e: sleeper, use_agent=False)
+    try:
+        clock = VirtualClock(1000.0, 600, wall)
+        b.injector = Injector(b, nodes=2, clock=clock, origin=1000.0, grace_seconds=0.1, wall=wall,
+                              zones={z: spec.trace_of(z) for z in spec.zone_list}, zone="za")
+        (wide, tall) = [o for o in spec.offers() if o.zone == "zb" and o.market == "spot"]
+        with pytest.raises(CapacityError, match="in zb"):  # zb has room for 1 node
+            b.apply(spec.with_offer(wide), "spot")
+        nodes = b.apply(spec, "spot")  # za, 2 x 1
+        assert [n.zone for n in nodes] == ["za", "za"] and b.disk_dir(0) == b.root / "disks" / "za" / "node-0"
+        wall.t += 1  # za drops to 0: both of its nodes get a notice
+        b.injector.step()
+        assert sorted(p["rank"] for p in b.injector.preemptions) == [0, 1]
+        moved = b.apply(spec.with_offer(tall), "spot")  # zb, 1 x 2: every node new, on zb's disk
+        assert [(n.rank, n.zone, n.disk_id) for n in moved] == [(0, "zb", str(b.root / "disks" / "zb" / "node-0"))]
+        assert moved[0].instance_id not in {n.instance_id for n in nodes}
+        assert b.read_state(0)["procs"] == 2 and b.read_state(1) is None and b.injector.zone == "zb"
+        assert (b.root / "disks" / "za" / "node-0").is_dir(), "the left zone's disk is kept"
+        assert b.apply(spec.with_offer(tall), "spot") == moved  # the same offer again: kept
+        assert "--nproc-per-node=2" in b.trainer_command(0, "127.0.0.1:1")
+        assert any(a.startswith("file://") and a.endswith("/bucket/t") for a in b.trainer_command(0, "127.0.0.1:1"))
+    finally:
+        b.kill_all()

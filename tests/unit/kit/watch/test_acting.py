@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from kit.backends.base import CapacityError
 from kit.watch.acting import Actor, Backoff
 from kit.watch.events import CAPACITY_ERROR, PREEMPTION
 from kit.watch.ledger import Ledger
@@ -519,3 +520,90 @@ def test_a_switch_the_instances_did_not_follow_is_a_failed_apply(tmp_path, claim
     assert ledger.applies(decision_id=decision.id)[-1].status == "failed"
     assert all(n.market == "spot" for n in ledger.nodes(("up",))), "the ledger keeps the real market"
     assert status_report(ledger, spec, now=clock())["market"] == "spot"
+
+
+class ZonedBackend(RecordingBackend):
+    """A recording backend whose zones in ``full`` have no spot capacity; its nodes follow the spec's
+    zone and shape (nodes x processes)."""
+
+    def __init__(self, full: set[str]):
+        super().__init__(2)
+        self.full = full
+        self.zones_tried: list[tuple[str, int]] = []
+
+    def apply(self, spec, market):
+        self.zones_tried.append((spec.start_zone, spec.nodes))
+        if market == "spot" and spec.start_zone in self.full:
+            raise CapacityError(f"no spot capacity in {spec.start_zone}")
+        self.size, self.spec = spec.nodes, spec
+        if any(n.zone != spec.start_zone for n in self.deployed):
+            self.deployed = []  # another zone: every node is new
+        nodes = super().apply(spec, market)
+        self.deployed = [dataclasses.replace(n, zone=spec.start_zone) for n in nodes]
+        return list(self.deployed)
+
+
+def test_a_preempted_zone_is_left_for_the_next_zone_with_capacity_in_the_search_order(tmp_path):
+    """Zone a preempts and has no spot left; c has none either; b has: the recover tries the zones in
+    the search order (a last), records one capacity error per offer without capacity, lands in b, and
+    the ledger says where the job runs, with each node's shape and price."""
+    from kit.clouds.local import LocalSpec
+    from kit.spec import parse_spec
+    from kit.watch.status import placement_changes
+
+    spec = parse_spec({"name": "demo", "cloud": "local", "zones": ["a", "b", "c"], "market": "spot",
+                       "shapes": [{"nodes": 2, "gpus_per_node": 1}, {"nodes": 1, "gpus_per_node": 2}],
+                       "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0}, "policy": {}})
+    assert isinstance(spec, LocalSpec)
+    clock, ledger, backend = Clock(), Ledger(tmp_path / "ledger.sqlite"), ZonedBackend(full=set())
+    actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1)), clock=clock)
+    watcher = Watcher(spec, ledger, actor, ScriptedPolicy(["spot"]), source=BackendSource(backend), interval_s=15,
+                      clock=clock)
+    watcher.start()
+    watcher.tick()  # the launch: a, the first zone, the first shape
+    assert ledger.applied_offer() == "a/2xlocal/spot" and {n.zone for n in ledger.nodes(("up",))} == {"a"}
+    ledger.record(heartbeat(10, 1000))
+    backend.full = {"a", "c"}
+    backend.preempt(1)
+    backend.zones_tried.clear()
+    clock.t += 15
+    result = watcher.tick()
+    assert result.action == "recover" and result.outcome.status == "done"
+    tried = [zone for zone, _ in backend.zones_tried]
+    assert tried[-1] == "b" and "a" not in tried, tried  # a (preempting) would have come last
+    failed = [e["detail"]["offer"] for e in ledger.events(kinds=(CAPACITY_ERROR,))]
+    assert failed == [f"c/{s}/spot" for s in ("2xlocal", "1xlocal")][: len(tried) - 1]
+    assert ledger.applied_offer() == "b/2xlocal/spot"
+    up = ledger.nodes(("up",))
+    assert {(n.zone, n.shape, n.price) for n in up} == {("b", "2xlocal", 1.0)} and len(up) == 2
+    assert placement_changes(ledger) == {"offers": ["a/2xlocal/spot", "b/2xlocal/spot"], "moves": 1,
+                                         "shape_switches": 0}
+    # a restarted watcher's backend runs what was applied last
+    fresh = ZonedBackend(full=set())
+    Actor(fresh, ledger, spec, clock=clock).resume()
+    assert fresh.spec.start_zone == "b" and fresh.spec.nodes == 2
+
+
+def test_only_the_other_shape_fits_a_shape_switch_keeps_the_gpus(tmp_path):
+    from kit.spec import parse_spec
+
+    spec = parse_spec({"name": "demo", "cloud": "local", "zones": ["a"], "market": "spot",
+                       "shapes": [{"nodes": 2, "gpus_per_node": 1}, {"nodes": 1, "gpus_per_node": 2}],
+                       "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0}, "policy": {}})
+
+    class OneNode(ZonedBackend):
+        def apply(self, spec, market):
+            if spec.nodes > 1:
+                self.zones_tried.append((spec.start_zone, spec.nodes))
+                raise CapacityError("room for one node only")
+            return super().apply(spec, market)
+
+    clock, ledger, backend = Clock(), Ledger(tmp_path / "ledger.sqlite"), OneNode(full=set())
+    actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1)), clock=clock)
+    watcher = Watcher(spec, ledger, actor, ScriptedPolicy(["spot"]), source=BackendSource(backend), clock=clock)
+    watcher.start()
+    watcher.tick()
+    assert ledger.applied_offer() == "a/1xlocal/spot"
+    (node,) = ledger.nodes(("up",))
+    assert (node.shape, node.price) == ("1xlocal", 2.0)  # one node of 2 processes costs 2 of 1
+    assert backend.spec.nodes == 1 and backend.spec.gpus_per_node == 2
