@@ -22,6 +22,7 @@ REASONS = {
     "replace_by_triggers": "lifecycle.replace_triggered_by",
 }
 INSTANCE_TYPES = ("aws_instance", "google_compute_instance")
+DISK_TYPES = ("aws_ebs_volume", "google_compute_disk")  # the data disks (kit.terraform's guard)
 
 
 def _path(steps) -> str:
@@ -129,6 +130,16 @@ class PlanSummary:
     @property
     def replaced(self) -> list[Change]:
         return [c for c in self.changes if c.verb == "replace"]
+
+    def move_line(self, before: str | None, after: str, *, bucket: bool) -> str | None:
+        """What a move to zone ``after`` does, in one line ("moving from us-central1-a to us-east4-b: 4
+        nodes replaced, 4 disks created, checkpoint restored from bucket"); None when the zone stays."""
+        if before is None or before == after:
+            return None
+        nodes = sum(1 for c in self.changes if c.type in INSTANCE_TYPES and "create" in c.actions)
+        disks = sum(1 for c in self.changes if c.type in DISK_TYPES and "create" in c.actions)
+        source = "checkpoint restored from bucket" if bucket else "no checkpoint bucket: the job restarts from step 0"
+        return f"moving from {before} to {after}: {nodes} nodes replaced, {disks} disks created, {source}"
 
     def _headline(self) -> str:
         t = self.totals

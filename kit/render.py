@@ -29,8 +29,30 @@ from kit.paths import RESOURCES_DIR, TEMPLATES_DIR, TERRAFORM_MODULES_DIR, deplo
 from kit.spec import CloudSpec, SpecBase
 from training.contract import MARKETS
 
-ROOTS = ("disks", "cluster")
+ROOTS = ("disks", "cluster")  # the root modules of a job that stays on one zone and shape
 ROOT_FILES = ("versions.tf", "variables.tf", "terraform.tfvars", "main.tf", "outputs.tf")
+
+
+def disk_set(spec: CloudSpec) -> str:
+    """The suffix that names the disks of the spec's zone and shape ("" for a job that cannot move):
+    each (zone, shape) a job runs on gets its own disks, so a move or a reshape never plans to replace
+    (and so lose) the disks of another; a short digest keeps GCP's 63-character names in reach."""
+    import hashlib
+
+    if not spec.can_move:
+        return ""
+    shape = f"{spec.nodes}x{spec.instance_type}"
+    return "-" + hashlib.sha256(f"{spec.zone}/{shape}".encode()).hexdigest()[:6]
+
+
+def roots(spec: SpecBase) -> tuple[str, str]:
+    """The deployment's root modules, disks first: ``disks`` and ``cluster``; a job that can move has
+    one disks root per zone and shape (``disks-<zone>-<nodes>x<type>``), and its cluster root reads
+    the one of the offer it runs on. Roots of zones and shapes the job left keep their state (and
+    their disks) until ``kit destroy --with-disks``."""
+    if not isinstance(spec, CloudSpec) or not spec.can_move:
+        return ROOTS
+    return (f"disks-{spec.zone}-{spec.nodes}x{spec.instance_type}", "cluster")
 
 
 def deployment_dir(spec: SpecBase) -> Path:
@@ -89,7 +111,7 @@ def _backend(spec: CloudSpec) -> dict[str, Any]:
             "region": b.region or spec.region}
 
 
-def _variables(spec: CloudSpec, root: str, market: str) -> list[dict[str, Any]]:
+def _variables(spec: CloudSpec, kind: str, market: str) -> list[dict[str, Any]]:
     """The root module's variables with their values; the cloud adds its own (kit.clouds)."""
     cloud = spec.cloud_facts
     tags = _var(cloud.tags_variable, "map(string)", "Tags/labels on every resource.", cloud.tags(spec))
@@ -97,9 +119,11 @@ def _variables(spec: CloudSpec, root: str, market: str) -> list[dict[str, Any]]:
          _var("region", "string", "Region.", spec.region),
          _var("zone", "string", "The cluster's one zone (nodes and disks).", spec.zone),
          _var("nodes", "number", "Number of nodes.", spec.nodes)]
-    if root == "disks":
+    if kind == "disks":
         return v + [_var("disk_size_gb", "number", "Data disk size per node (GB).", spec.disk.size_gb),
-                    _var("disk_type", "string", "Data disk type.", spec.disk_type), tags]
+                    _var("disk_type", "string", "Data disk type.", spec.disk_type),
+                    _var("disk_set", "string", "Suffix of the disks' names: this zone and shape's set (empty: the job's "
+                         "only set).", disk_set(spec)), tags]
     v += [_var("read_disks_state", "bool", "Read the disk ids from the disks root's state (kit plan sets false "
                "before that root's first apply: the ids are pending).", True),
           _var("instance_type", "string", "Instance / machine type.", spec.instance_type),
@@ -141,15 +165,16 @@ def render_texts(spec: SpecBase, market: str | None = None) -> dict[str, str]:
     head = header(spec)
     backend = _backend(spec)
     texts: dict[str, str] = {}
-    for root in ROOTS:
-        variables = _variables(spec, root, market)
+    disks_root = roots(spec)[0]
+    for kind, root in zip(ROOTS, roots(spec), strict=True):
+        variables = _variables(spec, kind, market)
         ctx = {"header": head, "backend": backend, "root": root, "variables": variables,
-               "network_create": spec.creates_network}
+               "network_create": spec.creates_network, "disks_root": disks_root}
         texts[f"{root}/versions.tf"] = env.get_template(f"{spec.cloud}/versions.tf.j2").render(ctx)
         texts[f"{root}/variables.tf"] = env.get_template("common/variables.tf.j2").render(ctx)
         texts[f"{root}/terraform.tfvars"] = env.get_template("common/terraform.tfvars.j2").render(ctx)
-        texts[f"{root}/main.tf"] = env.get_template(f"{spec.cloud}/{root}.main.tf.j2").render(ctx)
-        outputs = f"{spec.cloud}/disks.outputs.tf.j2" if root == "disks" else "common/cluster.outputs.tf.j2"
+        texts[f"{root}/main.tf"] = env.get_template(f"{spec.cloud}/{kind}.main.tf.j2").render(ctx)
+        outputs = f"{spec.cloud}/disks.outputs.tf.j2" if kind == "disks" else "common/cluster.outputs.tf.j2"
         texts[f"{root}/outputs.tf"] = env.get_template(outputs).render(ctx)
     modules = TERRAFORM_MODULES_DIR / spec.cloud
     for path in sorted(p for p in modules.rglob("*") if p.is_file()):
@@ -182,7 +207,7 @@ def render(spec: SpecBase, out_dir: str | Path, market: str | None = None) -> li
             path = stage / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-        for root in ROOTS:  # the generated roots; modules/ is a byte-for-byte copy of terraform/modules/
+        for root in roots(spec):  # the generated roots; modules/ is a byte-for-byte copy of terraform/modules/
             _fmt_dir(stage / root)
         written: list[Path] = []
         for rel in sorted(texts):

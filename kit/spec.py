@@ -496,7 +496,8 @@ class CloudSpec(SpecBase):
         from kit.policy.offers import region_of
 
         itype = self.cloud_facts.instance(offer.shape.instance_type)
-        placement = self.placement if itype is None or itype.placement else "none"
+        # one node has nothing to be placed near; a type without placement support gets none
+        placement = self.placement if offer.shape.nodes > 1 and (itype is None or itype.placement) else "none"
         return {"zone": offer.zone, "region": region_of(offer.zone), "instance_type": offer.shape.instance_type,
                 "placement": placement}
 

@@ -11,7 +11,10 @@ deployment directory and this module hides the split:
 * ``apply(deploy_dir)``: applies the saved disks plan, then the cluster plan: the saved one, or, after a
   preview, a new plan made once the disks exist, applied only when it makes exactly the changes the
   preview showed. Nothing is applied that ``kit plan`` did not show.
-* ``destroy(deploy_dir, with_disks=False)``: destroys the cluster root; the disks only with ``with_disks``.
+* ``destroy(deploy_dir, with_disks=False)``: destroys the cluster root; the disks only with ``with_disks``
+  (then every disks root of the deployment: a job that moved has one per zone and shape it ran on).
+
+``roots``: the deployment's (disks root, cluster root) as ``kit.render.roots(spec)`` names them.
 
 Disk guard: a plan that would delete or replace a data disk (``aws_ebs_volume``, ``google_compute_disk``)
 is refused (``KitError``) unless it is ``destroy(with_disks=True)``. The disks module also carries
@@ -32,10 +35,10 @@ import sys
 from pathlib import Path
 
 from kit.errors import KitError
-from kit.plan_summary import PlanSummary, changes_of
+from kit.plan_summary import DISK_TYPES, PlanSummary, changes_of
 
-DISK_TYPES = ("aws_ebs_volume", "google_compute_disk")
-ROOTS = ("disks", "cluster")
+ROOTS = ("disks", "cluster")  # kit.render.roots(spec) names them; a job that can move has disks-<zone>-<shape>
+DISK_ROOT_RE = re.compile(r"^disks(-[a-z0-9.-]+)?$")
 OVERRIDE_NAME = "kit_destroy_override.tf"
 
 PROVIDER_FAILURE_MARKERS = (
@@ -145,19 +148,20 @@ def _plan_root(path: Path, out: str, *, destroy: bool = False, allow_disk_loss: 
 SHOWN = "tfplan.shown.json"  # the changes of a preview plan, as shown by `kit plan`
 
 
-def plan(deploy_dir: str | Path, out: str = "tfplan") -> PlanSummary:
+def plan(deploy_dir: str | Path, out: str = "tfplan", roots: tuple[str, str] = ROOTS) -> PlanSummary:
     """Plan both roots and list their changes. A cluster plan made while the disks plan still
     creates disks is a preview (see the module docstring): shown and recorded, never applied."""
     summary = PlanSummary()
     disks_created = False
-    for root in ROOTS:
+    disks = roots[0]
+    for root in roots:
         path = _root(deploy_dir, root)
         init(deploy_dir, root)
         (path / SHOWN).unlink(missing_ok=True)
-        extra = () if root == "disks" or _has_state(Path(deploy_dir) / "disks") else ("-var=read_disks_state=false",)
+        extra = () if root == disks or _has_state(Path(deploy_dir) / disks) else ("-var=read_disks_state=false",)
         changes = changes_of(root, _plan_root(path, out, extra=extra))
         summary.changes += changes
-        if root == "disks":
+        if root == disks:
             disks_created = any("create" in c.actions for c in changes)
         elif disks_created:
             (path / out).unlink(missing_ok=True)  # its disk ids are placeholders: never apply it
@@ -184,10 +188,11 @@ def _plan_previewed(path: Path, plan_file: str) -> None:
     (path / SHOWN).unlink()
 
 
-def apply(deploy_dir: str | Path, plan_file: str = "tfplan", parallelism: int = 10) -> None:
+def apply(deploy_dir: str | Path, plan_file: str = "tfplan", parallelism: int = 10,
+          roots: tuple[str, str] = ROOTS) -> None:
     """Apply the plans `kit plan` saved (and showed). ``parallelism`` >= the node count: all VMs of a
     gang start together (Terraform's default is 10 concurrent operations)."""
-    for root in ROOTS:
+    for root in roots:
         path = _root(deploy_dir, root)
         if not (path / plan_file).is_file():
             if not (path / SHOWN).is_file():
@@ -239,15 +244,23 @@ def _disks_override(deploy_dir: Path) -> Path | None:
     return None
 
 
-def destroy(deploy_dir: str | Path, with_disks: bool = False) -> None:
+def disk_roots(deploy_dir: str | Path) -> list[str]:
+    """Every disks root rendered in the deployment (one per zone and shape a job that moves ran on)."""
     deploy_dir = Path(deploy_dir)
-    roots = ["cluster", "disks"] if with_disks else ["cluster"]
-    for root in roots:
+    if not deploy_dir.is_dir():
+        return []
+    return sorted(p.name for p in deploy_dir.iterdir() if DISK_ROOT_RE.match(p.name) and (p / "main.tf").is_file())
+
+
+def destroy(deploy_dir: str | Path, with_disks: bool = False, roots: tuple[str, str] = ROOTS) -> None:
+    deploy_dir = Path(deploy_dir)
+    disks = disk_roots(deploy_dir) or [roots[0]]
+    for root in [roots[1], *disks] if with_disks else [roots[1]]:
         path = _root(deploy_dir, root)
         init(deploy_dir, root)
-        override = _disks_override(deploy_dir) if root == "disks" else None
+        override = _disks_override(deploy_dir) if root in disks else None
         try:
-            _plan_root(path, "tfplan-destroy", destroy=True, allow_disk_loss=(root == "disks"))
+            _plan_root(path, "tfplan-destroy", destroy=True, allow_disk_loss=root in disks)
             rc, out, err = run_terraform(["apply", "-input=false", "-no-color", "-auto-approve", "tfplan-destroy"], path)
             _check(rc, out, err, "destroy", path)
         finally:

@@ -7,12 +7,15 @@ the point of use so the watcher does not pull Terraform or Ansible in until it a
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
 from training.contract import PROGRESS_FILE
+
+log = logging.getLogger("kit.backends.cloud")
 
 if TYPE_CHECKING:
     from kit.spec import CloudSpec, SpecBase
@@ -31,14 +34,21 @@ class TerraformBackend(Backend):
         from kit import render, terraform
         from kit.spec import check_ssh_key
 
-        self.spec = spec
         check_ssh_key(spec)
-        render.render(spec, self.deploy_dir, market=market)  # only market lines change; disks are kept
+        zones = {n.zone for n in self.nodes() if n.zone}
+        self._leave_region(spec)
+        self.spec = spec
+        render.render(spec, self.deploy_dir, market=market)  # a switch: market lines; a move: another disks root
+        roots = render.roots(spec)
         try:
             # Plan afresh: a tfplan saved by an earlier `kit plan` may be for the other market.
             # kit.terraform refuses any disks plan that would lose a disk.
-            terraform.plan(self.deploy_dir)
-            terraform.apply(self.deploy_dir, parallelism=spec.nodes)
+            summary = terraform.plan(self.deploy_dir, roots=roots)
+            move = summary.move_line(min(zones) if zones else None, getattr(spec, "zone", ""),
+                                     bucket=spec.checkpoint_bucket is not None)
+            if move:
+                log.warning("%s", move)
+            terraform.apply(self.deploy_dir, parallelism=spec.nodes, roots=roots)
         except KitError as error:
             if spec.cloud_facts.is_capacity_error(str(error)):
                 raise CapacityError(f"no {market} capacity for {spec.nodes} x "
@@ -46,6 +56,17 @@ class TerraformBackend(Backend):
                                     where=str(self.deploy_dir), fix="kit watch retries with backoff") from error
             raise
         return self.nodes()
+
+    def _leave_region(self, spec: SpecBase) -> None:
+        """A move to another region: the cluster root's provider is configured for one region, so it is
+        destroyed in the old region first (its instances would otherwise be orphaned there); the disks
+        stay, in their own roots."""
+        from kit import terraform
+        from kit.policy.offers import region_of
+
+        regions = {region_of(n.zone) for n in self.nodes() if n.zone}
+        if regions and regions != {getattr(spec, "region", None)}:
+            terraform.destroy(self.deploy_dir, with_disks=False)
 
     def nodes(self) -> list[Node]:
         from kit import terraform
@@ -105,9 +126,9 @@ class TerraformBackend(Backend):
         return remote.fetch_newest_checkpoint(ssh, self.spec.training.ckpt_dir, Path(scratch) / node.name)
 
     def destroy(self, keep_disks: bool = True) -> None:
-        from kit import terraform
+        from kit import render, terraform
 
-        terraform.destroy(self.deploy_dir, with_disks=not keep_disks)
+        terraform.destroy(self.deploy_dir, with_disks=not keep_disks, roots=render.roots(self.spec))
 
 
 def backend_for(spec: SpecBase, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None) -> Backend:

@@ -101,7 +101,7 @@ def plan(
     check_ssh_key(s)
     warn_about(s)
     r.render(s, out_dir, market=market)
-    summary = terraform.plan(out_dir)
+    summary = terraform.plan(out_dir, roots=r.roots(s))
     summary.cost = hourly_cost((s.prices.spot_per_hour, s.prices.on_demand_per_hour), s.nodes, market or s.market,
                                terraform.deployed_nodes(out_dir))
     summary.warnings = s.cloud_facts.plan_warnings(s)
@@ -111,10 +111,10 @@ def plan(
 @app.command("apply")
 def apply(spec: SpecArg, out: OutOption = None) -> None:
     """Apply the plans saved (and shown) by `kit plan`."""
-    from kit import terraform
+    from kit import render, terraform
 
     s, out_dir = _deployment(spec, out)
-    terraform.apply(out_dir, parallelism=s.nodes)
+    terraform.apply(out_dir, parallelism=s.nodes, roots=render.roots(s))
     for node in terraform.output(out_dir).get("nodes") or []:
         console.print(f"{node.get('name')}: {node.get('public_ip') or node.get('private_ip')} "
                       f"({node.get('market')})", highlight=False)
@@ -127,8 +127,8 @@ def destroy(
     with_disks: Annotated[bool, typer.Option("--with-disks", help="also destroy the data disks (checkpoints!)")] = False,
 ) -> None:
     """Destroy the instances; the data disks stay unless --with-disks."""
-    from kit import terraform
+    from kit import render, terraform
 
-    _, out_dir = _deployment(spec, out)
-    terraform.destroy(out_dir, with_disks=with_disks)
+    s, out_dir = _deployment(spec, out)
+    terraform.destroy(out_dir, with_disks=with_disks, roots=render.roots(s))
     console.print("destroyed" + (" (disks too)" if with_disks else " (disks kept)"))

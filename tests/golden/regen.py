@@ -45,7 +45,10 @@ def main() -> int:
             target = GOLDEN / name
             if target.exists():
                 shutil.rmtree(target)
-            for root in ("disks", "cluster"):
+            from kit.render import roots
+            from kit.spec import load_spec
+
+            for root in roots(load_spec(REPO / "examples" / f"{name}.yaml")):
                 shutil.copytree(Path(tmp) / root, target / root)
         print(f"wrote {target.relative_to(REPO)}")
     return 0

@@ -19,14 +19,20 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def example(name: str, tmp_path: Path, monkeypatch) -> Path:
-    """An example with a local state backend and a key of its own, and the emulator's mirror."""
+def example(name: str, tmp_path: Path, monkeypatch, *, moving: bool = False) -> Path:
+    """An example with a local state backend and a key of its own, and the emulator's mirror; on its
+    one zone and shape unless ``moving`` (tests/support/files.one_place)."""
+    import yaml
+
+    from tests.support.files import one_place
+
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
-    text = (ROOT / "examples" / name).read_text()
-    text = re.sub(r"public_key:.*", f"public_key: {tmp_path / 'key.pub'}", text)
-    text = re.sub(r"backend:\n(  .*\n)+", "backend:\n  type: local\n", text)
+    data = yaml.safe_load((ROOT / "examples" / name).read_text())
+    data = data if moving else one_place(data)
+    data["ssh"]["public_key"] = str(tmp_path / "key.pub")
+    data["backend"] = {"type": "local"}
     spec = tmp_path / "cluster.yaml"
-    spec.write_text(text)
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
     monkeypatch.setenv("TF_CLI_CONFIG_FILE", str(write_cli_config(tmp_path / "emulator")))
     monkeypatch.chdir(tmp_path)
     return spec
@@ -137,6 +143,42 @@ def test_destroy_keeps_the_disks_unless_with_disks(gcp, tmp_path):
 
 def terraform_state(tmp_path: Path, root: str) -> str:
     return next((tmp_path / "deploy").glob(f"*/{root}/terraform.tfstate")).read_text()
+
+
+def _disk_count(tmp_path: Path, root: str) -> int:
+    state = json.loads(terraform_state(tmp_path, root))
+    return sum(len(r.get("instances", [])) for r in state.get("resources", []) if r["type"] == "google_compute_disk")
+
+
+def test_a_move_and_a_shape_switch_get_disks_of_their_own_and_touch_no_other(tmp_path, monkeypatch, caplog):
+    """The GCP example as it is (two zones; 8 x a3-highgpu-1g spot, 1 x a3-highgpu-8g on-demand), applied
+    through the backend the watcher acts with: a move to the other zone replaces every instance and
+    creates that zone's disks; a shape switch there creates the 8g's one disk; no plan deletes a disk
+    (the guard would refuse it), every set keeps its disks, and only the end deletes them all."""
+    from kit import terraform
+    from kit.backends.cloud import TerraformBackend
+    from kit.render import deployment_dir
+    from kit.spec import load_spec
+
+    spec = load_spec(example("gcp-a3-spot.yaml", tmp_path, monkeypatch, moving=True))
+    offers = {o.name: o for o in spec.offers()}
+    backend = TerraformBackend(spec, deployment_dir(spec))
+    first = backend.apply(spec, "spot")
+    assert len(first) == 8 and {(n.zone, n.market) for n in first} == {("us-central1-a", "spot")}
+    moved = backend.apply(spec.with_offer(offers["us-central1-c/8xa3-highgpu-1g/spot"]), "spot")
+    assert {n.zone for n in moved} == {"us-central1-c"} and not {n.instance_id for n in moved} & {
+        n.instance_id for n in first}
+    assert ("moving from us-central1-a to us-central1-c: 8 nodes replaced, 8 disks created, checkpoint restored "
+            "from bucket") in caplog.text
+    reshaped = backend.apply(spec.with_offer(offers["us-central1-c/1xa3-highgpu-8g/on-demand"]), "on-demand")
+    assert [(n.zone, n.market) for n in reshaped] == [("us-central1-c", "on-demand")]
+    roots = terraform.disk_roots(deployment_dir(spec))
+    assert roots == ["disks-us-central1-a-8xa3-highgpu-1g", "disks-us-central1-c-1xa3-highgpu-8g",
+                     "disks-us-central1-c-8xa3-highgpu-1g"]
+    assert [_disk_count(tmp_path, r) for r in roots] == [8, 1, 8]  # nothing lost on the way
+    backend.destroy(keep_disks=False)  # the job is done: every set goes
+    assert [_disk_count(tmp_path, r) for r in roots] == [0, 0, 0]
+    assert not json.loads(terraform_state(tmp_path, "cluster")).get("resources")
 
 
 def test_the_markdown_summary_of_a_real_plan_lists_every_address_and_replacement(aws):

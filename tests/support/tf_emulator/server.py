@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +66,10 @@ def block(spec: dict) -> pb.Schema.Block:
 
 
 def placeholder(kind: Any, name: str) -> Any:
-    """A value of cty type ``kind`` for a computed attribute after apply."""
+    """A value of cty type ``kind`` for a computed attribute after apply. Strings are unique per
+    apply, as the clouds' ids are (GCP's numeric ``instance_id``: a replaced VM has a new one)."""
     if kind == "string":
-        return f"emulated-{name}"
+        return f"emulated-{name}-{uuid.uuid4().hex[:12]}"  # a provider process per Terraform run: no counter
     if kind == "number":
         return 0
     if kind == "bool":

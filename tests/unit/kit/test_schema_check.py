@@ -26,7 +26,9 @@ def test_rendered_examples_match_provider_schemas(tmp_path, name, market):
 def test_gcp_existing_network_and_n1_variants(tmp_path):
     import yaml
 
-    data = yaml.safe_load((EXAMPLES_DIR / "gcp-a3-spot.yaml").read_text())
+    from tests.support.files import one_place
+
+    data = one_place(yaml.safe_load((EXAMPLES_DIR / "gcp-a3-spot.yaml").read_text()))
     data["network"] = {"name": "default"}
     data["instance_type"], data["placement"] = "n1-standard-8", "none"
     render(parse_spec(data), tmp_path / "gcp")

@@ -16,9 +16,11 @@ from kit.cli import app
 from kit.errors import InputError
 from kit.paths import EXAMPLES_DIR
 from kit.spec import load_spec, parse_spec, training_args
+from tests.support.files import one_place
 
 AWS = yaml.safe_load((EXAMPLES_DIR / "aws-g5-spot.yaml").read_text())
-GCP = yaml.safe_load((EXAMPLES_DIR / "gcp-a3-spot.yaml").read_text())
+# the GCP example on one zone and shape (its zones, shapes and bucket are tested on their own below)
+GCP = one_place(yaml.safe_load((EXAMPLES_DIR / "gcp-a3-spot.yaml").read_text()))
 
 
 def test_gcp_gets_its_own_network_unless_one_is_named():
@@ -47,9 +49,13 @@ def test_examples_load_with_catalog_defaults():
     assert aws.max_price is None and aws.prices.on_demand_per_hour > aws.prices.spot_per_hour > 0
     assert aws.with_market("on-demand").market == "on-demand" and aws.market == "spot"
     gcp = load_spec(EXAMPLES_DIR / "gcp-a3-spot.yaml")
-    assert (gcp.nodes, gcp.instance_type, gcp.gpus_per_node) == (4, "a3-highgpu-1g", 1)
+    assert (gcp.nodes, gcp.instance_type, gcp.gpus_per_node) == (8, "a3-highgpu-1g", 1)
     with pytest.raises(InputError, match="cannot run on-demand"):  # GCP sells the 1g only as spot
         gcp.with_market("on-demand")
+    # ... so its on-demand offers are the 8g's, in both zones
+    assert [o.name for o in gcp.offers() if o.market == "on-demand"] == [
+        "us-central1-a/1xa3-highgpu-8g/on-demand", "us-central1-c/1xa3-highgpu-8g/on-demand"]
+    assert gcp.bucket_url == "gs://my-ckpt-bucket/kit/a3-spot" and gcp.policy.deadline_hours == 72
 
 
 def test_training_args_and_local_defaults():

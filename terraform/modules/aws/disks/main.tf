@@ -9,7 +9,7 @@ resource "aws_ebs_volume" "this" {
   encrypted         = true
   kms_key_id        = var.kms_key_id
   tags = merge(var.tags, {
-    Name       = "${var.cluster_name}-disk-${count.index}"
+    Name       = "${var.cluster_name}${var.name_suffix}-disk-${count.index}"
     "kit:node" = tostring(count.index)
     "kit:role" = "data-disk"
   })

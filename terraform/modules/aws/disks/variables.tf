@@ -51,3 +51,13 @@ variable "tags" {
   type        = map(string)
   default     = {}
 }
+
+variable "name_suffix" {
+  description = "Appended to the cluster name in the disks' names: one set of disks per zone and shape of a job that moves (\"\" for a job that does not)."
+  type        = string
+  default     = ""
+  validation {
+    condition     = can(regex("^(-[a-z0-9]{1,8})?$", var.name_suffix))
+    error_message = "name_suffix: empty, or '-' and up to 8 lowercase letters or digits."
+  }
+}

@@ -3,7 +3,7 @@
 # prevent_destroy is the second guard; `kit destroy --with-disks` lifts it with an override file.
 resource "google_compute_disk" "this" {
   count   = var.nodes
-  name    = "${var.cluster_name}-disk-${count.index}"
+  name    = "${var.cluster_name}${var.name_suffix}-disk-${count.index}"
   project = var.project
   zone    = var.zone
   size    = var.size_gb

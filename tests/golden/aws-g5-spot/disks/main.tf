@@ -4,6 +4,7 @@ module "disks" {
   source = "../modules/aws/disks"
 
   cluster_name      = var.cluster_name
+  name_suffix       = var.disk_set
   nodes             = var.nodes
   availability_zone = var.zone
   size_gb           = var.disk_size_gb

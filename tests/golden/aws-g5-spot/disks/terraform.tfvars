@@ -6,6 +6,7 @@ zone         = "us-east-1a"
 nodes        = 4
 disk_size_gb = 200
 disk_type    = "gp3"
+disk_set     = ""
 tags = {
   "kit:cluster"    = "g5-spot"
   "kit:managed-by" = "kit"

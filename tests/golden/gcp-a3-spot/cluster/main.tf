@@ -5,7 +5,7 @@ data "terraform_remote_state" "disks" {
   backend = "gcs"
   config = {
     bucket = "my-tf-state-bucket"
-    prefix = "kit/a3-spot/disks"
+    prefix = "kit/a3-spot/disks-us-central1-a-8xa3-highgpu-1g"
   }
 }
 

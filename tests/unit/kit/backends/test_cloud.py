@@ -25,18 +25,26 @@ def parts(monkeypatch):
     calls = []
     render = types.ModuleType("kit.render")
     render.render = lambda spec, out=None, market=None: calls.append(("render", spec.market, market, out))
+    render.roots = lambda spec: ("disks", "cluster")
     terraform = types.ModuleType("kit.terraform")
     terraform.failure = None
 
-    def apply(deploy_dir, parallelism=10):
+    def apply(deploy_dir, parallelism=10, roots=("disks", "cluster")):
         calls.append(("apply", deploy_dir, parallelism))
         if terraform.failure:
             raise KitError(terraform.failure)
 
-    terraform.plan = lambda deploy_dir: calls.append(("plan", deploy_dir))
+    def plan(deploy_dir, roots=("disks", "cluster")):
+        from kit.plan_summary import PlanSummary
+
+        calls.append(("plan", deploy_dir))
+        return PlanSummary()
+
+    terraform.plan = plan
     terraform.apply = apply
     terraform.output = lambda deploy_dir: {"nodes": NODES, "zone": "us-east-1a", "market": "on-demand"}
-    terraform.destroy = lambda deploy_dir, with_disks=False: calls.append(("destroy", with_disks))
+    terraform.destroy = lambda deploy_dir, with_disks=False, roots=("disks", "cluster"): calls.append(
+        ("destroy", with_disks))
     bootstrap = types.ModuleType("kit.bootstrap")
     bootstrap.inventory_from_spec = lambda spec, outputs, role_vars=None: {"nodes": outputs["nodes"], **role_vars}
     bootstrap.bootstrap_nodes = lambda inventory: (calls.append(("bootstrap", inventory)),

@@ -35,6 +35,11 @@ variable "disk_type" {
   type        = string
 }
 
+variable "disk_set" {
+  description = "Suffix of the disks' names: this zone and shape's set (empty: the job's only set)."
+  type        = string
+}
+
 variable "labels" {
   description = "Tags/labels on every resource."
   type        = map(string)

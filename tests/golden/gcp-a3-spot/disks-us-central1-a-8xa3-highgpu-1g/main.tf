@@ -4,6 +4,7 @@ module "disks" {
   source = "../modules/gcp/disks"
 
   cluster_name = var.cluster_name
+  name_suffix  = var.disk_set
   project      = var.project
   nodes        = var.nodes
   zone         = var.zone

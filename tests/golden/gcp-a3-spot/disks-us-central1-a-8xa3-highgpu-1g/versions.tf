@@ -10,7 +10,7 @@ terraform {
 
   backend "gcs" {
     bucket = "my-tf-state-bucket"
-    prefix = "kit/a3-spot/disks"
+    prefix = "kit/a3-spot/disks-us-central1-a-8xa3-highgpu-1g"
   }
 }
 
