@@ -123,7 +123,7 @@ def test_aws_spot_to_on_demand_replaces_the_instances_only_with_the_trigger(tmp_
     to_on_demand = planned(root, env, "-var=market=on-demand")
     for node in ("aws_instance.node[0]", "aws_instance.node[1]"):
         change = to_on_demand[node]["change"]
-        assert change["actions"] == expected
+        assert change["actions"] == expected, (to_on_demand[node].get("action_reason"), change.get("replace_paths"))
         if not trigger:  # in place: only the tags change; the instance stays on spot
             assert change["after"]["instance_market_options"] == change["before"]["instance_market_options"]
             assert change["after"]["instance_market_options"][0]["market_type"] == "spot"

@@ -65,11 +65,17 @@ def block(spec: dict) -> pb.Schema.Block:
                      for n, b in sorted(spec.get("block_types", {}).items())])
 
 
-def placeholder(kind: Any, name: str) -> Any:
-    """A value of cty type ``kind`` for a computed attribute after apply. Strings are unique per
-    apply, as the clouds' ids are (GCP's numeric ``instance_id``: a replaced VM has a new one)."""
+UNIQUE = ("id", "instance_id")  # identifiers a cloud gives each new resource (a replaced VM gets a new one)
+
+
+def placeholder(kind: Any, name: str, *, created: bool = False) -> Any:
+    """A value of cty type ``kind`` for a computed attribute: a created resource's identifiers unique
+    (a provider process per Terraform run, so no counter), anything else, data sources' included,
+    fixed (a value that changed by itself between reads would plan a replacement no provider would)."""
+    if kind == "string" and created and name in UNIQUE:
+        return f"emulated-{name}-{uuid.uuid4().hex[:12]}"
     if kind == "string":
-        return f"emulated-{name}-{uuid.uuid4().hex[:12]}"  # a provider process per Terraform run: no counter
+        return f"emulated-{name}"
     if kind == "number":
         return 0
     if kind == "bool":
@@ -182,7 +188,7 @@ class Emulator(rpc.ProviderServicer):
                 planned[name] = value_at(planned, path.split("."))
         for name, value in list(planned.items()):
             if value is Unknown:
-                planned[name] = placeholder(attrs.get(name, {}).get("type"), name)
+                planned[name] = placeholder(attrs.get(name, {}).get("type"), name, created=prior is None)
         legacy = FACTS.get(request.type_name, {}).get("sdk") == "v2"
         return pb.ApplyResourceChange.Response(new_state=to_dynamic_value(planned), legacy_type_system=legacy)
 
