@@ -359,6 +359,14 @@ class SpecBase(_Model):
         """This job's prefix in ``checkpoint_bucket`` (the trainer's ``--ckpt-bucket``)."""
         return f"{self.checkpoint_bucket.rstrip('/')}/{self.name}" if self.checkpoint_bucket else None
 
+    @property
+    def bucket_parts(self) -> tuple[str, str] | None:
+        """(bucket, key prefix) of this job's checkpoints in an object store, for the nodes' access."""
+        if not self.bucket_url or self.bucket_url.startswith("file://"):
+            return None
+        bucket, _, prefix = self.bucket_url.split("://", 1)[1].partition("/")
+        return bucket, prefix
+
     def node_price(self, shape, market: str) -> float | None:
         """$/h per node of ``shape``: the spec's prices for its own type, the catalog's for the others
         (None: unknown, e.g. a type outside the catalog whose price the spec does not say)."""

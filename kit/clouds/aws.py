@@ -107,7 +107,15 @@ class Aws(Cloud[AwsSpec]):
                 Variable("vpc_id", "string", "Existing VPC (null: default VPC).", spec.network.vpc_id, nullable=True),
                 Variable("subnet_id", "string", "Existing subnet (null: default subnet of the zone).",
                          spec.network.subnet_id, nullable=True),
-                Variable("detailed_monitoring", "bool", "CloudWatch detailed monitoring.", spec.monitoring)]
+                Variable("detailed_monitoring", "bool", "CloudWatch detailed monitoring.", spec.monitoring),
+                *self.bucket_variables(spec)]
+
+    def bucket_variables(self, spec: AwsSpec) -> list[Variable]:
+        parts = spec.bucket_parts
+        return [Variable("checkpoint_bucket", "string", "S3 bucket of the checkpoints (null: none).",
+                         parts[0] if parts else None, nullable=True),
+                Variable("checkpoint_prefix", "string", "This job's key prefix in it (the nodes may write only there).",
+                         parts[1] if parts else "")]
 
     def access_variables(self, spec: AwsSpec) -> list[Variable]:
         return [Variable("egress_cidrs", "list(string)", "CIDRs the nodes may reach on every port.",

@@ -133,7 +133,10 @@ class Gcp(Cloud[GcpSpec]):
                Variable("nic_type", "string", "GVNIC where the machine type needs it (null: provider default).",
                         itype.nic_type if itype is not None else None, nullable=True),
                Variable("os_login", "bool", "Log in with OS Login instead of the ssh-keys metadata key.",
-                        spec.ssh.os_login)]
+                        spec.ssh.os_login),
+               Variable("checkpoint_bucket", "string", "GCS bucket of the checkpoints (null: none; the VMs then "
+                        "get no service account).", spec.bucket_parts[0] if spec.bucket_parts else None,
+                        nullable=True)]
         if spec.creates_network:
             return out + [Variable("subnet_cidr", "string", "Range of the created subnetwork.", spec.network.cidr)]
         return out + [Variable("network", "string", "Existing network.", spec.network.name or "default"),

@@ -263,3 +263,30 @@ def test_what_terraform_creates_is_what_boto3_and_the_watcher_see(aws, moto_ec2)
     lines = changes(kit("plan", str(aws)))
     assert [c for c in lines if not c.startswith("~")] == [
         "+ cluster module.instances.aws_instance.node[1]", "+ cluster module.instances.aws_volume_attachment.data[1]"], lines
+
+
+def test_nodes_get_write_access_to_their_prefix_of_the_checkpoint_bucket_only(tmp_path, monkeypatch):
+    """AWS with a checkpoint bucket: the plan adds a role, its inline policy (list the job's prefix,
+    read/write/delete objects under it, nothing else) and an instance profile the instances use; a
+    market switch replaces the instances, not the role."""
+    import yaml
+
+    spec = example("aws-g5-spot.yaml", tmp_path, monkeypatch)
+    data = yaml.safe_load(spec.read_text())
+    spec.write_text(yaml.safe_dump({**data, "checkpoint_bucket": "s3://ckpts/kit"}, sort_keys=False))
+    lines = changes(kit("plan", str(spec)))
+    for address in ("aws_iam_role.node[0]", "aws_iam_role_policy.checkpoints[0]", "aws_iam_instance_profile.node[0]"):
+        assert f"+ cluster module.instances.{address}" in lines, lines
+    kit("apply", str(spec))
+    state = json.loads(terraform_state(tmp_path, "cluster"))
+    policy = next(r for r in state["resources"] if r["type"] == "aws_iam_role_policy")["instances"][0]["attributes"]
+    statements = json.loads(policy["policy"])["Statement"]
+    assert statements[0]["Resource"] == "arn:aws:s3:::ckpts"
+    assert statements[0]["Condition"]["StringLike"]["s3:prefix"] == ["kit/g5-spot/*", "kit/g5-spot"]
+    assert statements[1]["Resource"] == "arn:aws:s3:::ckpts/kit/g5-spot/*"
+    profile = next(r for r in state["resources"] if r["type"] == "aws_iam_instance_profile")["instances"][0]
+    instances = next(r for r in state["resources"] if r["type"] == "aws_instance")["instances"]
+    assert {i["attributes"]["iam_instance_profile"] for i in instances} == {profile["attributes"]["name"]}
+    set_spec(spec, market="on-demand")
+    switched = changes(kit("plan", str(spec)))
+    assert not [c for c in switched if "aws_iam" in c], switched

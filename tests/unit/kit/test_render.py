@@ -278,3 +278,17 @@ def test_a3_gets_gvnic_and_g2_none():
     data["instance_type"] = "g2-standard-8"
     g2 = render_texts(parse_spec(data))["cluster/terraform.tfvars"]
     assert "nic_type = null" in " ".join(g2.split())
+
+
+def test_a_checkpoint_bucket_gives_the_nodes_access_to_the_jobs_prefix():
+    """The spec's bucket reaches the instances modules as bucket + this job's prefix (AWS: the role's
+    policy; GCP: the storage scope); without one, neither cloud renders any access."""
+    import yaml
+
+    aws = yaml.safe_load((EXAMPLES_DIR / "aws-g5-spot.yaml").read_text())
+    with_bucket = render_texts(parse_spec({**aws, "checkpoint_bucket": "s3://ckpts/team/kit"}))
+    tfvars = " ".join(with_bucket["cluster/terraform.tfvars"].split())
+    assert 'checkpoint_bucket = "ckpts"' in tfvars and 'checkpoint_prefix = "team/kit/g5-spot"' in tfvars
+    assert "checkpoint_bucket = null" in " ".join(render_texts(parse_spec(aws))["cluster/terraform.tfvars"].split())
+    gcp = " ".join(render_texts(load_spec(EXAMPLES_DIR / "gcp-a3-spot.yaml"))["cluster/terraform.tfvars"].split())
+    assert 'checkpoint_bucket = "my-ckpt-bucket"' in gcp

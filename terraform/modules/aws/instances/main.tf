@@ -112,12 +112,54 @@ resource "aws_key_pair" "this" {
   tags       = var.tags
 }
 
+# The checkpoint bucket: the nodes' instance profile may list and read/write/delete objects under
+# this job's prefix only (least privilege; IAM User Guide, "Amazon S3: Allows read and write access
+# to objects in an S3 bucket" with an s3:prefix condition on ListBucket).
+resource "aws_iam_role" "node" {
+  count       = var.checkpoint_bucket == null ? 0 : 1
+  name_prefix = "${var.cluster_name}-node-"
+  assume_role_policy = jsonencode({
+    Version   = "2012-10-17"
+    Statement = [{ Effect = "Allow", Principal = { Service = "ec2.amazonaws.com" }, Action = "sts:AssumeRole" }]
+  })
+  tags = var.tags
+}
+
+resource "aws_iam_role_policy" "checkpoints" {
+  count = var.checkpoint_bucket == null ? 0 : 1
+  role  = aws_iam_role.node[0].id
+  policy = jsonencode({
+    Version = "2012-10-17"
+    Statement = [
+      {
+        Effect    = "Allow"
+        Action    = ["s3:ListBucket"]
+        Resource  = "arn:aws:s3:::${coalesce(var.checkpoint_bucket, "-")}"
+        Condition = { StringLike = { "s3:prefix" = ["${var.checkpoint_prefix}/*", var.checkpoint_prefix] } }
+      },
+      {
+        Effect   = "Allow"
+        Action   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
+        Resource = "arn:aws:s3:::${coalesce(var.checkpoint_bucket, "-")}/${var.checkpoint_prefix}/*"
+      },
+    ]
+  })
+}
+
+resource "aws_iam_instance_profile" "node" {
+  count       = var.checkpoint_bucket == null ? 0 : 1
+  name_prefix = "${var.cluster_name}-node-"
+  role        = aws_iam_role.node[0].name
+  tags        = var.tags
+}
+
 resource "aws_instance" "node" {
   count                  = var.nodes
   ami                    = local.ami
   instance_type          = var.instance_type
   availability_zone      = var.availability_zone
   placement_group        = var.placement_group
+  iam_instance_profile   = var.checkpoint_bucket == null ? null : aws_iam_instance_profile.node[0].name
   key_name               = aws_key_pair.this.key_name
   subnet_id              = local.subnet_id
   vpc_security_group_ids = [aws_security_group.this.id]

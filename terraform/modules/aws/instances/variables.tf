@@ -121,3 +121,15 @@ variable "tags" {
   type        = map(string)
   default     = {}
 }
+
+variable "checkpoint_bucket" {
+  description = "S3 bucket the nodes copy checkpoints to (null: none; no role is created)."
+  type        = string
+  default     = null
+}
+
+variable "checkpoint_prefix" {
+  description = "Key prefix of this job's checkpoints in checkpoint_bucket; the nodes may write nothing else."
+  type        = string
+  default     = ""
+}

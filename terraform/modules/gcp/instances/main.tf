@@ -43,6 +43,24 @@ resource "google_compute_firewall" "ssh" {
   }
 }
 
+# The nodes' identity when the job has a checkpoint bucket: a service account of their own (not the
+# project's default compute account), with roles/storage.objectUser on the bucket (read, write,
+# delete and list objects; no bucket administration).
+resource "google_service_account" "node" {
+  count        = var.checkpoint_bucket == null ? 0 : 1
+  project      = var.project
+  account_id   = "${substr(var.cluster_name, 0, 25)}-node"
+  display_name = "kit ${var.cluster_name} nodes"
+  description  = "kit nodes of cluster ${var.cluster_name}: write checkpoints to gs://${coalesce(var.checkpoint_bucket, "-")}"
+}
+
+resource "google_storage_bucket_iam_member" "checkpoints" {
+  count  = var.checkpoint_bucket == null ? 0 : 1
+  bucket = var.checkpoint_bucket
+  role   = "roles/storage.objectUser"
+  member = "serviceAccount:${google_service_account.node[0].email}"
+}
+
 resource "google_compute_instance" "node" {
   count                     = var.nodes
   name                      = local.nodes[count.index]
@@ -96,6 +114,16 @@ resource "google_compute_instance" "node" {
   # preempted; instance_termination_action is set only for SPOT (GCP rejects it for STANDARD).
   # automatic_restart must be false for Spot and with a compact placement policy (as in the
   # Cluster Toolkit's vm-instance module); kit's watcher restarts stopped nodes instead.
+  # The checkpoint bucket: the nodes' own service account (below), with the cloud-platform scope and
+  # access granted by IAM roles alone, as GCP recommends ("Service accounts" best practices).
+  dynamic "service_account" {
+    for_each = var.checkpoint_bucket == null ? [] : [1]
+    content {
+      email  = google_service_account.node[0].email
+      scopes = ["https://www.googleapis.com/auth/cloud-platform"]
+    }
+  }
+
   scheduling {
     provisioning_model          = local.spot ? "SPOT" : "STANDARD"
     preemptible                 = local.spot

@@ -130,3 +130,9 @@ variable "labels" {
   type        = map(string)
   default     = {}
 }
+
+variable "checkpoint_bucket" {
+  description = "GCS bucket the nodes copy checkpoints to (null: none; the VMs get no service account)."
+  type        = string
+  default     = null
+}

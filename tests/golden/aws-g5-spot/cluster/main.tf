@@ -44,5 +44,7 @@ module "instances" {
   allowed_cidrs       = var.allowed_cidrs
   egress_cidrs        = var.egress_cidrs
   disk_ids            = local.disk_ids
+  checkpoint_bucket   = var.checkpoint_bucket
+  checkpoint_prefix   = var.checkpoint_prefix
   tags                = var.tags
 }

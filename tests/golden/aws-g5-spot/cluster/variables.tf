@@ -69,6 +69,17 @@ variable "detailed_monitoring" {
   type        = bool
 }
 
+variable "checkpoint_bucket" {
+  description = "S3 bucket of the checkpoints (null: none)."
+  type        = string
+  default     = null
+}
+
+variable "checkpoint_prefix" {
+  description = "This job's key prefix in it (the nodes may write only there)."
+  type        = string
+}
+
 variable "ssh_user" {
   description = "Login user."
   type        = string

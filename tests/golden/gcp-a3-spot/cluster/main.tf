@@ -61,5 +61,6 @@ module "instances" {
   nic_type          = var.nic_type
   allowed_cidrs     = var.allowed_cidrs
   disk_ids          = local.disk_ids
+  checkpoint_bucket = var.checkpoint_bucket
   labels            = var.labels
 }

@@ -13,6 +13,7 @@ guest_accelerator = null
 image             = "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2204-amd64-with-nvidia-550"
 nic_type          = "GVNIC"
 os_login          = false
+checkpoint_bucket = "my-ckpt-bucket"
 subnet_cidr       = "10.42.0.0/20"
 ssh_user          = "ubuntu"
 ssh_public_key    = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDk kit@test"

@@ -67,6 +67,12 @@ variable "os_login" {
   type        = bool
 }
 
+variable "checkpoint_bucket" {
+  description = "GCS bucket of the checkpoints (null: none; the VMs then get no service account)."
+  type        = string
+  default     = null
+}
+
 variable "subnet_cidr" {
   description = "Range of the created subnetwork."
   type        = string
