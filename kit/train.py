@@ -202,6 +202,9 @@ class TrainRun:
             "nodes_lost": status["nodes_lost"], "capacity_errors": status["capacity_errors"],
             # where it ran: zone/shape/market per apply, moves between zones and shape switches
             "offers": status["offers"], "moves": status["moves"], "shape_switches": status["shape_switches"],
+            # the data disks: every one the job used (those of zones and shapes it left sit idle until the end)
+            "disk_cost": status["disk_cost"], "idle_disk_hours": status["idle_disk_hours"],
+            "disks_used": len(status["disks"]),
             "export": export, "disks": disks,
         }
 
@@ -328,6 +331,7 @@ def render_report(report: dict, console) -> None:
     rows = [("steps", f"{report['steps']}/{report['total_steps']}"), ("steps lost", str(report["steps_lost"])),
             ("preemptions", str(report["preemptions"])), ("market switches", str(report["market_switches"])),
             ("moves / shape switches", f"{report.get('moves', 0)} / {report.get('shape_switches', 0)}"),
+            ("data disks used (idle hours)", f"{report.get('disks_used', 0)} ({report.get('idle_disk_hours', 0):.2f})"),
             ("spot node-hours", f"{report['spot_hours']:.2f}"), ("on-demand node-hours", f"{report['on_demand_hours']:.2f}"),
             ("cost", money(report["cost"])), ("same job all on-demand", money(report["cost_on_demand"])),
             ("wall time", f"{report['wall_seconds']:.1f} s"), ("params_sha256", str(report["params_sha256"])[:16] + "…")]

@@ -72,6 +72,8 @@ class Aws(Cloud[AwsSpec]):
     cluster_tag = "kit:cluster"
     tags_variable = "tags"
     disk_types = EBS_TYPES
+    # EBS, us-east-1 (aws.amazon.com/ebs/pricing): storage only (gp3's and io*'s extra IOPS/throughput not counted)
+    disk_prices: ClassVar[dict[str, float]] = {"gp3": 0.08, "gp2": 0.10, "io1": 0.125, "io2": 0.125, "st1": 0.045}
     # EC2 error texts that mean "no capacity right now" (retry later or elsewhere), not a bug.
     capacity_patterns = (r"InsufficientInstanceCapacity", r"InsufficientCapacity", r"capacity-not-available",
                          r"capacity-oversubscribed", r"SpotMaxPriceTooLow", r"price-too-low",

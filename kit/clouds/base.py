@@ -64,9 +64,16 @@ class Cloud(ABC, Generic[S]):
     zones: ClassVar[dict[str, tuple[str, ...]]] = {}  # region -> zones, for the regions kit knows
     disk_types: ClassVar[tuple[str, ...]] = ()        # every data-disk type the cloud has
     state_backend: ClassVar[str] = ""                 # Terraform's backend for state in this cloud's storage
+    # $ per GB-month of each data-disk type (list prices of one region, like the instance catalog;
+    # a type missing here leaves the disks' cost unknown)
+    disk_prices: ClassVar[dict[str, float]] = {}
     # checkpoint_bucket: the URL schemes its nodes can write (fsspec), and what they install for them
     bucket_schemes: ClassVar[tuple[str, ...]] = ()
     bucket_packages: ClassVar[tuple[str, ...]] = ()
+
+    def disk_price(self, spec: S) -> float | None:
+        """$ per GB-month of the spec's data disks (None: unknown)."""
+        return self.disk_prices.get(getattr(spec, "disk_type", ""))
 
     def instance(self, name: str | None) -> InstanceType | None:
         return next((t for t in self.instance_types if t.name == name), None)

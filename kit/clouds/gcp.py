@@ -88,6 +88,9 @@ class Gcp(Cloud[GcpSpec]):
     cluster_tag = "kit-cluster"
     tags_variable = "labels"
     disk_types = PD_TYPES
+    # Persistent Disk, us-central1 (cloud.google.com/compute/disks-image-pricing); Hyperdisk is priced
+    # per GB plus provisioned IOPS and throughput, so it is left unknown
+    disk_prices: ClassVar[dict[str, float]] = {"pd-standard": 0.04, "pd-balanced": 0.10, "pd-ssd": 0.17}
     capacity_patterns = (r"ZONE_RESOURCE_POOL_EXHAUSTED", r"does not have enough resources available", r"STOCKOUT",
                          r"resource pool exhausted")
     # Accelerator-optimized types carry their GPUs. Compact placement: A2, A3 and G2 (GCP docs,

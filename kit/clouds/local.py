@@ -110,6 +110,9 @@ class LocalSpec(SpecBase):
 class Local(Cloud[LocalSpec]):
     name = "local"
     bucket_schemes = ("file", "s3")  # a directory here, or S3 (moto in the tests)
+
+    def disk_price(self, spec: LocalSpec) -> float | None:
+        return 0.0  # a directory on this machine
     spec_model = LocalSpec
     renders_terraform = False
 

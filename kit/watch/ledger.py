@@ -581,6 +581,14 @@ class Ledger:
         return [max(0.0, r["d"]) for r in rows]
 
     # ------------------------------------------------------------------ nodes
+    def disks(self) -> list[dict[str, Any]]:
+        """Every data disk the job's nodes used: id, zone, the first moment a node had it, and the hours
+        a node ran on it (up to ``until`` or, for a running node, NULL), in order of first use."""
+        return [dict(r) for r in self._query(
+            "SELECT disk_id, zone, MIN(since) AS first_used, MAX(COALESCE(until, -1)) AS last_until,"
+            " SUM(state = 'up') AS attached_now FROM nodes WHERE disk_id IS NOT NULL GROUP BY disk_id, zone"
+            " ORDER BY first_used, disk_id")]
+
     def nodes(self, states: tuple[str, ...] = ("up", "lost")) -> list[NodeRow]:
         sql = f"SELECT * FROM nodes WHERE state IN ({','.join('?' * len(states))}) ORDER BY rank, since, id"
         return [_row(NodeRow, r) for r in self._query(sql, states)]

@@ -161,6 +161,29 @@ def market_switches(ledger: Ledger) -> int:
     return sum(1 for before, after in itertools.pairwise(markets) if before != after)
 
 
+HOURS_PER_MONTH = 730.0  # the clouds bill disks per GB-month of 730 hours
+
+
+def disk_report(ledger: Ledger, spec: SpecBase, now: float, *, deleted_at: float | None = None) -> dict[str, Any]:
+    """Every data disk the job used, with its zone, size, hours so far, hours idle (no node on it: a zone
+    or shape the job left) and cost so far (size x the cloud's $/GB-month, from the first node on it
+    until ``deleted_at`` or ``now``); ``disk_cost`` None when the disk type's price is unknown."""
+    price = spec.cloud_facts.disk_price(spec)
+    end = deleted_at if deleted_at is not None else now
+    disks, total = [], 0.0
+    for row in ledger.disks():
+        hours = max(0.0, end - row["first_used"]) / 3600.0
+        last = end if row["attached_now"] else max(row["last_until"], row["first_used"])
+        idle = max(0.0, end - last) / 3600.0
+        cost = None if price is None else spec.disk.size_gb * price * hours / HOURS_PER_MONTH
+        total += cost or 0.0
+        disks.append({"disk_id": row["disk_id"], "zone": row["zone"], "size_gb": spec.disk.size_gb,
+                      "hours": round(hours, 6), "idle_hours": round(idle, 6),
+                      "cost": None if cost is None else round(cost, 4)})
+    return {"disks": disks, "disk_cost": None if price is None else round(total, 4),
+            "idle_disk_hours": round(sum(d["idle_hours"] for d in disks), 6)}
+
+
 def placement_changes(ledger: Ledger) -> dict[str, Any]:
     """Where the job ran, apply by apply (zone/shape/market, kit.policy.offers.Offer.name), and how
     often it moved to another zone or changed shape on the way."""
@@ -191,6 +214,7 @@ def status_report(ledger: Ledger, spec: SpecBase, now: float | None = None) -> d
                        "attempts": d.attempts, "reason": d.reason, "error": d.error} for d in decisions],
         "market_switches": market_switches(ledger),
         **placement_changes(ledger),
+        **disk_report(ledger, spec, now),
         **preemption_counts(ledger),
         **cost_of(ledger, spec, now),
     }
@@ -224,6 +248,13 @@ def render_status(report: dict[str, Any], console) -> None:
     for n in report["nodes"]:
         nodes.add_row(str(n["rank"]), n["name"], n["instance_id"], n["market"] or "?", n["state"], n["private_ip"] or "")
     console.print(nodes)
+    disks = Table(title=f"data disks (so far {money(report['disk_cost'])})", title_justify="left")
+    for column in ("disk", "zone", "GB", "hours", "idle hours", "cost"):
+        disks.add_column(column)
+    for d in report["disks"]:
+        disks.add_row(d["disk_id"], d["zone"] or "?", str(d["size_gb"]), f"{d['hours']:.2f}", f"{d['idle_hours']:.2f}",
+                      money(d["cost"]))
+    console.print(disks)
     decisions = Table(title="decisions (newest first)", title_justify="left")
     for column in ("id", "action", "from", "to", "status", "tries", "reason"):
         decisions.add_column(column)

@@ -578,6 +578,14 @@ def test_a_preempted_zone_is_left_for_the_next_zone_with_capacity_in_the_search_
     assert {(n.zone, n.shape, n.price) for n in up} == {("b", "2xlocal", 1.0)} and len(up) == 2
     assert placement_changes(ledger) == {"offers": ["a/2xlocal/spot", "b/2xlocal/spot"], "moves": 1,
                                          "shape_switches": 0}
+    # every disk the job used, per zone: zone a's sit idle since the move; local disks cost nothing
+    clock.t += 3600
+    disks = status_report(ledger, spec, now=clock.t)
+    assert [(d["zone"], d["disk_id"]) for d in disks["disks"]] == [("a", "disk-0"), ("a", "disk-1"), ("b", "disk-0"),
+                                                                   ("b", "disk-1")]
+    idle = {(d["zone"], d["disk_id"]): d["idle_hours"] for d in disks["disks"]}
+    assert idle[("b", "disk-0")] == 0 and idle[("a", "disk-0")] == pytest.approx(1.0)  # a's node-0 left at the move
+    assert disks["disk_cost"] == 0.0
     # a restarted watcher's backend runs what was applied last
     fresh = ZonedBackend(full=set())
     Actor(fresh, ledger, spec, clock=clock).resume()

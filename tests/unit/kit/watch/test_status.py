@@ -201,3 +201,26 @@ def test_kit_watch_runs_server_and_loop_until_the_trainer_reports_done(tmp_path,
     assert policy.seen and policy.seen[0].job_h == pytest.approx(10 * 0.5 / 3600)
     assert [d.action for d in ledger.decisions()] == ["launch"]  # adopted, nothing else to do
     assert backend.of("apply") == []
+
+
+def test_every_data_disk_is_listed_with_its_zone_size_idle_time_and_cost(tmp_path):
+    """Two gp3 volumes of 200 GB (AWS list price $0.08/GB-month) for 73 hours: each costs
+    200 x 0.08 x 73 / 730 = $1.60 whether a node ran on it or not (the disks of a zone the job left
+    sit idle and still bill); an unknown disk type's price leaves the cost unknown."""
+    from kit.watch.ledger import Ledger
+    from kit.watch.status import disk_report
+
+    spec = cloud_spec("aws", disk={"size_gb": 200, "type": "gp3"})
+    ledger = Ledger(tmp_path / "l.sqlite")
+    t0 = 1_000_000.0
+    ledger.adopt_deployment([{"instance_id": f"i-{r}", "name": f"n{r}", "rank": r, "market": "spot",
+                              "zone": "us-east-1a", "disk_id": f"vol-{r}"} for r in range(2)], "spot", "default", t0)
+    ledger.mark_lost("i-1", t0 + 3600 * 10, "preemption")  # node 1 gone after 10 h: its volume idles from then
+    report = disk_report(ledger, spec, t0 + 3600 * 73)
+    assert [(d["disk_id"], d["zone"], d["size_gb"]) for d in report["disks"]] == [
+        ("vol-0", "us-east-1a", 200), ("vol-1", "us-east-1a", 200)]
+    assert [d["cost"] for d in report["disks"]] == [pytest.approx(1.6), pytest.approx(1.6)]
+    assert [d["idle_hours"] for d in report["disks"]] == [0.0, pytest.approx(63.0)]
+    assert report["disk_cost"] == pytest.approx(3.2)
+    hyper = cloud_spec("gcp", instance_type="a3-highgpu-8g", disk={"size_gb": 100, "type": "hyperdisk-balanced"})
+    assert disk_report(ledger, hyper, t0 + 3600)["disk_cost"] is None
