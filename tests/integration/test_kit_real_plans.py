@@ -290,3 +290,40 @@ def test_nodes_get_write_access_to_their_prefix_of_the_checkpoint_bucket_only(tm
     set_spec(spec, market="on-demand")
     switched = changes(kit("plan", str(spec)))
     assert not [c for c in switched if "aws_iam" in c], switched
+
+
+def test_aws_a_move_and_a_shape_switch_in_moto(aws, moto_ec2):
+    """The AWS example given two zones and a second shape (1 x g5.12xlarge: the same 4 GPUs), applied
+    through the watcher's backend by real core into moto: boto3 sees the instances move to
+    us-east-1b (each with a new data volume there), then one g5.12xlarge on-demand; every volume of
+    the sets the job left is still there, and the end deletes them all."""
+    import yaml
+
+    from kit.backends.cloud import TerraformBackend
+    from kit.render import deployment_dir
+    from kit.spec import load_spec
+
+    _, ec2 = moto_ec2
+    data = yaml.safe_load(aws.read_text())
+    data.update(zones=["us-east-1a", "us-east-1b"],
+                shapes=[{"instance_type": "g5.4xlarge", "nodes": 4}, {"instance_type": "g5.12xlarge", "nodes": 1}])
+    aws.write_text(yaml.safe_dump(data, sort_keys=False))
+    spec = load_spec(aws)
+    offers = {o.name: o for o in spec.offers()}
+    backend = TerraformBackend(spec, deployment_dir(spec))
+    backend.apply(spec, "spot")
+    assert {n["Placement"]["AvailabilityZone"] for n in _nodes(ec2).values()} == {"us-east-1a"}
+    backend.apply(spec.with_offer(offers["us-east-1b/4xg5.4xlarge/spot"]), "spot")
+    moved = _nodes(ec2)
+    assert len(moved) == 4 and {n["Placement"]["AvailabilityZone"] for n in moved.values()} == {"us-east-1b"}
+    assert {n.get("InstanceLifecycle") for n in moved.values()} == {"spot"}
+    backend.apply(spec.with_offer(offers["us-east-1b/1xg5.12xlarge/on-demand"]), "on-demand")
+    (node,) = _nodes(ec2).values()
+    assert (node["InstanceType"], node.get("InstanceLifecycle")) == ("g5.12xlarge", None)
+    volumes = ec2.describe_volumes(Filters=[{"Name": "tag:kit:role", "Values": ["data-disk"]}])["Volumes"]
+    by_zone = sorted((v["AvailabilityZone"], len(v.get("Attachments", []))) for v in volumes)
+    assert [z for z, _ in by_zone] == ["us-east-1a"] * 4 + ["us-east-1b"] * 5  # 4 + 4 + 1: none lost
+    assert sum(attached for _, attached in by_zone) == 1  # only the running node's
+    backend.destroy(keep_disks=False)
+    assert not _nodes(ec2)
+    assert not ec2.describe_volumes(Filters=[{"Name": "tag:kit:role", "Values": ["data-disk"]}])["Volumes"]

@@ -15,6 +15,8 @@ import os
 import uuid
 from typing import Any
 
+from tf.types import Unknown
+
 ENDPOINT_ENV = "KIT_TF_EMULATOR_AWS_ENDPOINT"
 
 
@@ -41,9 +43,11 @@ class MotoAWS:
 
     # ----------------------------------------------------------------- create / delete
     def create(self, kind: str, s: dict) -> dict:
+        """``s``: the planned state; a computed attribute the config leaves out is still unknown here
+        (the provider decides it), so it is not sent to EC2 (e.g. placement_group without a group)."""
         make = getattr(self, f"_create_{kind}", None)
         if make is not None:
-            s.update(make(s))
+            s.update(make({k: v for k, v in s.items() if v is not Unknown}))
         return s
 
     def delete(self, kind: str, s: dict) -> None:
