@@ -202,11 +202,23 @@ class TrainRun:
             "nodes_lost": status["nodes_lost"], "capacity_errors": status["capacity_errors"],
             # where it ran: zone/shape/market per apply, moves between zones and shape switches
             "offers": status["offers"], "moves": status["moves"], "shape_switches": status["shape_switches"],
+            "egress_cost": egress_cost(status["egress_per_checkpoint_gb"], export),
             # the data disks: every one the job used (those of zones and shapes it left sit idle until the end)
             "disk_cost": status["disk_cost"], "idle_disk_hours": status["idle_disk_hours"],
             "disks_used": len(status["disks"]),
             "export": export, "disks": disks,
         }
+
+
+def egress_cost(per_gb: float, export: str | None) -> float | None:
+    """What the moves cost in egress: $ per GB of checkpoint moved x the final checkpoint's size (the
+    exported state file; None without an export, unless nothing moved across regions)."""
+    if not per_gb:
+        return 0.0
+    state = Path(export) / "checkpoint" / "state.pt" if export else None
+    if state is None or not state.is_file():
+        return None
+    return round(per_gb * state.stat().st_size / 1e9, 4)
 
 
 def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: float | None = None,
@@ -331,6 +343,7 @@ def render_report(report: dict, console) -> None:
     rows = [("steps", f"{report['steps']}/{report['total_steps']}"), ("steps lost", str(report["steps_lost"])),
             ("preemptions", str(report["preemptions"])), ("market switches", str(report["market_switches"])),
             ("moves / shape switches", f"{report.get('moves', 0)} / {report.get('shape_switches', 0)}"),
+            ("egress of the moves", money(report.get("egress_cost", 0.0))),
             ("data disks used (idle hours)", f"{report.get('disks_used', 0)} ({report.get('idle_disk_hours', 0):.2f})"),
             ("spot node-hours", f"{report['spot_hours']:.2f}"), ("on-demand node-hours", f"{report['on_demand_hours']:.2f}"),
             ("cost", money(report["cost"])), ("same job all on-demand", money(report["cost_on_demand"])),

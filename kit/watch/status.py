@@ -187,11 +187,15 @@ def disk_report(ledger: Ledger, spec: SpecBase, now: float, *, deleted_at: float
 def placement_changes(ledger: Ledger) -> dict[str, Any]:
     """Where the job ran, apply by apply (zone/shape/market, kit.policy.offers.Offer.name), and how
     often it moved to another zone or changed shape on the way."""
+    from kit.policy.offers import Moves, region_of
+
     offers = ledger.applied_offers()
     parts = [name.split("/") for name in offers]
     pairs = list(itertools.pairwise(parts))
-    return {"offers": offers, "moves": sum(1 for a, b in pairs if a[0] != b[0]),
-            "shape_switches": sum(1 for a, b in pairs if a[1] != b[1])}
+    moves = [(a[0], b[0]) for a, b in pairs if a[0] != b[0]]
+    return {"offers": offers, "moves": len(moves), "shape_switches": sum(1 for a, b in pairs if a[1] != b[1]),
+            # $ per GB of checkpoint the moves cost in egress (list prices, kit.policy.offers): x its size
+            "egress_per_checkpoint_gb": round(sum(Moves().rate(region_of(a), region_of(b)) for a, b in moves), 4)}
 
 
 def status_report(ledger: Ledger, spec: SpecBase, now: float | None = None) -> dict[str, Any]:

@@ -83,6 +83,10 @@ def test_default_run_matches_undisturbed_run(tmp_path):
     # the job moves and reshapes at once, restoring from the bucket (a directory), with the same digest
     assert report["moves"] >= 1 and report["shape_switches"] >= 1, report
     assert report["offers"][:2] == ["us-central1-c/2xlocal/spot", "europe-west3-c/1xlocal/spot"], report
+    # the move crossed from North America to Europe: $0.05 per GB of the checkpoint (list prices)
+    state = tmp_path / "a" / "deploy" / "local-example" / "export" / "step-00000400" / "checkpoint" / "state.pt"
+    assert report["egress_cost"] == pytest.approx(0.05 * state.stat().st_size / 1e9, abs=1e-4), report
+    assert report["disks_used"] == 3 and report["idle_disk_hours"] > 0, report  # 2 in us-central1-c, 1 in europe
     # cost_on_demand is the same *job* all on-demand (not the node-hours held at the on-demand
     # price, which spot's preemptions inflate): nodes x Q x (first start-up + compute + export)
     assert report["cost_on_demand"] == pytest.approx(on_demand_baseline(report), rel=1e-3), report
