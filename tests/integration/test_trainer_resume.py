@@ -185,7 +185,10 @@ def test_a_sigterm_stops_saves_exits_75_and_resume_is_exact(chain):
     if chain["world"] == 1:
         assert chain["rc2"] == exitcodes.PREEMPTED, chain["out2"]
     else:
-        assert chain["rc2"] == 1 and "SignalException" in chain["out2"], chain["out2"]
+        # torchrun itself sometimes aborts while tearing down after that ("terminate called without an
+        # active exception", SIGABRT: a C++ thread of its agent still joinable); the workers had saved
+        # and exited 75 by then, and the progress file below is what the launcher maps, either way
+        assert chain["rc2"] in (1, -6) and "SignalException" in chain["out2"], chain["out2"]
     assert chain["outcome2"] == "preempted" and chain["exit_status2"] == exitcodes.PREEMPTED
     assert chain["resume3"][0] == chain["stop_step"]
     assert chain["final3"] == chain["reference"]
