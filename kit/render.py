@@ -41,8 +41,7 @@ def disk_set(spec: CloudSpec) -> str:
 
     if not spec.can_move:
         return ""
-    shape = f"{spec.nodes}x{spec.instance_type}"
-    return "-" + hashlib.sha256(f"{spec.zone}/{shape}".encode()).hexdigest()[:6]
+    return "-" + hashlib.sha256(f"{spec.zone}/{spec.own_shape.name}".encode()).hexdigest()[:6]
 
 
 def roots(spec: SpecBase) -> tuple[str, str]:
@@ -52,7 +51,7 @@ def roots(spec: SpecBase) -> tuple[str, str]:
     their disks) until ``kit destroy --with-disks``."""
     if not isinstance(spec, CloudSpec) or not spec.can_move:
         return ROOTS
-    return (f"disks-{spec.zone}-{spec.nodes}x{spec.instance_type}", "cluster")
+    return (f"disks-{spec.zone}-{spec.own_shape.name}", "cluster")
 
 
 def deployment_dir(spec: SpecBase) -> Path:

@@ -276,8 +276,7 @@ class SpecBase(_Model):
             check_shapes(self.shape_list())
         except InputError as error:
             raise SpecProblem(error.where or "shapes", error.what, error.fix or "fix the shapes") from None
-        start = (self.start_type, self.nodes, self.gpus_of(self.start_type, self.gpus_per_node))
-        if self.shapes and start not in [(s.instance_type, s.nodes, s.gpus_per_node) for s in self.shape_list()]:
+        if self.shapes and not any(_same_gpus(s, self.own_shape) for s in self.shape_list()):
             raise SpecProblem("shapes", f"the job's own shape ({self.nodes} x {self.start_type}) is not one of shapes",
                               "leave nodes/instance_type out (the job starts on the first shape) or list it")
         self._check_bucket()
@@ -318,11 +317,20 @@ class SpecBase(_Model):
     def start_type(self) -> str:
         return "local"
 
+    @property
+    def own_shape(self):
+        """The shape the spec itself names (kit.policy.offers.Shape): its type, nodes and GPUs per node,
+        on every market the type is sold on."""
+        from kit.policy.offers import Shape
+
+        itype = self.start_type
+        return Shape(itype, self.nodes, self.gpus_of(itype, self.gpus_per_node), self.sold_markets(itype))
+
     def own_offer(self, market: str):
         """The offer of the spec's own zone, shape and ``market`` (where a first launch starts), or None."""
-        own = (self.start_type, self.nodes, self.gpus_of(self.start_type, self.gpus_per_node))
+        own = self.own_shape
         return next((o for o in self.offers() if o.zone == self.start_zone and o.market == market
-                     and (o.shape.instance_type, o.shape.nodes, o.shape.gpus_per_node) == own), None)
+                     and _same_gpus(o.shape, own)), None)
 
     def gpus_of(self, instance_type: str, given: int | None) -> int:
         """GPUs per node: as given, else the catalog's, else 1 (a local node's processes)."""
@@ -340,8 +348,7 @@ class SpecBase(_Model):
         from kit.policy.offers import Shape
 
         if not self.shapes:
-            itype = self.start_type
-            return [Shape(itype, self.nodes, self.gpus_of(itype, self.gpus_per_node), self.sold_markets(itype))]
+            return [self.own_shape]
         out = []
         for s in self.shapes:
             itype = s.instance_type or self.start_type
@@ -354,10 +361,14 @@ class SpecBase(_Model):
         """Whether the job may change zone or shape (and so needs its checkpoints beyond its disks)."""
         return len(self.zone_list) > 1 or len(self.shape_list()) > 1
 
+    def job_prefix(self, bucket: str) -> str:
+        """This job's place in a checkpoint bucket URL: ``<bucket>/<name>``."""
+        return f"{bucket.rstrip('/')}/{self.name}"
+
     @property
     def bucket_url(self) -> str | None:
         """This job's prefix in ``checkpoint_bucket`` (the trainer's ``--ckpt-bucket``)."""
-        return f"{self.checkpoint_bucket.rstrip('/')}/{self.name}" if self.checkpoint_bucket else None
+        return self.job_prefix(self.checkpoint_bucket) if self.checkpoint_bucket else None
 
     @property
     def bucket_parts(self) -> tuple[str, str] | None:
@@ -452,6 +463,11 @@ class SpecBase(_Model):
             raise InputError(f"{itype.name} cannot run on-demand ({itype.note})",
                              where="market", fix="use spot, or an instance type sold on-demand")
         return self.model_copy(update={"market": market}, deep=True)
+
+
+def _same_gpus(a, b) -> bool:
+    """Two shapes buy the GPUs the same way (type, nodes, GPUs per node), whatever markets they list."""
+    return (a.instance_type, a.nodes, a.gpus_per_node) == (b.instance_type, b.nodes, b.gpus_per_node)
 
 
 ClusterSpec = SpecBase  # the type every cloud's spec has

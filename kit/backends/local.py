@@ -413,8 +413,8 @@ class LocalBackend(Backend):
         args = training_args(self.spec)
         i = args.index("--ckpt-dir")
         args[i + 1] = str(self.disk_dir(rank) / "ckpt")
-        if "--ckpt-bucket" not in args and self.spec.can_move:  # a job that can leave its disks behind
-            args += ["--ckpt-bucket", f"file://{self.root / 'bucket'}/{self.spec.name}"]
+        if self.spec.bucket_url is None and self.spec.can_move:  # a job that can leave its disks behind
+            args += ["--ckpt-bucket", self.spec.job_prefix(f"file://{self.root / 'bucket'}")]
         nproc = 1 if not self.spec.gpus_per_node else int(self.spec.gpus_per_node)
         return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={self.spec.nodes}",
                 f"--nproc-per-node={nproc}", f"--node-rank={rank}", "--rdzv-backend=c10d",

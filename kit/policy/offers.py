@@ -90,6 +90,12 @@ class Offer:
         return f"{self.zone}/{self.shape.name}/{self.market}"
 
 
+def offer_parts(name: str) -> tuple[str, str, str]:
+    """(zone, shape name, market) of an :attr:`Offer.name` (as the ledger records it)."""
+    zone, shape, market = name.split("/")
+    return zone, shape, market
+
+
 def check_shapes(shapes: list[Shape], where: str = "shapes") -> None:
     """Every shape gives the job the same number of GPUs, and names markets kit knows."""
     if not shapes:

@@ -187,10 +187,10 @@ def disk_report(ledger: Ledger, spec: SpecBase, now: float, *, deleted_at: float
 def placement_changes(ledger: Ledger) -> dict[str, Any]:
     """Where the job ran, apply by apply (zone/shape/market, kit.policy.offers.Offer.name), and how
     often it moved to another zone or changed shape on the way."""
-    from kit.policy.offers import Moves, region_of
+    from kit.policy.offers import Moves, offer_parts, region_of
 
     offers = ledger.applied_offers()
-    parts = [name.split("/") for name in offers]
+    parts = [offer_parts(name) for name in offers]
     pairs = list(itertools.pairwise(parts))
     moves = [(a[0], b[0]) for a, b in pairs if a[0] != b[0]]
     return {"offers": offers, "moves": len(moves), "shape_switches": sum(1 for a, b in pairs if a[1] != b[1]),
