@@ -35,8 +35,8 @@ class TerraformBackend(Backend):
         from kit.spec import check_ssh_key
 
         check_ssh_key(spec)
-        zones = {n.zone for n in self.nodes() if n.zone}
-        self._leave_region(spec)
+        zones = {n.zone for n in self.nodes() if n.zone}  # where it runs before this apply (one output read)
+        self._leave_region(spec, zones)
         self.spec = spec
         render.render(spec, self.deploy_dir, market=market)  # a switch: market lines; a move: another disks root
         roots = render.roots(spec)
@@ -57,14 +57,14 @@ class TerraformBackend(Backend):
             raise
         return self.nodes()
 
-    def _leave_region(self, spec: SpecBase) -> None:
-        """A move to another region: the cluster root's provider is configured for one region, so it is
-        destroyed in the old region first (its instances would otherwise be orphaned there); the disks
-        stay, in their own roots."""
+    def _leave_region(self, spec: SpecBase, zones: set[str]) -> None:
+        """A move to another region (``zones``: where the nodes run now): the cluster root's provider is
+        configured for one region, so it is destroyed in the old region first (its instances would
+        otherwise be orphaned there); the disks stay, in their own roots."""
         from kit import terraform
         from kit.policy.offers import region_of
 
-        regions = {region_of(n.zone) for n in self.nodes() if n.zone}
+        regions = {region_of(zone) for zone in zones}
         if regions and regions != {getattr(spec, "region", None)}:
             terraform.destroy(self.deploy_dir, with_disks=False)
 

@@ -164,7 +164,7 @@ class LocalBackend(Backend):
         local = self.local
         spec = cast("LocalSpec", self.spec)
         zones = {zone: spec.trace_of(zone) for zone in spec.zone_list}
-        self.injector = Injector(self, nodes=spec.nodes, clock=self.clock, origin=origin, trace=local.trace,
+        self.injector = Injector(self, nodes=spec.nodes, clock=self.clock, origin=origin,
                                  preempt_every=local.preempt_every_seconds, grace_seconds=local.grace_seconds,
                                  enabled=local.preemptions, zones=zones, zone=spec.start_zone)
         return self.clock

@@ -90,7 +90,6 @@ class LocalSpec(SpecBase):
             or float(meta.get("on_demand_price_per_hour") or DEFAULT_PRICES[1])})
         return self
 
-
     def _trace_set(self, path: str) -> dict:
         """``local.trace`` as a set's directory holding every listed zone's file; the first one's prices."""
         from kit.traces import load_trace, resolve
@@ -110,11 +109,11 @@ class LocalSpec(SpecBase):
 class Local(Cloud[LocalSpec]):
     name = "local"
     bucket_schemes = ("file", "s3")  # a directory here, or S3 (moto in the tests)
+    spec_model = LocalSpec
+    renders_terraform = False
 
     def disk_price(self, spec: LocalSpec) -> float | None:
         return 0.0  # a directory on this machine
-    spec_model = LocalSpec
-    renders_terraform = False
 
     def agent_url(self, advertise_url, server_url, listening_on_all) -> str | None:
         return None  # the local agents relay notices to their trainers only (docs/local.md)

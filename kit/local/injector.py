@@ -101,11 +101,6 @@ class Injector:
         self.thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ capacity
-    @property
-    def trace(self):
-        """The running zone's trace (None: no trace replayed there)."""
-        return self.traces.get(self.zone)
-
     def capacity(self, now: float | None = None, zone: str | None = None) -> int | None:
         trace = self.traces.get(self.zone if zone is None else zone)
         if trace is None:

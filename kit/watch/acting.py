@@ -5,6 +5,7 @@ A decision's action is one of:
   disks kept), bootstrap every node (node 0 may be new: everyone gets the new rendezvous
   endpoint and restarts from the newest checkpoint).
 * ``recover``: same market, re-apply to recreate lost nodes, then bootstrap every node.
+* ``release``: delete the instances, keep the disks (the policy chose to wait).
 
 Where: a spec with several zones or shapes has several offers on the decided market. A launch,
 switch or recover tries them in the capacity search's order (``kit.policy.zones.search_order``:
@@ -13,7 +14,6 @@ preempting zone last) until one has capacity; each offer without capacity is rec
 capacity error. Landing elsewhere is a move (another zone: the checkpoint comes from the bucket)
 or a shape switch (the same GPUs in other instances: torchrun's nnodes x nproc-per-node change,
 the world size does not).
-* ``release``: delete the instances, keep the disks (the policy chose to wait).
 
 Retry timing follows SkyPilot's managed-job launcher (sky/jobs/recovery_strategy.py with
 sky/utils/common_utils.py's Backoff): exponential backoff
@@ -146,7 +146,7 @@ class Actor:
             else:
                 nodes = self._launch(decision, attempt_id, market)
         except CapacityError as error:
-            return self._failed(decision, attempt_id, str(error), capacity=True, recorded=True)
+            return self._failed(decision, attempt_id, str(error), capacity=True)
         except KitError as error:
             return self._failed(decision, attempt_id, str(error), capacity=False)
         wrong_market = self.market_mismatch(nodes, market)
@@ -171,8 +171,6 @@ class Actor:
 
     def search(self, decision: Decision, market: str) -> list:
         """The offers a launch on ``market`` tries, in order (module docstring)."""
-        import random
-
         lost = [n.zone for n in self.ledger.nodes(("lost",)) if n.zone]
         current = self.current_offer() or self.spec.own_offer(market)  # a first launch: the spec's own
         return search_order(self.spec.offers(), market, random.Random(f"{self.spec.name}:{decision.id}"),
@@ -253,17 +251,14 @@ class Actor:
         self.ledger.finish_apply(attempt.id, decision.id, [n.to_dict() for n in nodes], decision.market_after, now)
         return Outcome("done", nodes=nodes)
 
-    def _failed(self, decision: Decision, attempt_id: int, error: str, *, capacity: bool,
-                recorded: bool = False) -> Outcome:
+    def _failed(self, decision: Decision, attempt_id: int, error: str, *, capacity: bool) -> Outcome:
         now = self.clock()
         attempts = self.ledger.decision(decision.id).attempts
         # Capacity: the market's failures since its last success, not this decision's attempts.
         failures = self.ledger.capacity_failures(decision.market_after) + 1 if capacity else attempts
         next_attempt = now + self.backoff.delay(max(attempts, failures))
         self.ledger.fail_apply(attempt_id, decision.id, error, capacity=capacity, next_attempt=next_attempt, now=now)
-        if capacity:
-            if not recorded:  # the capacity search recorded one event per offer it tried
-                self._capacity_event(decision, attempt_id, decision.market_after or "", "", error)
+        if capacity:  # the capacity search (_launch) recorded one event per offer it tried
             log.warning("decision %d: no capacity on %s (failure %d in a row), retry in %.0f s",
                         decision.id, decision.market_after, failures, next_attempt - now)
             return Outcome("retry", capacity_error=True, error=error)

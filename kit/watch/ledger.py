@@ -442,12 +442,12 @@ class Ledger:
                        (error, now, decision_id))
 
     # ------------------------------------------------------------------ applies
-    def start_apply(self, decision_id: int, market: str | None, now: float, offer: str | None = None) -> int:
+    def start_apply(self, decision_id: int, market: str | None, now: float) -> int:
         with self.transaction() as db:
             db.execute("UPDATE decisions SET attempts = attempts + 1 WHERE id = ?", (decision_id,))
             return _rowid(db.execute(
-                "INSERT INTO applies(decision_id, started, market, status, offer) VALUES (?, ?, ?, 'started', ?)",
-                (decision_id, now, market, offer)))
+                "INSERT INTO applies(decision_id, started, market, status) VALUES (?, ?, ?, 'started')",
+                (decision_id, now, market)))
 
     def set_apply_offer(self, apply_id: int, offer: str) -> None:
         """The offer an attempt ended up applying (a capacity search may pass several)."""
@@ -582,8 +582,9 @@ class Ledger:
 
     # ------------------------------------------------------------------ nodes
     def disks(self) -> list[dict[str, Any]]:
-        """Every data disk the job's nodes used: id, zone, the first moment a node had it, and the hours
-        a node ran on it (up to ``until`` or, for a running node, NULL), in order of first use."""
+        """Every data disk the job's nodes used, in order of first use: id, zone, ``first_used`` (the first
+        node on it came up), ``last_until`` (the last one on it ended; -1 while none has) and
+        ``attached_now`` (how many nodes on it are up)."""
         return [dict(r) for r in self._query(
             "SELECT disk_id, zone, MIN(since) AS first_used, MAX(COALESCE(until, -1)) AS last_until,"
             " SUM(state = 'up') AS attached_now FROM nodes WHERE disk_id IS NOT NULL GROUP BY disk_id, zone"

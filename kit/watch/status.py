@@ -164,17 +164,16 @@ def market_switches(ledger: Ledger) -> int:
 HOURS_PER_MONTH = 730.0  # the clouds bill disks per GB-month of 730 hours
 
 
-def disk_report(ledger: Ledger, spec: SpecBase, now: float, *, deleted_at: float | None = None) -> dict[str, Any]:
+def disk_report(ledger: Ledger, spec: SpecBase, now: float) -> dict[str, Any]:
     """Every data disk the job used, with its zone, size, hours so far, hours idle (no node on it: a zone
     or shape the job left) and cost so far (size x the cloud's $/GB-month, from the first node on it
-    until ``deleted_at`` or ``now``); ``disk_cost`` None when the disk type's price is unknown."""
+    until ``now``); ``disk_cost`` None when the disk type's price is unknown."""
     price = spec.cloud_facts.disk_price(spec)
-    end = deleted_at if deleted_at is not None else now
     disks, total = [], 0.0
     for row in ledger.disks():
-        hours = max(0.0, end - row["first_used"]) / 3600.0
-        last = end if row["attached_now"] else max(row["last_until"], row["first_used"])
-        idle = max(0.0, end - last) / 3600.0
+        hours = max(0.0, now - row["first_used"]) / 3600.0
+        last = now if row["attached_now"] else max(row["last_until"], row["first_used"])
+        idle = max(0.0, now - last) / 3600.0
         cost = None if price is None else spec.disk.size_gb * price * hours / HOURS_PER_MONTH
         total += cost or 0.0
         disks.append({"disk_id": row["disk_id"], "zone": row["zone"], "size_gb": spec.disk.size_gb,
