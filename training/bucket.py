@@ -18,31 +18,23 @@ skipped for the next older one. Pruning removes the marker first, for the same r
 """
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import shutil
 import threading
 from pathlib import Path
 
-from .checkpoint import MARKER, CorruptCheckpoint, read_marker, step_dir_name, verify
+from .checkpoint import (
+    MARKER,
+    STEP_DIR_RE,
+    CorruptCheckpoint,
+    hash_stream,
+    read_marker,
+    step_dir_name,
+    verify,
+)
 from .contract import fsync_dir
 
-CHUNK = 8 << 20
 STOP_FLUSH_S = 20.0  # a stop save's upload gets this long (GCP's notice is 30 s); the disk keeps it anyway
-_STEP_RE = re.compile(r"step-(\d{8,})$")
-
-
-def _copy_hashing(src, dst) -> tuple[str, int]:
-    h, n = hashlib.sha256(), 0
-    while True:
-        b = src.read(CHUNK)
-        if not b:
-            return h.hexdigest(), n
-        h.update(b)
-        n += len(b)
-        if dst is not None:
-            dst.write(b)
 
 
 class Bucket:
@@ -66,7 +58,7 @@ class Bucket:
             return []
         steps = set()
         for path in found:
-            m = _STEP_RE.search(str(path).rstrip("/").rsplit(f"/{MARKER}", 1)[0])
+            m = STEP_DIR_RE.match(str(path).rstrip("/").removesuffix(f"/{MARKER}").rsplit("/", 1)[-1])
             if m:
                 steps.add(int(m.group(1)))
         return sorted(steps, reverse=True)
@@ -90,7 +82,7 @@ class Bucket:
         self.fs.makedirs(self._remote(step), exist_ok=True)
         for name, entry in marker.files.items():
             with open(path / name, "rb") as src, self.fs.open(self._remote(step, name), "wb") as dst:
-                digest, size = _copy_hashing(src, dst)
+                digest, size = hash_stream(src, dst)
             if (digest, size) != (entry.sha256, entry.bytes):
                 raise CorruptCheckpoint(f"{path / name}: local bytes do not match the marker; not uploaded")
             if self.verify_remote:
@@ -101,7 +93,7 @@ class Bucket:
 
     def _check_remote(self, step: int, name: str, sha256: str, size: int) -> None:
         with self.fs.open(self._remote(step, name), "rb") as f:
-            digest, n = _copy_hashing(f, None)
+            digest, n = hash_stream(f, None)
         if (digest, n) != (sha256, size):
             raise OSError(f"{self._remote(step, name)}: read back {n} bytes with another sha256; marker not written")
 
@@ -151,7 +143,7 @@ class Bucket:
             raise CorruptCheckpoint(f"the marker says step {marker.step}")
         for name in marker.files:
             with self.fs.open(self._remote(step, name), "rb") as src, open(tmp / name, "wb") as dst:
-                _copy_hashing(src, dst)
+                hash_stream(src, dst)
                 dst.flush()
                 os.fsync(dst.fileno())
         verify(tmp)

@@ -37,7 +37,7 @@ from .contract import fsync_dir
 MARKER = "COMPLETE"
 STATE_FILE = "state.pt"
 FORMAT = 1
-_STEP_RE = re.compile(r"^step-(\d{8,})$")
+STEP_DIR_RE = re.compile(r"^step-(\d{8,})$")  # a complete checkpoint's directory, here and in a bucket
 
 
 class FileEntry(BaseModel):
@@ -108,17 +108,24 @@ class _HashingWriter:
         self.f.flush()
 
 
-def sha256_file(path: Path, chunk: int = 8 << 20) -> tuple[str, int]:
+def hash_stream(src, dst=None, chunk: int = 8 << 20) -> tuple[str, int]:
+    """sha256 and size of everything ``src`` (a binary file object) reads, copied to ``dst`` on the way
+    when given (so copying a checkpoint costs no second read to check it)."""
     h = hashlib.sha256()
     n = 0
+    while True:
+        b = src.read(chunk)
+        if not b:
+            return h.hexdigest(), n
+        h.update(b)
+        n += len(b)
+        if dst is not None:
+            dst.write(b)
+
+
+def sha256_file(path: Path, chunk: int = 8 << 20) -> tuple[str, int]:
     with open(path, "rb") as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
-            h.update(b)
-            n += len(b)
-    return h.hexdigest(), n
+        return hash_stream(f, chunk=chunk)
 
 
 def list_complete(directory: Path) -> list[tuple[int, Path]]:
@@ -127,7 +134,7 @@ def list_complete(directory: Path) -> list[tuple[int, Path]]:
     if not directory.is_dir():
         return out
     for p in directory.iterdir():
-        m = _STEP_RE.match(p.name)
+        m = STEP_DIR_RE.match(p.name)
         if m and (p / MARKER).is_file():
             out.append((int(m.group(1)), p))
     out.sort(key=lambda t: t[0], reverse=True)
@@ -146,7 +153,7 @@ def read_marker(path: Path) -> Marker:
         where = ".".join(str(p) for p in first.get("loc", ())) or "marker"
         raise CorruptCheckpoint(f"{path}: the marker fails its schema ({e.error_count()} problem(s); "
                                 f"{where}: {first.get('msg')})") from None
-    named = _STEP_RE.match(path.name)
+    named = STEP_DIR_RE.match(path.name)
     if named and int(named.group(1)) != marker.step:
         raise CorruptCheckpoint(f"{path}: the marker says step {marker.step}")
     return marker
@@ -196,7 +203,7 @@ def unmarked(directory: Path) -> list[Path]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.iterdir() if _STEP_RE.match(p.name) and not (p / MARKER).exists()
+    return sorted(p for p in directory.iterdir() if STEP_DIR_RE.match(p.name) and not (p / MARKER).exists()
                   and (p / STATE_FILE).exists())
 
 
