@@ -27,9 +27,9 @@ from kit.clouds.base import Variable
 from kit.errors import InputError, KitError
 from kit.paths import RESOURCES_DIR, TEMPLATES_DIR, TERRAFORM_MODULES_DIR, deploy_root
 from kit.spec import CloudSpec, SpecBase
+from kit.terraform import ROOTS, disk_root
 from training.contract import MARKETS
 
-ROOTS = ("disks", "cluster")  # the root modules of a job that stays on one zone and shape
 ROOT_FILES = ("versions.tf", "variables.tf", "terraform.tfvars", "main.tf", "outputs.tf")
 
 
@@ -51,7 +51,7 @@ def roots(spec: SpecBase) -> tuple[str, str]:
     their disks) until ``kit destroy --with-disks``."""
     if not isinstance(spec, CloudSpec) or not spec.can_move:
         return ROOTS
-    return (f"disks-{spec.zone}-{spec.own_shape.name}", "cluster")
+    return (disk_root(f"{spec.zone}-{spec.own_shape.name}"), ROOTS[1])
 
 
 def deployment_dir(spec: SpecBase) -> Path:

@@ -37,8 +37,14 @@ from pathlib import Path
 from kit.errors import KitError
 from kit.plan_summary import DISK_TYPES, PlanSummary, changes_of
 
-ROOTS = ("disks", "cluster")  # kit.render.roots(spec) names them; a job that can move has disks-<zone>-<shape>
+ROOTS = ("disks", "cluster")  # a deployment's roots; a job that can move has a disks root per zone and shape
 DISK_ROOT_RE = re.compile(r"^disks(-[a-z0-9.-]+)?$")
+
+
+def disk_root(where: str | None = None) -> str:
+    """The name of a disks root: ``disks``, or ``disks-<where>`` for one zone and shape of a job that
+    moves (kit.render.roots says which)."""
+    return f"disks-{where}" if where else ROOTS[0]
 OVERRIDE_NAME = "kit_destroy_override.tf"
 
 PROVIDER_FAILURE_MARKERS = (
