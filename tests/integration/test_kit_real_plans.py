@@ -8,7 +8,6 @@ import json
 import re
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -198,26 +197,14 @@ def test_the_markdown_summary_of_a_real_plan_lists_every_address_and_replacement
 @pytest.fixture
 def moto_ec2(monkeypatch):
     """A moto server (EC2) that the emulator creates the AWS resources in."""
-    import socket
-
     import boto3
-    from moto.server import ThreadedMotoServer
 
+    from tests.support.moto import moto_server
     from tests.support.tf_emulator.aws_moto import ENDPOINT_ENV
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    # moto keeps its backends per process, not per server: start from an empty cloud every test
-    urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"), timeout=30).close()
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", ENDPOINT_ENV: url}.items():
-        monkeypatch.setenv(key, value)
-    yield url, boto3.client("ec2", region_name="us-east-1", endpoint_url=url)
-    server.stop()
+    with moto_server(monkeypatch) as url:
+        monkeypatch.setenv(ENDPOINT_ENV, url)
+        yield url, boto3.client("ec2", region_name="us-east-1", endpoint_url=url)
 
 
 def _nodes(ec2) -> dict[str, dict]:

@@ -8,7 +8,6 @@ Control API, so gcsfs's bucket-layout lookup is switched off with GCSFS_EXPERIME
 """
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kit.backends.local import free_port
 from training.bucket import Bucket, Uploader
 from training.checkpoint import (
     MARKER,
@@ -167,29 +167,18 @@ def test_the_uploader_copies_the_newest_and_logs_failures_without_raising(bucket
 
 # -- the same protocol on S3 (moto server mode, s3fs) ---------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def s3_url(monkeypatch):
     pytest.importorskip("s3fs")
-    moto_server = pytest.importorskip("moto.server")
+    pytest.importorskip("moto.server")
     import boto3
 
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    boto3.client("s3", region_name="us-east-1", endpoint_url=endpoint).create_bucket(Bucket="ckpts")
-    yield "s3://ckpts/kit/job"
-    server.stop()
+    from tests.support.moto import moto_server
+
+    with moto_server(monkeypatch) as endpoint:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        boto3.client("s3", region_name="us-east-1", endpoint_url=endpoint).create_bucket(Bucket="ckpts")
+        yield "s3://ckpts/kit/job"
 
 
 @pytest.fixture
@@ -197,7 +186,7 @@ def gs_url(monkeypatch):
     pytest.importorskip("gcsfs")
     emulator = pytest.importorskip("gcp_storage_emulator.server")
     monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # read when gcsfs is first imported
-    port = _free_port()
+    port = free_port()
     server = emulator.create_server("127.0.0.1", port, in_memory=True, default_bucket="ckpts")
     server.start()
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")

@@ -16,12 +16,11 @@ transitions for interruptions and no placement groups. So:
 from __future__ import annotations
 
 import random
-import socket
 
 import pytest
 
 boto3 = pytest.importorskip("boto3")
-moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("moto.server")
 
 from kit.backends.base import Backend, Node
 from kit.watch.acting import Actor, Backoff
@@ -37,24 +36,13 @@ REGION = "us-east-1"
 ACCOUNT = "123456789012"  # moto's default account
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def moto_url():
+    from tests.support.moto import moto_server
+
     mp = pytest.MonkeyPatch()
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": REGION}.items():
-        mp.setenv(key, value)
-    mp.delenv("AWS_PROFILE", raising=False)
-    port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
+    with moto_server(mp, REGION) as url:
+        yield url
     mp.undo()
 
 
