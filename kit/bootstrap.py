@@ -24,6 +24,17 @@ if TYPE_CHECKING:
     from kit.spec import SpecBase
 
 PLAYBOOK = ANSIBLE_DIR / "site.yml"
+# kit's roles; each role's variables start with its name (ansible/roles/<role>/defaults/main.yml)
+ROLES = ("nvidia_driver", "python_env", "trainer", "preemption_agent")
+# What kit sets from the spec and the deployment (inventory_from_spec, the cloud backend's agent endpoint):
+# a spec's bootstrap.vars may not set these.
+KIT_VARS = frozenset({
+    "trainer_data_device", "trainer_cluster_name", "trainer_nnodes", "trainer_rdzv_endpoint",
+    "trainer_nproc_per_node", "trainer_ckpt_dir", "trainer_mount_point", "trainer_progress_file",
+    "trainer_stop_file", "trainer_preempted_marker", "trainer_flags", "trainer_source",
+    "python_env_extra_packages", "preemption_agent_cloud", "preemption_agent_cluster",
+    "preemption_agent_watcher_url", "preemption_agent_watcher_token",
+})
 
 
 @dataclass
@@ -47,7 +58,7 @@ def ssh_private_key(spec: SpecBase) -> str | None:
 
 def inventory_from_spec(spec: SpecBase, outputs: dict, role_vars: dict | None = None) -> dict:
     """Ansible inventory (YAML/JSON-shaped dict) for the deployed nodes, rank order."""
-    from kit.spec import training_args
+    from kit.spec import CloudSpec, training_args
 
     nodes = outputs.get("nodes") or []
     if isinstance(nodes, dict) and "value" in nodes:  # raw `terraform output -json`
@@ -68,6 +79,7 @@ def inventory_from_spec(spec: SpecBase, outputs: dict, role_vars: dict | None = 
     first = nodes[0]
     endpoint = f"{first.get('private_ip') or first.get('public_ip')}:{RENDEZVOUS_PORT}"
     group_vars = {
+        **(spec.bootstrap.vars if isinstance(spec, CloudSpec) else {}),  # the spec's own role values (no KIT_VARS)
         "ansible_user": spec.ssh.user,
         "trainer_cluster_name": spec.name,
         "trainer_nnodes": len(nodes),

@@ -1,4 +1,5 @@
-"""Copy a node's newest complete checkpoint to this machine over SSH (for the final export).
+"""SSH to the nodes: wait until a fresh node accepts connections, read a file, copy a node's newest
+complete checkpoint to this machine (for the final export).
 
 Only ``ssh`` and ``tar`` are needed on either side (no rsync on minimal images). The checkpoint
 directory is read, never changed: the node's disk stays the authoritative copy until the export
@@ -9,7 +10,9 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 from kit.errors import KitError
@@ -17,6 +20,30 @@ from kit.errors import KitError
 # Newest first, only directories whose completeness marker exists (the trainer's atomic layout:
 # training/checkpoint.py); the exporter verifies checksums after the copy.
 _LIST = "cd {dir} 2>/dev/null && for d in $(ls -d step-* 2>/dev/null | sort -r); do [ -f \"$d/COMPLETE\" ] && echo \"$d\"; done; true"
+
+
+# `terraform apply` returns once the instances exist, before their SSH daemons listen: a fresh instance
+# boots first (about a minute on EC2 and GCE; an image that installs drivers at boot takes longer).
+SSH_BOOT_TIMEOUT_S = 300.0
+
+
+def wait_for_ssh(hosts: list[str], port: int = 22, timeout: float = SSH_BOOT_TIMEOUT_S) -> None:
+    """Until every host accepts a TCP connection on ``port``; KitError naming those that never did."""
+    waiting, deadline = set(hosts), time.monotonic() + timeout
+    while waiting:
+        for host in sorted(waiting):
+            try:
+                with socket.create_connection((host, port), timeout=2):
+                    waiting.discard(host)
+            except OSError:
+                pass
+        if waiting and time.monotonic() > deadline:
+            raise KitError(f"{', '.join(sorted(waiting))} did not accept SSH connections on port {port} within "
+                           f"{timeout:.0f} s", where="the nodes of the last apply",
+                           fix="check the instances' consoles and the firewall's SSH rule (ssh.allowed_cidrs); "
+                               "kit watch retries")
+        if waiting:
+            time.sleep(1)
 
 
 def ssh_base(host: str, user: str, key: str | None = None, port: int = 22) -> list[str]:

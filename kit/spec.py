@@ -136,6 +136,40 @@ class BackendSection(_Model):
         return self
 
 
+SCALARS = (str, bool, int, float)
+
+
+class BootstrapSection(_Model):
+    """``bootstrap.vars``: values for kit's Ansible roles (their ``defaults/main.yml``), e.g. a package
+    mirror (``python_env_pip_extra_args``) or the versions an image already has installed, so that the
+    roles find them present instead of installing (``python_env_torch_version``). Names must carry a
+    role's prefix; what kit itself sets (cluster layout, paths, the agent's endpoint) cannot be set here."""
+
+    vars: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("vars")
+    @classmethod
+    def _role_variables(cls, values: dict[str, Any]) -> dict[str, Any]:
+        from kit.bootstrap import KIT_VARS, ROLES
+
+        for name, value in values.items():
+            if not any(name.startswith(f"{role}_") for role in ROLES):
+                raise SpecProblem(f"bootstrap.vars.{name}", f"{name!r} is not a variable of kit's roles",
+                                  f"use a variable of {', '.join(ROLES)} (ansible/roles/<role>/defaults/main.yml; "
+                                  "each starts with its role's name)")
+            if name in KIT_VARS:
+                raise SpecProblem(f"bootstrap.vars.{name}", f"kit sets {name} itself (from the spec and the deployment)",
+                                  "remove it; change the spec field it comes from instead")
+            items = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) else [value]
+            if not all(isinstance(v, SCALARS) for v in items) or (isinstance(value, dict) and not all(
+                    isinstance(k, str) for k in value)):
+                raise SpecProblem(f"bootstrap.vars.{name}", f"{name} is a nested {type(value).__name__}: roles' "
+                                  "variables here are strings, numbers, booleans, or lists or mappings of them",
+                                  "write e.g. python_env_pip_extra_args: [--no-index] or "
+                                  "trainer_extra_env: {NCCL_SOCKET_IFNAME: ens5}")
+        return values
+
+
 class PricesSection(_Model):
     spot_per_hour: Annotated[Finite, Field(gt=0)] | None = None
     on_demand_per_hour: Annotated[Finite, Field(gt=0)] | None = None
@@ -483,6 +517,7 @@ class CloudSpec(SpecBase):
     placement: Literal["cluster", "none"] = "none"
     image: str | None = None
     backend: BackendSection | None = None  # type: ignore[assignment]  # required: said, even when local
+    bootstrap: BootstrapSection = Field(default_factory=BootstrapSection)
 
     @property
     def instance(self):

@@ -83,17 +83,20 @@ class TerraformBackend(Backend):
         return [Node.from_output(item, rank) for rank, item in enumerate(items)]
 
     def bootstrap(self, nodes: list[Node]) -> None:
-        from kit import bootstrap, terraform
+        from kit import bootstrap, remote, terraform
 
         role_vars = {}
         if self.watcher_url and self.watcher_token:
             role_vars = {"preemption_agent_watcher_url": self.watcher_url,
                          "preemption_agent_watcher_token": self.watcher_token}
         inventory = bootstrap.inventory_from_spec(self.spec, terraform.output(self.deploy_dir), role_vars=role_vars)
+        remote.wait_for_ssh([host["ansible_host"] for host in inventory["all"]["hosts"].values()])
         result = bootstrap.bootstrap_nodes(inventory)
         if not result.ok:
-            raise KitError(f"bootstrap failed on {len(result.failures) or 'some'} node(s)",
-                           where=str(self.deploy_dir), fix="see the task failures above; kit watch retries")
+            # each node's first failed task: what the watcher's log and the ledger keep of it
+            firsts = "; ".join(f"{host}: {messages[0]}" for host, messages in sorted(result.failures.items()))
+            raise KitError(f"bootstrap failed on {len(result.failures) or 'some'} node(s): {firsts or 'no task output'}",
+                           where=str(self.deploy_dir), fix="fix what the failed task says; kit watch retries")
 
     def progress(self) -> dict | None:
         """``cat`` of every node's progress file over SSH (the watcher's endpoint is often not

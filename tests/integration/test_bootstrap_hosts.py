@@ -186,6 +186,11 @@ def test_playbook_on_netns_hosts(tmp_path, monkeypatch):
         fourth = bootstrap_nodes(bad, limit="node0", private_data_dir=tmp_path / "run4")
         assert not fourth.ok
         assert any("--steps must be >= 1" in m for m in fourth.failures.get("node0", [])), fourth.failures
+        # an extra environment entry that would replace one of train.env's own is refused before it is written
+        clash = {"all": {"hosts": hosts, "vars": {**group_vars, "trainer_extra_env": {"NNODES": 8}}}}
+        fifth = bootstrap_nodes(clash, limit="node0", private_data_dir=tmp_path / "run5")
+        assert not fifth.ok and any("trainer_extra_env" in m for m in fifth.failures.get("node0", [])), fifth.failures
+        assert "NNODES=2" in cluster.ssh(cluster.hosts[0], "cat /etc/kit/train.env").stdout
 
         # kit train's final export: the cloud backend copies the newest complete checkpoint over SSH
         fetch_final_checkpoint(cluster, tmp_path)

@@ -14,7 +14,7 @@ from kit.spec import SpecBase, parse_spec
 def render_template(role: str, name: str, variables: dict) -> str:
     """A role's Jinja2 template rendered as Ansible renders it (StrictUndefined, the quote filter)."""
     text = (ANSIBLE_DIR / "roles" / role / "templates" / name).read_text()
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True)
     env.filters["quote"] = shlex.quote
     return env.from_string(text).render(ansible_managed="Ansible managed", **variables)
 

@@ -75,6 +75,12 @@ def reap_stale() -> list[str]:
         subprocess.run(["ip", "netns", "del", m.group(0)], check=False, capture_output=True)
         subprocess.run(["ip", "link", "del", f"kv{m.group(1)}x{m.group(2)}"], check=False, capture_output=True)
         reaped.append(m.group(0))
+    bridges = subprocess.run(["ip", "-o", "link", "show", "type", "bridge"], capture_output=True, text=True,
+                             check=False).stdout
+    for pid in re.findall(r"^\d+: kb(\d+):", bridges, flags=re.MULTILINE):  # tests/support/ec2_hosts.py's
+        if not _alive(int(pid)):
+            subprocess.run(["ip", "link", "del", f"kb{pid}"], check=False, capture_output=True)
+            reaped.append(f"kb{pid}")
     return reaped
 
 

@@ -195,7 +195,8 @@ def test_train_env_template_round_trips_through_launch():
         "trainer_cluster_name": "c1", "trainer_nnodes": 2, "trainer_node_rank": 1,
         "trainer_rdzv_endpoint": "10.0.0.4:29500", "trainer_nproc_per_node": 8, "trainer_ckpt_dir": "/mnt/kit-disk/ckpt",
         "trainer_flags": flags, "trainer_stop_file": "/run/kit/stop", "trainer_preempted_marker": "/run/kit/preempted",
-        "trainer_progress_file": "/mnt/kit-disk/progress.json", "trainer_venv": "/opt/kit/venv"})
+        "trainer_progress_file": "/mnt/kit-disk/progress.json", "trainer_venv": "/opt/kit/venv",
+        "trainer_extra_env": {"OMP_NUM_THREADS": 1, "NCCL_SOCKET_IFNAME": "ens5"}})
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".env") as f:
@@ -204,6 +205,7 @@ def test_train_env_template_round_trips_through_launch():
         env = launch.read_env_file(f.name)
     cmd = launch.build_command(env)
     assert env["PREEMPTED_MARKER"] == "/run/kit/preempted"
+    assert (env["OMP_NUM_THREADS"], env["NCCL_SOCKET_IFNAME"]) == ("1", "ens5")  # trainer_extra_env, one line each
     assert cmd[0] == "/opt/kit/venv/bin/python"
     assert "--nproc-per-node=8" in cmd and "--nnodes=2" in cmd and "--node-rank=1" in cmd
     i = cmd.index("training.train")
@@ -248,6 +250,18 @@ def test_inventory_from_spec(tmp_path):
     assert v["trainer_source"] == str(Path(training.__file__).resolve().parent)
     raw = {"nodes": {"value": outputs["nodes"]}}
     assert inventory_from_spec(spec, raw)["all"]["hosts"]["n0"]["private_ip"] == "10.0.0.4"
+    # what kit sets is KIT_VARS (a spec's bootstrap.vars may set none of them), and the spec's values go in
+    from kit.bootstrap import KIT_VARS, ROLES
+
+    kit_set = {k for k in v if k.startswith(tuple(f"{r}_" for r in ROLES))} | {"trainer_data_device",
+                                                                               "preemption_agent_watcher_token"}
+    assert kit_set == set(KIT_VARS)
+    assert sorted(p.name for p in (REPO / "ansible" / "roles").iterdir()) == sorted(ROLES)
+    mine = spec.model_copy(update={"bootstrap": spec.bootstrap.model_copy(update={"vars": {
+        "python_env_torch_version": "2.14.1", "python_env_pip_extra_args": ["--no-index"]}})})
+    got = inventory_from_spec(mine, outputs)["all"]["vars"]
+    assert got["python_env_torch_version"] == "2.14.1" and got["python_env_pip_extra_args"] == ["--no-index"]
+    assert got["trainer_nnodes"] == 2
     with pytest.raises(KitError):
         inventory_from_spec(spec, {"nodes": []})
     with pytest.raises(KitError):

@@ -151,6 +151,12 @@ BAD = [
     ("bucket-of-another-cloud", AWS, "checkpoint_bucket", "gs://my-bucket/kit", "checkpoint_bucket", "s3://"),
     ("bucket-bad-name", GCP, "checkpoint_bucket", "gs://My Bucket", "checkpoint_bucket", "gs://"),
     ("bucket-bad-name-2", GCP, "checkpoint_bucket", "gs://-x/kit", "checkpoint_bucket", "lowercase"),
+    ("bootstrap-var-of-no-role", AWS, "bootstrap.vars", {"pip_index": "x"}, "bootstrap.vars.pip_index",
+     "python_env"),
+    ("bootstrap-var-kit-sets", AWS, "bootstrap.vars", {"trainer_nnodes": 8}, "bootstrap.vars.trainer_nnodes",
+     "kit sets"),
+    ("bootstrap-var-not-a-value", GCP, "bootstrap.vars", {"python_env_pip_extra_args": [{"a": 1}]},
+     "bootstrap.vars.python_env_pip_extra_args", "nested"),
 ]
 
 

@@ -46,12 +46,15 @@ def parts(monkeypatch):
     terraform.destroy = lambda deploy_dir, with_disks=False, roots=("disks", "cluster"): calls.append(
         ("destroy", with_disks))
     bootstrap = types.ModuleType("kit.bootstrap")
-    bootstrap.inventory_from_spec = lambda spec, outputs, role_vars=None: {"nodes": outputs["nodes"], **role_vars}
+    bootstrap.inventory_from_spec = lambda spec, outputs, role_vars=None: {"all": {
+        "hosts": {n["name"]: {"ansible_host": n["private_ip"]} for n in outputs["nodes"]}, "vars": role_vars}}
     bootstrap.bootstrap_nodes = lambda inventory: (calls.append(("bootstrap", inventory)),
                                                    types.SimpleNamespace(ok=True, failures={}))[1]
+    from kit import remote
     from kit import spec as kit_spec
 
     monkeypatch.setattr(kit_spec, "check_ssh_key", lambda spec: calls.append(("check_ssh_key", spec.cloud)))
+    monkeypatch.setattr(remote, "wait_for_ssh", lambda hosts: calls.append(("wait_for_ssh", sorted(hosts))))
     for name, module in (("render", render), ("terraform", terraform), ("bootstrap", bootstrap)):
         monkeypatch.setitem(sys.modules, f"kit.{name}", module)
         monkeypatch.setattr(kit, name, module, raising=False)
@@ -67,7 +70,8 @@ def test_apply_rerenders_with_the_market_plans_fresh_then_applies(parts, tmp_pat
     assert [(n.rank, n.instance_id, n.market) for n in nodes] == [(0, "i-a", "on-demand"), (1, "i-b", "on-demand")]
     assert rendezvous_endpoint(nodes) == "10.0.0.5:29500"
     backend.bootstrap(nodes)
-    inventory = calls[-1][1]
+    assert calls[-2] == ("wait_for_ssh", sorted(n["private_ip"] for n in NODES)), "Ansible only once SSH answers"
+    inventory = calls[-1][1]["all"]["vars"]
     assert inventory["preemption_agent_watcher_url"] == "http://w:8787"
     assert inventory["preemption_agent_watcher_token"] == "t"
     backend.destroy()

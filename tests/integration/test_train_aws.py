@@ -1,0 +1,170 @@
+"""`kit train` of an AWS spec, end to end on this machine, with no path of kit's that exists only for
+the test: real Terraform core plans and applies (provider emulator, tests/support/tf_emulator) into moto,
+every instance moto runs is a real SSH host at its private IP (tests/support/ec2_hosts.py), the real
+Ansible roles bootstrap them, torchrun trains on 2 hosts over gloo, a spot interruption is given the
+AWS way (the instance-action notice in the metadata service, then moto terminates the instance with
+``Server.SpotInstanceTermination``), and the watcher re-applies and bootstraps until the job finishes
+from the reused volumes with the digest of an undisturbed run; the export is verified and the volumes
+deleted at the end.
+
+What stands in for AWS, and its limits: moto's EC2 (a spot instance launches at once; no capacity is
+ever short); the hosts' systemd (tests/support/fake_systemd.py) and their metadata service
+(tests/support/imds.py); the image's preinstalled packages are this machine's (the spec pins the roles'
+versions to them, ``bootstrap.vars``, as one does for a Deep Learning AMI whose PyTorch is kept).
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.slow]
+
+NEEDS = ("debootstrap", "ip", "unshare", "losetup", "ssh", "ssh-keygen", "mkfs.ext4")
+STEPS, CKPT_EVERY = 160, 40
+TRAINING = {"model": "vit_tiny_patch16_224", "image_size": 32, "num_classes": 10, "batch_size": 8, "steps": STEPS,
+            "warmup_steps": 10, "ckpt_every": CKPT_EVERY, "keep": 2, "log_every": 5, "device": "cpu",
+            "deterministic": True}
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, loop devices, chroot)"
+    missing = [t for t in NEEDS if shutil.which(t) is None]
+    return f"missing tools {missing}: run scripts/install-tools.sh" if missing else None
+
+
+def image_versions() -> dict[str, str]:
+    """The roles' package pins set to what the image (this machine's packages) has: found present, not installed."""
+    v = importlib.metadata.version
+    return {"python_env_torch_version": v("torch"), "python_env_torchvision_version": v("torchvision"),
+            "python_env_timm_version": v("timm"), "python_env_pydantic_version": v("pydantic"),
+            "python_env_apt_update": False,  # the hosts have no Debian mirror (their packages are installed)
+            # one thread per rank, as the undisturbed reference (torchrun sets it there): CPU kernels split their
+            # reductions by thread count, so a run on 2 threads has other digests
+            "trainer_extra_env": {"OMP_NUM_THREADS": 1}}
+
+
+def write_spec(tmp_path: Path, subnet_id: str) -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
+    spec = {
+        "name": "e2e", "cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "nodes": 2,
+        "instance_type": "g5.4xlarge", "market": "spot", "placement": "cluster",
+        "disk": {"size_gb": 1, "type": "gp3"},
+        "ssh": {"user": "root", "public_key": str(tmp_path / "key.pub"), "allowed_cidrs": ["198.18.0.0/15"]},
+        "network": {"subnet_id": subnet_id},
+        "backend": {"type": "local"},
+        "training": TRAINING,
+        "policy": {"name": "default", "deadline_hours": 48},
+        "bootstrap": {"vars": image_versions()},
+    }
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def undisturbed_digest(tmp_path: Path) -> str:
+    """The same training flags on 2 ranks here, never stopped."""
+    from kit.spec import load_spec, training_args
+    from tests.support.trainer import Run, command, digest
+
+    spec = load_spec(tmp_path / "cluster.yaml")
+    args = training_args(spec)
+    args[args.index("--ckpt-dir") + 1] = str(tmp_path / "reference-ckpt")
+    run = Run(command(2, args))
+    assert run.finish(600) == 0, run.output
+    return digest(run.output)
+
+
+def progress_step(hosts, key: Path) -> int:
+    """The trainer's step, read on the first host that answers (the progress file on its data disk)."""
+    for host in list(hosts.hosts.values()):
+        proc = subprocess.run(["ssh", "-i", str(key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                               "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=2", f"root@{host.ip}",
+                               "cat /mnt/kit-disk/progress.json"], capture_output=True, text=True, timeout=30, check=False)
+        if proc.returncode == 0:
+            try:
+                return int(json.loads(proc.stdout).get("step") or 0)
+            except ValueError:
+                continue
+    return 0
+
+
+def ledger_events(deploy_dir: Path) -> list[dict]:
+    from kit.watch.ledger import Ledger
+    from kit.watch.session import LEDGER_FILE
+
+    ledger = Ledger(deploy_dir / LEDGER_FILE)
+    try:
+        return ledger.events()
+    finally:
+        ledger.close()
+
+
+@pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+def test_kit_train_aws_end_to_end_with_a_spot_interruption(tmp_path, monkeypatch):
+    import boto3
+
+    from kit.backends.local import free_port
+    from tests.support.ec2_hosts import Ec2Hosts
+    from tests.support.moto import moto_server
+    from tests.support.tf_emulator import write_cli_config
+    from tests.support.tf_emulator.aws_moto import ENDPOINT_ENV
+
+    t0 = time.time()
+    with moto_server(monkeypatch) as url, Ec2Hosts(url, "us-east-1", "us-east-1a", tmp_path / "hosts",
+                                                      warning=15) as hosts:
+        spec = write_spec(tmp_path, hosts.subnet_id)
+        env = {**os.environ, ENDPOINT_ENV: url, "AWS_ENDPOINT_URL": url,
+               "TF_CLI_CONFIG_FILE": str(write_cli_config(tmp_path / "emulator")), "KIT_DEPLOY_ROOT": str(tmp_path / "deploy")}
+        listen = f"{hosts.gateway}:{free_port()}"
+        log = open(tmp_path / "kit-train.log", "w")  # noqa: SIM115
+        kit = subprocess.Popen([str(Path(sys.executable).with_name("kit")), "train", str(spec), "--listen", listen,
+                                "--json-report", str(tmp_path / "report.json")],
+                               cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            first = hosts.wait_for(2, timeout=300)
+            deadline = time.time() + 600
+            while progress_step(hosts, tmp_path / "key") < CKPT_EVERY + 10:
+                assert kit.poll() is None and time.time() < deadline, (tmp_path / "kit-train.log").read_text()
+                time.sleep(2)
+            t_interrupt = time.time()
+            victim = sorted(first, key=lambda h: h.ip)[1]
+            hosts.interrupt(victim.id)
+            rc = kit.wait(timeout=900)
+        finally:
+            if kit.poll() is None:
+                kit.kill()
+            log.close()
+        output = (tmp_path / "kit-train.log").read_text()
+        assert rc == 0, output
+        assert not hosts.errors, hosts.errors
+        report = json.loads((tmp_path / "report.json").read_text())
+        assert report["params_sha256"] == undisturbed_digest(tmp_path), output
+        assert report["preemptions"] >= 1 and report["steps"] == STEPS, report
+        assert report["export"] and report["disks"] == "deleted", report
+        # the agent saw the notice before EC2 said the instance was gone; one new instance took the victim's
+        # volume (the same filesystem: the trainer resumed from it and lost no step)
+        events = ledger_events(tmp_path / "deploy" / "e2e")
+        notice = next(e for e in events if e["source"] == "agent" and e["kind"] == "preemption")
+        loss = next(e for e in events if e["source"] == "aws" and e["kind"] == "preemption")
+        assert notice["instance"] == loss["instance"] == victim.id and notice["time"] < loss["time"], events
+        assert loss["detail"]["reason"] == "Server.SpotInstanceTermination"
+        (volume,) = [v for i, v in hosts.attachments if i == victim.id]
+        assert [i for i, v in hosts.attachments if v == volume] == [victim.id, hosts.booted[2]], hosts.attachments
+        assert len(hosts.booted) == 3 and report["steps_lost"] == 0, (hosts.booted, report)
+        ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=url)
+        volumes = ec2.describe_volumes(Filters=[{"Name": "tag:kit:role", "Values": ["data-disk"]}])["Volumes"]
+        assert not volumes, volumes
+        running = [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]
+                   if i["State"]["Name"] == "running"]
+        assert not running
+        print(f"kit train aws: {time.time() - t0:.0f} s in all, interrupted at {t_interrupt - t0:.0f} s")

@@ -1,0 +1,303 @@
+"""EC2 instances in moto that are real SSH hosts: every running instance of one subnet is a Debian 12
+host (tests/support/netns_hosts.py's rootfs, its own network, mount and PID namespace) at the
+instance's private IP, with its attached EBS volumes as block devices. What Terraform creates in moto
+is then a machine that Ansible bootstraps and torchrun trains on, and the watcher's boto3 sees the same
+instances.
+
+* The VPC and subnet are ``198.18.S.0/24`` (a free ``S``): the root namespace holds ``198.18.S.1`` on a
+  bridge (EC2's VPC router address), every host a veth on that bridge, so the hosts reach each other
+  and the controller, and nothing else.
+* An instance's image: the Debian rootfs, the stand-in systemd as PID 1 (tests/support/fake_systemd.py:
+  systemd cannot run in these namespaces), a venv at /opt/kit/venv whose packages are the controller's
+  site-packages mounted read-only (an image with PyTorch preinstalled, as the Deep Learning AMIs are),
+  and the instance metadata service on 169.254.169.254 (tests/support/imds.py).
+* A volume is a sparse file on a loop device, linked where an EBS volume appears on a Nitro instance,
+  ``/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_<volume id without the dash>``, while it is attached.
+  Its file outlives the instance: a replacement instance gets the same filesystem back.
+* ``interrupt(instance)``: a spot interruption the AWS way: the metadata service gives the
+  ``spot/instance-action`` notice, and after ``warning`` seconds moto terminates the instance with
+  ``StateReason`` ``Server.SpotInstanceTermination``; the host is then shut down (its units stopped, as
+  systemd does at power-off) and removed.
+
+Needs root (namespaces, loop devices, chroot) and moto running in this process (ThreadedMotoServer): the
+spot termination's state reason is set on moto's own instance object, which no EC2 API call can do.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from tests.support import REPO
+from tests.support.netns_hosts import CACHE, _run, free_subnets, reap_stale, rootfs_tarball
+
+FAKE_SYSTEMD = Path(__file__).with_name("fake_systemd.py")
+BY_ID = Path("/dev/disk/by-id")
+EBS_PREFIX = "nvme-Amazon_Elastic_Block_Store_"
+IMAGE_PACKAGES = "/opt/image/site-packages"  # where the controller's packages appear on a host
+VENV = "/opt/kit/venv"
+
+
+class Instance:
+    """One running instance's host."""
+
+    def __init__(self, instance_id: str, ip: str, index: int, workdir: Path, tag: str):
+        self.id, self.ip, self.index = instance_id, ip, index
+        self.dir = workdir / instance_id
+        self.root = self.dir / "root"
+        self.netns = f"kit{tag}h{index}"  # the names netns_hosts.reap_stale recognises
+        self.veth = f"kv{tag}x{index}"
+        self.notice = self.dir / "instance-action.json"
+        self.name = f"ip-{ip.replace('.', '-')}"
+        self.proc: subprocess.Popen | None = None
+        self.imds: subprocess.Popen | None = None
+
+    def pid1(self) -> int | None:
+        """PID 1 of the host's PID namespace (the child of the ``unshare --fork`` process), seen from here."""
+        if self.proc is None:
+            return None
+        try:
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        except OSError:
+            return None
+        return int(children[0]) if children else None
+
+
+class Ec2Hosts:
+    def __init__(self, endpoint: str, region: str, zone: str, workdir: Path, *, warning: float = 20.0):
+        import boto3
+
+        self.ec2 = boto3.client("ec2", region_name=region, endpoint_url=endpoint)
+        self.region, self.zone = region, zone
+        self.workdir = Path(workdir)
+        self.tag = str(os.getpid())
+        self.bridge = f"kb{self.tag}"
+        self.warning = warning
+        self.subnet = 0
+        self.subnet_id = self.vpc_id = ""
+        self.hosts: dict[str, Instance] = {}
+        self.volumes: dict[str, tuple[Path, str]] = {}  # volume id -> (file, loop device)
+        self.links: set[Path] = set()
+        self.booted: list[str] = []  # instance ids, in the order their hosts came up
+        self.attachments: list[tuple[str, str]] = []  # (instance id, volume id), in the order they appeared
+        self.errors: list[str] = []
+        self._index = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+
+    # ------------------------------------------------------------------ set-up and tear-down
+    def start(self) -> Ec2Hosts:
+        rootfs_tarball()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        CACHE.mkdir(parents=True, exist_ok=True)
+        with open(CACHE / "netns.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            reap_stale()
+            (self.subnet,) = free_subnets(1)
+            _run(["ip", "link", "add", self.bridge, "type", "bridge"])
+            _run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])
+            _run(["ip", "link", "set", self.bridge, "up"])
+        cidr = f"198.18.{self.subnet}.0/24"
+        self.vpc_id = self.ec2.create_vpc(CidrBlock=cidr)["Vpc"]["VpcId"]
+        self.subnet_id = self.ec2.create_subnet(VpcId=self.vpc_id, CidrBlock=cidr,
+                                                AvailabilityZone=self.zone)["Subnet"]["SubnetId"]
+        self._thread.start()
+        return self
+
+    @property
+    def gateway(self) -> str:
+        return f"198.18.{self.subnet}.1"
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+        for host in list(self.hosts.values()):
+            self._remove(host, grace=0)
+        for link in self.links:
+            link.unlink(missing_ok=True)
+        for _, loop in self.volumes.values():
+            subprocess.run(["losetup", "-d", loop], check=False, capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], check=False, capture_output=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Ec2Hosts:  # noqa: PYI034
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ following moto
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self._lock:
+                    self.sync()
+            except Exception as error:  # noqa: BLE001 - kept for the test to report
+                self.errors.append(f"{type(error).__name__}: {error}")
+            self._stop.wait(0.3)
+
+    def sync(self) -> None:
+        """Hosts for the subnet's running instances, none for the others; volumes where they are attached."""
+        found = self.ec2.describe_instances(Filters=[{"Name": "subnet-id", "Values": [self.subnet_id]}])
+        states = {i["InstanceId"]: i for r in found["Reservations"] for i in r["Instances"]}
+        for iid, host in list(self.hosts.items()):
+            if states.get(iid, {}).get("State", {}).get("Name") != "running":
+                self._remove(host, grace=30)
+        for iid, inst in states.items():
+            if inst["State"]["Name"] == "running" and iid not in self.hosts:
+                self._boot(iid, inst["PrivateIpAddress"])
+        self._attach({iid: inst.get("RootDeviceName") for iid, inst in states.items()})
+
+    def _attach(self, roots: dict[str, str | None]) -> None:
+        """Loop devices for the volumes attached to running hosts (not their root volumes: the rootfs is that)."""
+        attached = set()
+        for vol in self.ec2.describe_volumes()["Volumes"]:
+            vid = vol["VolumeId"]
+            on = [a["InstanceId"] for a in vol.get("Attachments", []) if a["InstanceId"] in self.hosts
+                  and a["State"] in ("attaching", "attached") and a.get("Device") != roots.get(a["InstanceId"])]
+            if not on:
+                continue
+            if (on[0], vid) not in self.attachments:
+                self.attachments.append((on[0], vid))
+            if vid not in self.volumes:
+                image = self.workdir / "volumes" / f"{vid}.img"
+                image.parent.mkdir(parents=True, exist_ok=True)
+                _run(["truncate", "-s", f"{vol['Size']}G", str(image)])
+                self.volumes[vid] = (image, _run(["losetup", "-f", "--show", str(image)]).stdout.strip())
+            link = BY_ID / (EBS_PREFIX + vid.replace("-", ""))
+            if not link.is_symlink():
+                BY_ID.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(self.volumes[vid][1])
+                self.links.add(link)
+            attached.add(link)
+        for link in self.links - attached:  # detached: the device goes away, the volume's data stays
+            link.unlink(missing_ok=True)
+        self.links = attached
+
+    # ------------------------------------------------------------------ one host
+    def _boot(self, iid: str, ip: str) -> None:
+        host = Instance(iid, ip, self._index, self.workdir, self.tag)
+        self._index += 1
+        host.root.mkdir(parents=True)
+        _run(["tar", "-C", str(host.root), "-xf", str(rootfs_tarball())], timeout=300)
+        self._image(host)
+        _run(["ip", "netns", "add", host.netns])
+        _run(["ip", "link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns])
+        _run(["ip", "link", "set", host.veth, "master", self.bridge, "up"])
+        for cmd in (["ip", "addr", "add", f"{ip}/24", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
+                    ["ip", "link", "set", "lo", "up"], ["ip", "addr", "add", "169.254.169.254/32", "dev", "lo"]):
+            _run(["ip", "netns", "exec", host.netns, *cmd])
+        host.imds = subprocess.Popen(["ip", "netns", "exec", host.netns, sys.executable, "-m", "tests.support.imds",
+                                      "--instance", iid, "--notice-file", str(host.notice)], cwd=REPO,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        r = str(host.root)
+        site = _site_packages()
+        script = (f"hostname {host.name} && mount -t proc proc {r}/proc && mount --rbind /dev {r}/dev && mount -t sysfs sysfs {r}/sys && "
+                  f"mount -t tmpfs tmpfs {r}/run && mkdir -p {r}{IMAGE_PACKAGES} && "
+                  f"mount --bind {site} {r}{IMAGE_PACKAGES} && mount -o remount,bind,ro {r}{IMAGE_PACKAGES} && "
+                  f"exec chroot {r} /usr/local/lib/fake-systemd/systemd")
+        log = open(host.dir / "host.log", "wb")  # noqa: SIM115
+        host.proc = subprocess.Popen(["ip", "netns", "exec", host.netns, "unshare", "--mount", "--pid", "--uts", "--fork",
+                                      "--propagation", "private", "sh", "-c", script],
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.hosts[iid] = host
+        self.booted.append(iid)
+
+    def _image(self, host: Instance) -> None:
+        """What the instance's image holds besides Debian: the stand-in systemd, the SSH key of the
+        instance's key pair, and the venv with the preinstalled packages."""
+        r = host.root
+        lib = r / "usr/local/lib/fake-systemd"
+        lib.mkdir(parents=True)
+        shutil.copy(FAKE_SYSTEMD, lib / "systemd")
+        (lib / "systemd").chmod(0o755)
+        (r / "usr/local/bin/systemctl").symlink_to("/usr/local/lib/fake-systemd/systemd")
+        ssh = r / "root/.ssh"
+        ssh.mkdir(mode=0o700, exist_ok=True)
+        keys = [k["PublicKey"] for k in self.ec2.describe_key_pairs(IncludePublicKey=True)["KeyPairs"] if k.get("PublicKey")]
+        (ssh / "authorized_keys").write_text("".join(k.strip() + "\n" for k in keys))
+        (ssh / "authorized_keys").chmod(0o600)
+        # EC2's hostnames (ip-a-b-c-d) of every address in the subnet: what the VPC's DNS resolver answers
+        # (torchrun's rendezvous advertises and looks up the hostname)
+        (r / "etc/hostname").write_text(host.name + "\n")
+        names = "".join(f"198.18.{self.subnet}.{i} ip-198-18-{self.subnet}-{i}\n" for i in range(2, 255))
+        (r / "etc/hosts").write_text(f"127.0.0.1 localhost\n{names}")
+        _run(["chroot", str(r), "python3", "-m", "venv", VENV], timeout=120)
+        purelib = next((r / VENV.lstrip("/") / "lib").glob("python3*/site-packages"))
+        for path in purelib.iterdir():  # Debian's pip and setuptools would shadow the image's (newer) ones
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        (purelib / "image-packages.pth").write_text(IMAGE_PACKAGES + "\n")
+
+    def _remove(self, host: Instance, grace: float) -> None:
+        """Shut the host down: its units stopped (SIGTERM to PID 1, up to ``grace`` s), then everything killed."""
+        pid1 = host.pid1()
+        if grace and pid1:
+            os.kill(pid1, signal.SIGTERM)
+            deadline = time.time() + grace
+            while time.time() < deadline and host.proc.poll() is None:
+                time.sleep(0.2)
+        for proc in (host.proc, host.imds):
+            if proc is not None and proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(10)
+        subprocess.run(["ip", "netns", "del", host.netns], check=False, capture_output=True)
+        subprocess.run(["ip", "link", "del", host.veth], check=False, capture_output=True)
+        shutil.rmtree(host.root, ignore_errors=True)
+        self.hosts.pop(host.id, None)
+
+    # ------------------------------------------------------------------ what the tests do
+    def wait_for(self, count: int, timeout: float = 120) -> list[Instance]:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with self._lock:
+                hosts = list(self.hosts.values())
+            if len(hosts) >= count:
+                return hosts
+            time.sleep(0.2)
+        raise TimeoutError(f"{count} hosts not up after {timeout} s (up: {sorted(self.hosts)}; errors: {self.errors})")
+
+    def interrupt(self, instance_id: str) -> None:
+        """The two-minute warning (``warning`` seconds here), then the spot termination."""
+        host = self.hosts[instance_id]
+        when = datetime.now(UTC) + timedelta(seconds=self.warning)
+        host.notice.write_text(json.dumps({"action": "terminate", "time": when.strftime("%Y-%m-%dT%H:%M:%SZ")}))
+        time.sleep(self.warning)
+        terminate_for_spot(self.region, instance_id)
+
+
+def terminate_for_spot(region: str, instance_id: str) -> None:
+    """moto terminates the instance, with the state reason EC2 gives a spot interruption (EC2 API
+    reference, StateReason: ``Server.SpotInstanceTermination``)."""
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.ec2.models import ec2_backends
+    from moto.ec2.models.instances import StateReason
+
+    backend = ec2_backends[DEFAULT_ACCOUNT_ID][region]
+    backend.terminate_instances([instance_id])
+    instance = backend.get_instance(instance_id)
+    instance.state_reason = StateReason("Server.SpotInstanceTermination: Spot instance termination",
+                                        "Server.SpotInstanceTermination")
+    instance._reason = f"Service initiated ({datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%S')} GMT)"
+
+
+def _site_packages() -> str:
+    import sysconfig
+
+    return sysconfig.get_paths()["purelib"]
