@@ -181,16 +181,15 @@ def test_playbook_on_netns_hosts(tmp_path, monkeypatch):
         cluster.ssh(h, "rm /mnt/kit-disk/progress.json")
 
         # bad training flags fail the bootstrap with training.train's own message (and launch exits 2,
-        # which the unit does not restart)
-        bad = {"all": {"hosts": hosts, "vars": {**group_vars, "trainer_flags": ["--steps", "0"]}}}
-        fourth = bootstrap_nodes(bad, limit="node0", private_data_dir=tmp_path / "run4")
+        # which the unit does not restart); on node1, in the same run, an extra environment entry that would
+        # replace one of train.env's own is refused before train.env is written
+        bad_hosts = {**hosts, "node1": {**hosts["node1"], "trainer_extra_env": {"NNODES": 8}}}
+        bad = {"all": {"hosts": bad_hosts, "vars": {**group_vars, "trainer_flags": ["--steps", "0"]}}}
+        fourth = bootstrap_nodes(bad, private_data_dir=tmp_path / "run4")
         assert not fourth.ok
         assert any("--steps must be >= 1" in m for m in fourth.failures.get("node0", [])), fourth.failures
-        # an extra environment entry that would replace one of train.env's own is refused before it is written
-        clash = {"all": {"hosts": hosts, "vars": {**group_vars, "trainer_extra_env": {"NNODES": 8}}}}
-        fifth = bootstrap_nodes(clash, limit="node0", private_data_dir=tmp_path / "run5")
-        assert not fifth.ok and any("trainer_extra_env" in m for m in fifth.failures.get("node0", [])), fifth.failures
-        assert "NNODES=2" in cluster.ssh(cluster.hosts[0], "cat /etc/kit/train.env").stdout
+        assert any("trainer_extra_env" in m for m in fourth.failures.get("node1", [])), fourth.failures
+        assert "NNODES=2" in cluster.ssh(cluster.hosts[1], "cat /etc/kit/train.env").stdout
 
         # kit train's final export: the cloud backend copies the newest complete checkpoint over SSH
         fetch_final_checkpoint(cluster, tmp_path)

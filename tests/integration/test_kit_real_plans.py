@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from tests.support.tf_emulator import write_cli_config
-from tests.support.tf_emulator.server import GONE_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -44,6 +43,25 @@ def gcp(tmp_path, monkeypatch):
 
 
 @pytest.fixture
+def gce(gcp, monkeypatch):
+    """The loopback Compute API fake that the emulator creates the instances and disks in (the GCP example's
+    project), and a function that polls it with kit's watcher source."""
+    import yaml
+    from google.auth.credentials import AnonymousCredentials
+
+    from kit.watch.sources.gcp import GcpSource
+    from tests.support.gcp_compute import FakeCompute
+    from tests.support.tf_emulator.gcp_compute import ENDPOINT_ENV
+
+    data = yaml.safe_load(gcp.read_text())
+    with FakeCompute(project=data["project"]) as fake:
+        monkeypatch.setenv(ENDPOINT_ENV, fake.endpoint)
+        fake.watch = lambda: GcpSource(data["name"], data["project"], data["zone"], credentials=AnonymousCredentials(),
+                                       api_endpoint=fake.endpoint).poll()
+        yield fake
+
+
+@pytest.fixture
 def aws(tmp_path, monkeypatch):
     return example("aws-g5-spot.yaml", tmp_path, monkeypatch)
 
@@ -70,7 +88,10 @@ def set_spec(spec: Path, **fields: str) -> None:
     spec.write_text(text)
 
 
-def test_first_deployment_then_no_changes_then_one_node_lost(gcp, tmp_path, monkeypatch):
+def test_first_deployment_then_no_changes_then_one_node_lost(gcp, gce):
+    """The GCP example applied by real core into the Compute API fake: kit's watcher source sees four
+    Spot VMs; one preempted (stopped, as GCP stops a Spot VM whose termination action is STOP) is started
+    again by an in-place update of desired_status alone; one deleted is created again alone."""
     first = changes(kit("plan", str(gcp)))
     assert len(first) == 15 and all(c.startswith("+ ") for c in first)
     assert sum("google_compute_disk.this" in c for c in first) == 4
@@ -78,10 +99,19 @@ def test_first_deployment_then_no_changes_then_one_node_lost(gcp, tmp_path, monk
     assert any("google_compute_resource_policy" in c for c in first)
     kit("apply", str(gcp))
     assert "Plan: 0 to add, 0 to change, 0 to destroy." in kit("plan", str(gcp))
-    # node 2 was preempted and GCP deleted it: only it is created again, under the same policy
-    (tmp_path / "gone.txt").write_text("a3-spot-node-2\n")
-    monkeypatch.setenv(GONE_ENV, str(tmp_path / "gone.txt"))
-    assert changes(kit("plan", str(gcp))) == ["+ cluster module.instances.google_compute_instance.node[2]"]
+    seen = gce.watch()
+    assert sorted((s.market, s.state) for s in seen.instances) == [("spot", "running")] * 4
+    assert len(gce.disks) == 4 and all(i["scheduling"]["instanceTerminationAction"] == "STOP" for i in gce.instances)
+    ids = {i["name"]: i["id"] for i in gce.instances}
+    gce.preempt("a3-spot-node-2")
+    lost = [s for s in gce.watch().instances if s.preempted]
+    assert [(s.instance, s.state) for s in lost] == [(ids["a3-spot-node-2"], "stopped")]  # TERMINATED = stopped
+    assert changes(kit("plan", str(gcp))) == ["~ cluster module.instances.google_compute_instance.node[2]"]
+    kit("apply", str(gcp))
+    assert {i["name"]: (i["id"], i["status"]) for i in gce.instances}["a3-spot-node-2"] == (ids["a3-spot-node-2"], "RUNNING")
+    # a VM deleted outright: only it is created again, under the same policy, with a new id
+    gce.instances.remove(next(i for i in gce.instances if i["name"] == "a3-spot-node-3"))
+    assert changes(kit("plan", str(gcp))) == ["+ cluster module.instances.google_compute_instance.node[3]"]
 
 
 @pytest.mark.parametrize(("old", "new", "disks"), [
@@ -99,17 +129,23 @@ def test_a_spec_change_that_would_lose_data_disks_is_refused_on_a_real_plan(gcp,
     assert "prevent_destroy" in out and all(f"google_compute_disk.{d}" in out for d in disks), out
 
 
-def test_market_switch_replaces_the_instances_and_touches_no_disk(gcp):
+def test_market_switch_replaces_the_instances_and_touches_no_disk(gcp, gce):
     set_spec(gcp, instance_type="a3-highgpu-8g", market="spot", nodes="2", placement="none")
     kit("plan", str(gcp))
     kit("apply", str(gcp))
+    disks = sorted(d["id"] for d in gce.disks)
     for market in ("on-demand", "spot"):
+        before = {i["id"] for i in gce.instances}
         set_spec(gcp, market=market)
         lines = changes(kit("plan", str(gcp)))
         replaced = [c for c in lines if "google_compute_instance.node" in c]
         assert len(replaced) == 2 and all(c.startswith(("-/+", "+/-")) for c in replaced), lines
         assert not [c for c in lines if "google_compute_disk" in c], lines
         kit("apply", str(gcp))
+        # the watcher sees two new VMs on the new market; the disks are the same ones
+        seen = gce.watch().instances
+        assert sorted(s.market for s in seen) == [market] * 2 and not {s.instance for s in seen} & before
+        assert sorted(d["id"] for d in gce.disks) == disks
 
 
 def test_aws_first_deployment_and_market_switch_both_ways(aws):
@@ -127,17 +163,19 @@ def test_aws_first_deployment_and_market_switch_both_ways(aws):
         assert out.count(f"({market})") == 4, out
 
 
-def test_destroy_keeps_the_disks_unless_with_disks(gcp, tmp_path):
+def test_destroy_keeps_the_disks_unless_with_disks(gcp, gce, tmp_path):
     """`kit destroy` removes the cluster only; `--with-disks` goes through the disks' prevent_destroy
     (lifted for that run by an override file, which is gone afterwards) and removes them too."""
     kit("plan", str(gcp))
     kit("apply", str(gcp))
     kit("destroy", str(gcp))
+    assert not gce.instances and len(gce.disks) == 4  # in the Compute API too
     state = json.loads(terraform_state(tmp_path, "disks"))
     assert sum(r["type"] == "google_compute_disk" for r in state.get("resources", [])) == 1  # counted resource
     assert not json.loads(terraform_state(tmp_path, "cluster")).get("resources")
     kit("destroy", str(gcp), "--with-disks")
     assert not json.loads(terraform_state(tmp_path, "disks")).get("resources")
+    assert not gce.disks
     assert not list((tmp_path / "deploy").rglob("*_override.tf"))
 
 
@@ -239,6 +277,13 @@ def test_what_terraform_creates_is_what_boto3_and_the_watcher_see(aws, moto_ec2)
     assert len(volumes) == 4 and set(volumes.values()) == {n["InstanceId"] for n in nodes.values()}
     seen = AwsSource("g5-spot", "us-east-1", endpoint_url=url).poll()
     assert sorted(s.market for s in seen.instances) == ["spot"] * 4
+    # the security group holds exactly the rules the module declares (EC2's default egress rule revoked)
+    (group,) = {g["GroupId"] for n in nodes.values() for g in n["SecurityGroups"]}
+    rules = ec2.describe_security_group_rules(Filters=[{"Name": "group-id", "Values": [group]}])["SecurityGroupRules"]
+    assert sorted((r["IsEgress"], r["IpProtocol"], r.get("FromPort", -1), r.get("CidrIpv4", ""),
+                   r.get("ReferencedGroupInfo", {}).get("GroupId", "")) for r in rules) == [
+        (False, "-1", -1, "", group), (False, "tcp", 22, "203.0.113.0/24", ""),
+        (True, "-1", -1, "", group), (True, "-1", -1, "0.0.0.0/0", "")], rules
 
     set_spec(aws, market="on-demand")
     kit("plan", str(aws))

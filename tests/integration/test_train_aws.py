@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,7 +30,7 @@ import yaml
 pytestmark = [pytest.mark.slow]
 
 NEEDS = ("debootstrap", "ip", "unshare", "losetup", "ssh", "ssh-keygen", "mkfs.ext4")
-STEPS, CKPT_EVERY = 160, 40
+STEPS, CKPT_EVERY = 120, 30
 TRAINING = {"model": "vit_tiny_patch16_224", "image_size": 32, "num_classes": 10, "batch_size": 8, "steps": STEPS,
             "warmup_steps": 10, "ckpt_every": CKPT_EVERY, "keep": 2, "log_every": 5, "device": "cpu",
             "deterministic": True}
@@ -54,18 +55,17 @@ def image_versions() -> dict[str, str]:
 
 
 def write_spec(tmp_path: Path, subnet_id: str) -> Path:
+    """examples/aws-g5-spot.yaml on this machine's terms: 2 nodes in the test's subnet, a 1 GB volume each,
+    SSH as root with a key of its own, local state, the tiny model for some hundred steps on the CPU."""
+    from tests.support import REPO
+    from tests.support.files import one_place
+
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
-    spec = {
-        "name": "e2e", "cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "nodes": 2,
-        "instance_type": "g5.4xlarge", "market": "spot", "placement": "cluster",
-        "disk": {"size_gb": 1, "type": "gp3"},
-        "ssh": {"user": "root", "public_key": str(tmp_path / "key.pub"), "allowed_cidrs": ["198.18.0.0/15"]},
-        "network": {"subnet_id": subnet_id},
-        "backend": {"type": "local"},
-        "training": TRAINING,
-        "policy": {"name": "default", "deadline_hours": 48},
-        "bootstrap": {"vars": image_versions()},
-    }
+    spec = one_place(yaml.safe_load((REPO / "examples" / "aws-g5-spot.yaml").read_text()))
+    spec.update(name="e2e", nodes=2, disk={"size_gb": 1, "type": "gp3"}, network={"subnet_id": subnet_id},
+                ssh={"user": "root", "public_key": str(tmp_path / "key.pub"), "allowed_cidrs": ["198.18.0.0/15"]},
+                backend={"type": "local"}, training=TRAINING, bootstrap={"vars": image_versions()})
+    spec["policy"]["deadline_hours"] = 48
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
@@ -109,62 +109,78 @@ def ledger_events(deploy_dir: Path) -> list[dict]:
         ledger.close()
 
 
+def start_kit_train(tmp_path: Path, spec: Path, url: str, hosts) -> subprocess.Popen:
+    """`kit train SPEC` as a user runs it, with the emulator's mirror and moto as the AWS endpoint (what
+    Terraform's provider and the watcher's boto3 reach); the agents post to the bridge's address."""
+    from kit.backends.local import free_port
+    from tests.support.tf_emulator import write_cli_config
+    from tests.support.tf_emulator.aws_moto import ENDPOINT_ENV
+
+    env = {**os.environ, ENDPOINT_ENV: url, "AWS_ENDPOINT_URL": url,
+           "TF_CLI_CONFIG_FILE": str(write_cli_config(tmp_path / "emulator")), "KIT_DEPLOY_ROOT": str(tmp_path / "deploy")}
+    with open(tmp_path / "kit-train.log", "w") as log:
+        return subprocess.Popen([str(Path(sys.executable).with_name("kit")), "train", str(spec),
+                                 "--listen", f"{hosts.gateway}:{free_port()}", "--json-report", str(tmp_path / "report.json")],
+                                cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def interrupt_after_a_checkpoint(tmp_path: Path, kit: subprocess.Popen, hosts):
+    """Once the job is past its first checkpoint, one of the two instances gets the spot interruption."""
+    first = hosts.wait_for(2, timeout=300)
+    deadline = time.time() + 600
+    while progress_step(hosts, tmp_path / "key") < CKPT_EVERY + 10:
+        assert kit.poll() is None and time.time() < deadline, (tmp_path / "kit-train.log").read_text()
+        time.sleep(2)
+    victim = sorted(first, key=lambda h: h.ip)[1]
+    hosts.interrupt(victim.id)
+    return victim
+
+
+def assert_recovered_the_aws_way(tmp_path: Path, hosts, victim, report: dict) -> None:
+    """The agent saw the notice before EC2 said the instance was gone; one new instance took the victim's
+    volume (the same filesystem: the trainer resumed from it and lost no step)."""
+    events = ledger_events(tmp_path / "deploy" / "e2e")
+    notice = next(e for e in events if e["source"] == "agent" and e["kind"] == "preemption")
+    loss = next(e for e in events if e["source"] == "aws" and e["kind"] == "preemption")
+    assert notice["instance"] == loss["instance"] == victim.id and notice["time"] < loss["time"], events
+    assert loss["detail"]["reason"] == "Server.SpotInstanceTermination"
+    (volume,) = [v for i, v in hosts.attachments if i == victim.id]
+    assert [i for i, v in hosts.attachments if v == volume] == [victim.id, hosts.booted[2]], hosts.attachments
+    assert len(hosts.booted) == 3 and report["steps_lost"] == 0, (hosts.booted, report)
+
+
 @pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
 def test_kit_train_aws_end_to_end_with_a_spot_interruption(tmp_path, monkeypatch):
     import boto3
 
-    from kit.backends.local import free_port
     from tests.support.ec2_hosts import Ec2Hosts
     from tests.support.moto import moto_server
-    from tests.support.tf_emulator import write_cli_config
-    from tests.support.tf_emulator.aws_moto import ENDPOINT_ENV
 
     t0 = time.time()
     with moto_server(monkeypatch) as url, Ec2Hosts(url, "us-east-1", "us-east-1a", tmp_path / "hosts",
-                                                      warning=15) as hosts:
+                                                      warning=5) as hosts:
         spec = write_spec(tmp_path, hosts.subnet_id)
-        env = {**os.environ, ENDPOINT_ENV: url, "AWS_ENDPOINT_URL": url,
-               "TF_CLI_CONFIG_FILE": str(write_cli_config(tmp_path / "emulator")), "KIT_DEPLOY_ROOT": str(tmp_path / "deploy")}
-        listen = f"{hosts.gateway}:{free_port()}"
-        log = open(tmp_path / "kit-train.log", "w")  # noqa: SIM115
-        kit = subprocess.Popen([str(Path(sys.executable).with_name("kit")), "train", str(spec), "--listen", listen,
-                                "--json-report", str(tmp_path / "report.json")],
-                               cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # the undisturbed reference runs while kit applies and bootstraps (mostly waiting on the hosts)
+        reference: dict[str, str] = {}
+        ref = threading.Thread(target=lambda: reference.update(sha=undisturbed_digest(tmp_path)), daemon=True)
+        ref.start()
+        kit = start_kit_train(tmp_path, spec, url, hosts)
         try:
-            first = hosts.wait_for(2, timeout=300)
-            deadline = time.time() + 600
-            while progress_step(hosts, tmp_path / "key") < CKPT_EVERY + 10:
-                assert kit.poll() is None and time.time() < deadline, (tmp_path / "kit-train.log").read_text()
-                time.sleep(2)
-            t_interrupt = time.time()
-            victim = sorted(first, key=lambda h: h.ip)[1]
-            hosts.interrupt(victim.id)
+            victim = interrupt_after_a_checkpoint(tmp_path, kit, hosts)
             rc = kit.wait(timeout=900)
         finally:
             if kit.poll() is None:
                 kit.kill()
-            log.close()
         output = (tmp_path / "kit-train.log").read_text()
-        assert rc == 0, output
-        assert not hosts.errors, hosts.errors
+        assert rc == 0 and not hosts.errors, (output, hosts.errors)
         report = json.loads((tmp_path / "report.json").read_text())
-        assert report["params_sha256"] == undisturbed_digest(tmp_path), output
+        ref.join(600)
+        assert report["params_sha256"] == reference["sha"], output
         assert report["preemptions"] >= 1 and report["steps"] == STEPS, report
         assert report["export"] and report["disks"] == "deleted", report
-        # the agent saw the notice before EC2 said the instance was gone; one new instance took the victim's
-        # volume (the same filesystem: the trainer resumed from it and lost no step)
-        events = ledger_events(tmp_path / "deploy" / "e2e")
-        notice = next(e for e in events if e["source"] == "agent" and e["kind"] == "preemption")
-        loss = next(e for e in events if e["source"] == "aws" and e["kind"] == "preemption")
-        assert notice["instance"] == loss["instance"] == victim.id and notice["time"] < loss["time"], events
-        assert loss["detail"]["reason"] == "Server.SpotInstanceTermination"
-        (volume,) = [v for i, v in hosts.attachments if i == victim.id]
-        assert [i for i, v in hosts.attachments if v == volume] == [victim.id, hosts.booted[2]], hosts.attachments
-        assert len(hosts.booted) == 3 and report["steps_lost"] == 0, (hosts.booted, report)
+        assert_recovered_the_aws_way(tmp_path, hosts, victim, report)
         ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=url)
-        volumes = ec2.describe_volumes(Filters=[{"Name": "tag:kit:role", "Values": ["data-disk"]}])["Volumes"]
-        assert not volumes, volumes
-        running = [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]
-                   if i["State"]["Name"] == "running"]
-        assert not running
-        print(f"kit train aws: {time.time() - t0:.0f} s in all, interrupted at {t_interrupt - t0:.0f} s")
+        assert not ec2.describe_volumes(Filters=[{"Name": "tag:kit:role", "Values": ["data-disk"]}])["Volumes"]
+        assert not [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]
+                    if i["State"]["Name"] == "running"]
+        print(f"kit train aws: {time.time() - t0:.0f} s in all")

@@ -1,8 +1,9 @@
 """The emulator's AWS resources, backed by moto in server mode: what Terraform creates is what
 boto3 (kit's watcher) sees. Used when ``$ENDPOINT_ENV`` names the moto server.
 
-Covered: instances (with their spot market), EBS volumes and attachments, security groups, key
-pairs, and the default VPC / subnet / an AMI as data sources. Placement groups are kept by the
+Covered: instances (with their spot market), EBS volumes and attachments, security groups and their
+rules (``aws_vpc_security_group_ingress_rule`` / ``_egress_rule``), key pairs, and the default VPC /
+subnet / an AMI as data sources. Placement groups are kept by the
 emulator alone (moto does not implement CreatePlacementGroup). Anything else keeps
 the emulator's placeholders. moto's limits apply (docs: docs.getmoto.org, EC2 "implemented
 features"): a spot instance is launched at once (no capacity is ever short), and there is no
@@ -60,6 +61,10 @@ class MotoAWS:
             ec2.delete_key_pair(KeyName=s["key_name"])
         elif kind == "aws_security_group":
             ec2.delete_security_group(GroupId=s["id"])
+        elif kind == "aws_vpc_security_group_ingress_rule":
+            ec2.revoke_security_group_ingress(GroupId=s["security_group_id"], SecurityGroupRuleIds=[s["id"]])
+        elif kind == "aws_vpc_security_group_egress_rule":
+            ec2.revoke_security_group_egress(GroupId=s["security_group_id"], SecurityGroupRuleIds=[s["id"]])
         elif kind == "aws_volume_attachment" and not s.get("skip_destroy"):
             ec2.detach_volume(VolumeId=s["volume_id"], InstanceId=s["instance_id"], Device=s["device_name"])
 
@@ -77,7 +82,32 @@ class MotoAWS:
         name = s.get("name") or f"{s.get('name_prefix') or 'terraform-'}{uuid.uuid4().hex[:12]}"  # as the provider: unique
         g = self.ec2.create_security_group(GroupName=name, Description=s.get("description") or "kit",
                                            VpcId=s["vpc_id"])
+        # EC2 gives a new group an allow-all egress rule, which the provider revokes at once
+        # (terraform-provider-aws internal/service/ec2/vpc_security_group.go, resourceSecurityGroupCreate):
+        # the group has only the rules the configuration declares.
+        self.ec2.revoke_security_group_egress(GroupId=g["GroupId"], IpPermissions=[
+            {"IpProtocol": "-1", "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}])
         return {"id": g["GroupId"], "name": name}
+
+    def _create_aws_vpc_security_group_ingress_rule(self, s: dict) -> dict:
+        return self._rule(self.ec2.authorize_security_group_ingress, s)
+
+    def _create_aws_vpc_security_group_egress_rule(self, s: dict) -> dict:
+        return self._rule(self.ec2.authorize_security_group_egress, s)
+
+    def _rule(self, authorize, s: dict) -> dict:
+        """One rule, as the provider makes it: one IpPermission (AuthorizeSecurityGroupIngress/Egress), whose
+        SecurityGroupRuleId becomes the resource's id."""
+        permission: dict[str, Any] = {"IpProtocol": s["ip_protocol"]}
+        if s.get("from_port") is not None:
+            permission.update(FromPort=int(s["from_port"]), ToPort=int(s["to_port"]))
+        if s.get("cidr_ipv4"):
+            permission["IpRanges"] = [{"CidrIp": s["cidr_ipv4"], "Description": s.get("description") or ""}]
+        if s.get("referenced_security_group_id"):
+            permission["UserIdGroupPairs"] = [{"GroupId": s["referenced_security_group_id"]}]
+        rule = authorize(GroupId=s["security_group_id"], IpPermissions=[permission])["SecurityGroupRules"][0]
+        rid = rule["SecurityGroupRuleId"]
+        return {"id": rid, "security_group_rule_id": rid, "arn": f"arn:aws:ec2:{self.region}::security-group-rule/{rid}"}
 
     def _create_aws_placement_group(self, s: dict) -> dict:
         return {"id": s["name"]}  # moto has no CreatePlacementGroup: kept by the emulator alone
@@ -102,7 +132,13 @@ class MotoAWS:
                 "instance_lifecycle": i.get("InstanceLifecycle"), "availability_zone": i["Placement"]["AvailabilityZone"],
                 "instance_state": i["State"]["Name"], "arn": f"arn:aws:ec2:{self.region}::instance/{i['InstanceId']}"}
 
+    def update(self, kind: str, prior: dict, planned: dict) -> dict:
+        return planned  # in-place updates (tags) are not sent to moto
+
     # ----------------------------------------------------------------- read
+    def refresh(self, kind: str, s: dict) -> dict | None:
+        return s if self.exists(kind, s) else None
+
     def exists(self, kind: str, s: dict) -> bool:
         """False once the cloud no longer has it (a terminated instance, a deleted volume)."""
         if kind == "aws_instance":

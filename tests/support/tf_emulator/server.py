@@ -17,13 +17,14 @@ answers the RPCs, from the vendored ``terraform providers schema -json`` output
   no longer has) as it does from the real provider.
 
 Apply fills unknowns with typed placeholders. With ``$KIT_TF_EMULATOR_AWS_ENDPOINT`` set, the AWS
-resources kit uses are created in moto (``aws_moto.py``), so boto3 sees what Terraform made.
+resources kit uses are created in moto (``aws_moto.py``), so boto3 sees what Terraform made; with
+``$KIT_TF_EMULATOR_GCP_ENDPOINT``, the Compute Engine instances and disks in the loopback Compute API
+fake (``gcp_compute.py``), so kit's GCP watcher source does.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import uuid
 from pathlib import Path
@@ -36,12 +37,12 @@ from tf.utils import read_dynamic_value, to_dynamic_value
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # started as a script by Terraform core
 import aws_moto
+import gcp_compute
 
 SCHEMAS = Path(__file__).resolve().parents[3] / "kit" / "data" / "provider-schemas"
 FACTS = json.loads((Path(__file__).with_name("facts.json")).read_text())
 NESTING = {"single": 1, "list": 2, "set": 3, "map": 4, "group": 5}
 # the provider blocks kit's roots configure (the schemas above are resources' and data sources')
-GONE_ENV = "KIT_TF_EMULATOR_GONE"  # a file of resource names the cloud no longer has
 PROVIDER_ATTRS = ("project", "region", "zone", "default_labels", "default_tags")
 
 
@@ -104,7 +105,8 @@ def changed(prior: Any, planned: Any, path: list[str]) -> bool:
 class Emulator(rpc.ProviderServicer):
     def __init__(self, cloud: str) -> None:
         self.cloud = cloud
-        self.moto: aws_moto.MotoAWS | None = None
+        # the cloud API behind the resources, when a test runs one (moto for aws, the Compute fake for google)
+        self.backing: aws_moto.MotoAWS | gcp_compute.GoogleCompute | None = None
         self.resources = {p.stem: json.loads(p.read_text()) for p in (SCHEMAS / cloud / "resource").glob("*.json")}
         self.data = {p.stem: json.loads(p.read_text()) for p in (SCHEMAS / cloud / "data").glob("*.json")}
 
@@ -134,21 +136,24 @@ class Emulator(rpc.ProviderServicer):
     def ConfigureProvider(self, request, context):
         config = read_dynamic_value(request.config) or {}
         if self.cloud == "aws" and aws_moto.enabled():
-            self.moto = aws_moto.MotoAWS(config.get("region") or "us-east-1")
+            self.backing = aws_moto.MotoAWS(config.get("region") or "us-east-1")
+        elif self.cloud == "google" and gcp_compute.enabled():
+            self.backing = gcp_compute.GoogleCompute(config.get("project") or "kit-test")
         return pb.ConfigureProvider.Response()
 
     def UpgradeResourceState(self, request, context):
         return pb.UpgradeResourceState.Response(upgraded_state=to_dynamic_value(json.loads(request.raw_state.json)))
 
     def ReadResource(self, request, context):
-        """The resource as it is; one whose ``name`` is listed in the file ``$GONE_ENV`` is gone
-        (a preempted VM that GCP deleted), as is one that moto no longer has, so core plans to
-        create it again."""
+        """The resource as it is: as the backing cloud API has it (gone: core plans to create it again), or
+        unchanged without one."""
         state = read_dynamic_value(request.current_state) or {}
-        gone = Path(os.environ[GONE_ENV]).read_text().split() if os.environ.get(GONE_ENV) else []
-        if state.get("name") in gone or (self.moto is not None and not self.moto.exists(request.type_name, state)):
+        if self.backing is None:
+            return pb.ReadResource.Response(new_state=request.current_state, private=request.private)
+        now = self.backing.refresh(request.type_name, state)
+        if now is None:
             return pb.ReadResource.Response(new_state=pb.DynamicValue())
-        return pb.ReadResource.Response(new_state=request.current_state, private=request.private)
+        return pb.ReadResource.Response(new_state=to_dynamic_value(now), private=request.private)
 
     def PlanResourceChange(self, request, context):
         prior = read_dynamic_value(request.prior_state)
@@ -177,11 +182,12 @@ class Emulator(rpc.ProviderServicer):
         planned = read_dynamic_value(request.planned_state)
         prior = read_dynamic_value(request.prior_state)
         if planned is None:
-            if self.moto is not None and prior is not None:
-                self.moto.delete(request.type_name, prior)
+            if self.backing is not None and prior is not None:
+                self.backing.delete(request.type_name, prior)
             return pb.ApplyResourceChange.Response(new_state=request.planned_state)
-        if self.moto is not None and prior is None:
-            planned = self.moto.create(request.type_name, planned)
+        if self.backing is not None:
+            planned = (self.backing.create(request.type_name, planned) if prior is None
+                       else self.backing.update(request.type_name, prior, planned))
         attrs = self.resources[request.type_name]["block"].get("attributes", {})
         for name, path in FACTS.get(request.type_name, {}).get("apply_values", {}).items():
             if planned.get(name) is Unknown:
@@ -194,8 +200,8 @@ class Emulator(rpc.ProviderServicer):
 
     def ReadDataSource(self, request, context):
         config = read_dynamic_value(request.config) or {}
-        if self.moto is not None:
-            config = self.moto.data(request.type_name, config)
+        if self.backing is not None:
+            config = self.backing.data(request.type_name, config)
         attrs = self.data[request.type_name]["block"].get("attributes", {})
         for name, spec in attrs.items():
             if spec.get("computed") and config.get(name) in (None, Unknown):

@@ -201,17 +201,6 @@ def test_plan_that_loses_a_disk_is_refused(deploy, fake_tf, monkeypatch, actions
     assert not (deploy / "disks" / "tfplan").exists()
 
 
-def test_destroy_keeps_disks_unless_asked(deploy, fake_tf, monkeypatch):
-    monkeypatch.setenv("FAKE_PLANS", json.dumps({"disks": {"resource_changes": [_change("aws_ebs_volume", ["delete"])]}}))
-    terraform.destroy(deploy)
-    assert {c[0] for c in fake_tf() if c[1] in ("plan", "apply")} == {"cluster"}
-    assert any("-destroy" in c for c in fake_tf() if c[1] == "plan")
-    terraform.destroy(deploy, with_disks=True)
-    assert [c[0] for c in fake_tf() if c[1] == "apply"] == ["cluster", "cluster", "disks"]
-    assert (deploy / "disks" / "override-seen").read_text() == "yes"  # prevent_destroy lifted for the run
-    assert not (deploy / "modules" / "aws" / "disks" / "kit_destroy_override.tf").exists()
-
-
 def test_terraform_bin_override_same_args(deploy, fake_tf):
     rc, _, _ = terraform.run_terraform(["fmt", "-check", "."], deploy)
     assert rc == 0 and fake_tf()[-1] == ["deploy", "fmt", "-check", "."]

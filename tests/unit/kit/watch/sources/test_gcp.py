@@ -1,22 +1,17 @@
-"""GCP source against a FAKE Compute Engine on loopback.
+"""GCP source against a FAKE Compute Engine on loopback (tests/support/gcp_compute.py).
 
-The fake is a small stdlib HTTP server that answers exactly two REST methods, with bodies shaped
-like the documented Compute Engine v1 API: ``instances.list``
-(GET /compute/v1/projects/{project}/zones/{zone}/instances, an ``InstanceList`` with
-``items``/``nextPageToken``) and ``zoneOperations.list`` (GET .../zones/{zone}/operations, an
-``OperationList`` of system ``compute.instances.preempted`` operations). It honours only the two
-``filter`` expressions the source sends and answers 400 to anything else, so a wrong filter
-fails the test. google-cloud-compute's real REST transport talks to it through
-``client_options={"api_endpoint": "http://127.0.0.1:PORT"}`` with AnonymousCredentials.
+The fake answers with bodies shaped like the documented Compute Engine v1 API: here
+``instances.list`` (GET /compute/v1/projects/{project}/zones/{zone}/instances, an ``InstanceList``
+with ``items``/``nextPageToken``, pages of 2) and ``zoneOperations.list`` (GET
+.../zones/{zone}/operations, an ``OperationList`` of system ``compute.instances.preempted``
+operations). It honours only the two ``filter`` expressions the source sends and answers 400 to
+anything else, so a wrong filter fails the test. google-cloud-compute's real REST transport talks to
+it through ``client_options={"api_endpoint": "http://127.0.0.1:PORT"}`` with AnonymousCredentials.
 """
 
 from __future__ import annotations
 
 import random
-import re
-import threading
-from http.server import ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 
@@ -32,12 +27,11 @@ from kit.watch.sources.base import RUNNING, STOPPED, SourceError
 from kit.watch.sources.gcp import GcpSource
 from kit.watch.status import status_report
 from kit.watch.watcher import Watcher
-from tests.support.gcp_api import ComputeHandler
+from tests.support.gcp_compute import FakeCompute
 from tests.support.watch import ScriptedPolicy, cloud_spec
 
 PROJECT, ZONE = "kit-test", "us-central1-a"
 BASE = f"https://www.googleapis.com/compute/v1/projects/{PROJECT}/zones/{ZONE}"
-PAGE = 2  # small pages so the source must follow nextPageToken
 
 
 def instance(iid: str, name: str, cluster: str, status: str = "RUNNING", model: str = "SPOT") -> dict:
@@ -66,61 +60,10 @@ def preempted_operation(op_id: str, target_id: str, name: str) -> dict:
     }
 
 
-class FakeCompute:
-    def __init__(self):
-        self.instances: list[dict] = []
-        self.operations: list[dict] = []
-        self.fail_with: int | None = None
-        self.requests: list[str] = []
-
-
-def make_handler(state: FakeCompute):
-    instances_path = re.compile(rf"^/compute/v1/projects/{PROJECT}/zones/{ZONE}/(instances|operations)$")
-    label_filter = re.compile(r'^labels\.kit-cluster\s*=\s*"([^"]+)"$')
-    op_filter = 'operationType="compute.instances.preempted"'
-
-    class Handler(ComputeHandler):
-        def do_GET(self):
-            url = urlparse(self.path)
-            state.requests.append(self.path)
-            match = instances_path.match(url.path)
-            if not match:
-                return self.error(404, f"The resource '{url.path}' was not found", "notFound")
-            if state.fail_with:
-                return self.error(state.fail_with, "Required 'compute.instances.list' permission", "forbidden")
-            query = parse_qs(url.query)
-            flt = query.get("filter", [""])[0]
-            if match.group(1) == "instances":
-                label = label_filter.match(flt)
-                if not label:
-                    return self.error(400, f"Invalid value for field 'filter': '{flt}'.", "invalid")
-                items = [i for i in state.instances if i["labels"].get("kit-cluster") == label.group(1)]
-                kind = "compute#instanceList"
-            else:
-                if flt != op_filter:
-                    return self.error(400, f"Invalid value for field 'filter': '{flt}'.", "invalid")
-                items = [o for o in state.operations if o["operationType"] == "compute.instances.preempted"]
-                kind = "compute#operationList"
-            start = int(query.get("pageToken", ["0"])[0])
-            body = {"kind": kind, "id": f"projects/{PROJECT}/zones/{ZONE}/{match.group(1)}",
-                    "items": items[start:start + PAGE], "selfLink": f"{BASE}/{match.group(1)}"}
-            if start + PAGE < len(items):
-                body["nextPageToken"] = str(start + PAGE)
-            self.reply(200, body)
-
-    return Handler
-
-
 @pytest.fixture
 def fake():
-    state = FakeCompute()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(state))
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    state.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    yield state
-    server.shutdown()
-    server.server_close()
+    with FakeCompute(project=PROJECT) as state:
+        yield state
 
 
 def source(fake, cluster="demo") -> GcpSource:

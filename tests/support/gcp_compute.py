@@ -1,0 +1,201 @@
+"""A loopback fake of the Compute Engine v1 REST API (tests only), shaped like the documented API:
+``instances`` (list, get, insert, delete, start), ``disks`` (get, insert, delete) and ``zoneOperations.list``,
+under ``/compute/v1/projects/{project}/zones/{zone}/``. Lists are paged (``items`` / ``nextPageToken``)
+and honour only the ``filter`` expressions kit sends (``labels.kit-cluster="NAME"``,
+``operationType="compute.instances.preempted"``); any other filter is a 400, so a wrong one fails the
+test. Errors are ``{"error": {"code", "message", "errors"}}``; inserts and deletes answer with a DONE
+``compute#operation``.
+
+kit's watcher (``GcpSource``, google-cloud-compute's REST transport with ``api_endpoint``) reads it, and
+the provider emulator (tests/support/tf_emulator/gcp_compute.py) creates and deletes what Terraform
+applies in it, so both see one cloud. ``preempt(name)`` is what GCP does to a Spot VM whose termination
+action is STOP (kit's): a system ``compute.instances.preempted`` operation, and the instance is stopped
+(status ``TERMINATED``), keeping its id and disks until ``instances.start``.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import threading
+from datetime import UTC, datetime
+from http.server import ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+from tests.support.gcp_api import ComputeHandler
+
+PAGE = 2  # small pages, so that a client must follow nextPageToken
+PATH = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/(instances|disks|operations)(?:/([^/]+))?(/start)?$")
+LABEL_FILTER = re.compile(r'^labels\.kit-cluster\s*=\s*"([^"]+)"$')
+PREEMPTED = "compute.instances.preempted"
+_ids = itertools.count(4_000_000_000_000_000_001)
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.000+00:00")
+
+
+class FakeCompute:
+    """The fake's state; ``instances``, ``disks``, ``operations`` are plain lists of API resources."""
+
+    def __init__(self, project: str = "kit-test") -> None:
+        self.project = project
+        self.instances: list[dict] = []
+        self.disks: list[dict] = []
+        self.operations: list[dict] = []
+        self.fail_with: int | None = None
+        self.requests: list[str] = []
+        self.endpoint = ""
+        self._server: ThreadingHTTPServer | None = None
+
+    def base(self, zone: str) -> str:
+        return f"https://www.googleapis.com/compute/v1/projects/{self.project}/zones/{zone}"
+
+    def start(self) -> FakeCompute:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler(self))
+        threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    def __enter__(self) -> FakeCompute:  # noqa: PYI034
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def live(self, kind: str) -> list[dict]:
+        return list(self.instances if kind == "instances" else self.disks)
+
+    def preempt(self, name: str) -> None:
+        """GCP reclaims a Spot VM (termination action STOP): the system operation, and the VM is stopped."""
+        inst = next(i for i in self.instances if i["name"] == name)
+        inst.update(status="TERMINATED", lastStopTimestamp=now())
+        zone = inst["zone"].rsplit("/", 1)[-1]
+        op_id = str(next(_ids))
+        self.operations.append({
+            "kind": "compute#operation", "id": op_id, "name": f"systemevent-{op_id}", "zone": self.base(zone),
+            "operationType": PREEMPTED, "targetLink": inst["selfLink"], "targetId": inst["id"], "status": "DONE",
+            "statusMessage": "Instance was preempted.", "user": "system", "progress": 100, "insertTime": now(),
+            "startTime": now(), "endTime": now(), "selfLink": f"{self.base(zone)}/operations/systemevent-{op_id}"})
+
+    # ------------------------------------------------------------------ the methods
+    def insert(self, kind: str, zone: str, body: dict) -> dict:
+        items = self.instances if kind == "instances" else self.disks
+        if any(i["name"] == body.get("name") for i in items):
+            raise ApiError(409, f"The resource '{self.base(zone)}/{kind}/{body.get('name')}' already exists",
+                           "alreadyExists")
+        item = {**body, "kind": f"compute#{kind[:-1]}", "id": str(next(_ids)), "zone": self.base(zone),
+                "creationTimestamp": now(), "selfLink": f"{self.base(zone)}/{kind}/{body['name']}"}
+        if kind == "instances":
+            item.update(status="RUNNING", lastStartTimestamp=now())
+        else:
+            item.update(status="READY")
+        items.append(item)
+        return self.operation(zone, f"compute.{kind}.insert", item)
+
+    def delete(self, kind: str, zone: str, name: str) -> dict:
+        items = self.instances if kind == "instances" else self.disks
+        item = self.get(kind, zone, name)
+        items.remove(item)
+        return self.operation(zone, f"compute.{kind}.delete", item)
+
+    def start_instance(self, zone: str, name: str) -> dict:
+        inst = self.get("instances", zone, name)
+        inst.update(status="RUNNING", lastStartTimestamp=now())
+        return self.operation(zone, "compute.instances.start", inst)
+
+    def get(self, kind: str, zone: str, name: str) -> dict:
+        items = self.instances if kind == "instances" else self.disks
+        for item in items:
+            if item["name"] == name and item["zone"].endswith(f"/zones/{zone}"):
+                return item
+        raise ApiError(404, f"The resource '{self.base(zone)}/{kind}/{name}' was not found", "notFound")
+
+    def operation(self, zone: str, kind: str, target: dict) -> dict:
+        op_id = str(next(_ids))
+        return {"kind": "compute#operation", "id": op_id, "name": f"operation-{op_id}", "zone": self.base(zone),
+                "operationType": kind.rsplit(".", 1)[-1], "targetLink": target["selfLink"], "targetId": target["id"],
+                "status": "DONE", "progress": 100, "insertTime": now(), "endTime": now(),
+                "selfLink": f"{self.base(zone)}/operations/operation-{op_id}"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.status, self.message, self.reason = status, message, reason
+
+
+class Handler(ComputeHandler):
+    state: FakeCompute  # set per server by handler()
+
+    def route(self, method: str) -> None:
+        url = urlparse(self.path)
+        self.state.requests.append(f"{method} {self.path}")
+        match = PATH.match(url.path)
+        if not match or match.group(1) != self.state.project:
+            return self.error(404, f"The resource '{url.path}' was not found", "notFound")
+        if self.state.fail_with:
+            return self.error(self.state.fail_with, "Required 'compute.instances.list' permission", "forbidden")
+        _, zone, kind, name, action = match.groups()
+        try:
+            if method == "GET" and name is None:
+                return self.listing(zone, kind, parse_qs(url.query))
+            self.reply(200, self.call(method, zone, kind, name, action))
+        except ApiError as error:
+            self.error(error.status, error.message, error.reason)
+
+    def call(self, method: str, zone: str, kind: str, name: str | None, action: str | None) -> dict:
+        if kind != "operations" and name is not None:
+            if method == "POST" and kind == "instances" and action:
+                return self.state.start_instance(zone, name)
+            if method == "GET" and not action:
+                return self.state.get(kind, zone, name)
+            if method == "DELETE" and not action:
+                return self.state.delete(kind, zone, name)
+        if kind != "operations" and method == "POST" and name is None:
+            length = int(self.headers.get("Content-Length") or 0)
+            return self.state.insert(kind, zone, json.loads(self.rfile.read(length) or b"{}"))
+        raise ApiError(405, "Method not allowed", "badRequest")
+
+    def listing(self, zone: str, kind: str, query: dict) -> None:
+        flt = query.get("filter", [""])[0]
+        items = self.matching(zone, kind, flt)
+        if items is None:
+            return self.error(400, f"Invalid value for field 'filter': '{flt}'.", "invalid")
+        start = int(query.get("pageToken", ["0"])[0])
+        body = {"kind": f"compute#{kind[:-1]}List", "id": f"projects/{self.state.project}/zones/{zone}/{kind}",
+                "items": items[start:start + PAGE], "selfLink": f"{self.state.base(zone)}/{kind}"}
+        if start + PAGE < len(items):
+            body["nextPageToken"] = str(start + PAGE)
+        self.reply(200, body)
+
+    def matching(self, zone: str, kind: str, flt: str) -> list[dict] | None:
+        """The zone's items the filter selects; None for a filter the fake does not know."""
+        in_zone = [i for i in {"instances": self.state.instances, "disks": self.state.disks,
+                               "operations": self.state.operations}[kind] if i["zone"].endswith(f"/zones/{zone}")]
+        if kind == "instances":
+            label = LABEL_FILTER.match(flt)
+            return [i for i in in_zone if (i.get("labels") or {}).get("kit-cluster") == label.group(1)] \
+                if label else None
+        if kind == "operations":
+            return [o for o in in_zone if o["operationType"] == PREEMPTED] \
+                if flt == f'operationType="{PREEMPTED}"' else None
+        return in_zone
+
+    def do_GET(self) -> None:
+        self.route("GET")
+
+    def do_POST(self) -> None:
+        self.route("POST")
+
+    def do_DELETE(self) -> None:
+        self.route("DELETE")
+
+
+def handler(state: FakeCompute) -> type[Handler]:
+    return type("BoundHandler", (Handler,), {"state": state})
