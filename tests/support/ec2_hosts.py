@@ -37,7 +37,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from tests.support import REPO
-from tests.support.netns_hosts import CACHE, _run, free_subnets, reap_stale, rootfs_tarball
+from tests.support.netns_hosts import (
+    CACHE,
+    StartStop,
+    _run,
+    boot,
+    free_subnets,
+    reap_stale,
+    rootfs_tarball,
+    shut_down,
+    veth_into,
+)
 
 FAKE_SYSTEMD = Path(__file__).with_name("fake_systemd.py")
 BY_ID = Path("/dev/disk/by-id")
@@ -71,7 +81,7 @@ class Instance:
         return int(children[0]) if children else None
 
 
-class Ec2Hosts:
+class Ec2Hosts(StartStop):
     def __init__(self, endpoint: str, region: str, zone: str, workdir: Path, *, warning: float = 20.0):
         import boto3
 
@@ -130,16 +140,6 @@ class Ec2Hosts:
         subprocess.run(["ip", "link", "del", self.bridge], check=False, capture_output=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def __enter__(self) -> Ec2Hosts:  # noqa: PYI034
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     # ------------------------------------------------------------------ following moto
     def _follow(self) -> None:
         while not self._stop.is_set():
@@ -195,25 +195,17 @@ class Ec2Hosts:
         host.root.mkdir(parents=True)
         _run(["tar", "-C", str(host.root), "-xf", str(rootfs_tarball())], timeout=300)
         self._image(host)
-        _run(["ip", "netns", "add", host.netns])
-        _run(["ip", "link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.netns])
+        veth_into(host.netns, host.veth, ip)
         _run(["ip", "link", "set", host.veth, "master", self.bridge, "up"])
-        for cmd in (["ip", "addr", "add", f"{ip}/24", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
-                    ["ip", "link", "set", "lo", "up"], ["ip", "addr", "add", "169.254.169.254/32", "dev", "lo"]):
-            _run(["ip", "netns", "exec", host.netns, *cmd])
+        _run(["ip", "netns", "exec", host.netns, "ip", "addr", "add", "169.254.169.254/32", "dev", "lo"])
         host.imds = subprocess.Popen(["ip", "netns", "exec", host.netns, sys.executable, "-m", "tests.support.imds",
                                       "--instance", iid, "--notice-file", str(host.notice)], cwd=REPO,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        r = str(host.root)
-        site = _site_packages()
-        script = (f"hostname {host.name} && mount -t proc proc {r}/proc && mount --rbind /dev {r}/dev && mount -t sysfs sysfs {r}/sys && "
-                  f"mount -t tmpfs tmpfs {r}/run && mkdir -p {r}{IMAGE_PACKAGES} && "
-                  f"mount --bind {site} {r}{IMAGE_PACKAGES} && mount -o remount,bind,ro {r}{IMAGE_PACKAGES} && "
-                  f"exec chroot {r} /usr/local/lib/fake-systemd/systemd")
-        log = open(host.dir / "host.log", "wb")  # noqa: SIM115
-        host.proc = subprocess.Popen(["ip", "netns", "exec", host.netns, "unshare", "--mount", "--pid", "--uts", "--fork",
-                                      "--propagation", "private", "sh", "-c", script],
-                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        r, packages = str(host.root), f"{host.root}{IMAGE_PACKAGES}"
+        host.proc = boot(host.netns, host.root,
+                         f"hostname {host.name} && mkdir -p {packages} && mount --bind {_site_packages()} {packages} && "
+                         f"mount -o remount,bind,ro {packages} && exec chroot {r} /usr/local/lib/fake-systemd/systemd",
+                         host.dir / "host.log", uts=True)
         self.hosts[iid] = host
         self.booted.append(iid)
 
@@ -250,15 +242,7 @@ class Ec2Hosts:
             deadline = time.time() + grace
             while time.time() < deadline and host.proc.poll() is None:
                 time.sleep(0.2)
-        for proc in (host.proc, host.imds):
-            if proc is not None and proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(10)
-        subprocess.run(["ip", "netns", "del", host.netns], check=False, capture_output=True)
-        subprocess.run(["ip", "link", "del", host.veth], check=False, capture_output=True)
+        shut_down(host.netns, host.veth, host.proc, host.imds)
         shutil.rmtree(host.root, ignore_errors=True)
         self.hosts.pop(host.id, None)
 

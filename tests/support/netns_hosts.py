@@ -97,6 +97,63 @@ def free_subnets(n: int) -> list[int]:
     return free
 
 
+def veth_into(netns: str, veth: str, ip: str) -> None:
+    """A new namespace ``netns`` whose ``eth0`` (``ip``/24) is the peer of ``veth`` here; the caller
+    gives ``veth`` its address or bridge."""
+    _run(["ip", "netns", "add", netns])
+    _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns])
+    for cmd in (["ip", "addr", "add", f"{ip}/24", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
+                ["ip", "link", "set", "lo", "up"]):
+        _run(["ip", "netns", "exec", netns, *cmd])
+
+
+def boot(netns: str, root: Path, then: str, log: Path, *, uts: bool = False) -> subprocess.Popen:
+    """A host's PID 1: in ``netns`` and a mount and PID namespace of its own (UTS too with ``uts``), the
+    rootfs at ``root`` gets /proc, /dev, /sys and a tmpfs /run, then the shell command ``then`` runs
+    (it ends by exec'ing chroot). Output goes to ``log``."""
+    r = str(root)
+    script = (f"mount -t proc proc {r}/proc && mount --rbind /dev {r}/dev && "
+              f"mount -t sysfs sysfs {r}/sys && mount -t tmpfs tmpfs {r}/run && {then}")
+    with open(log, "wb") as out:
+        return subprocess.Popen(["ip", "netns", "exec", netns, "unshare", "--mount", "--pid", *(["--uts"] if uts else []),
+                                 "--fork", "--propagation", "private", "sh", "-c", script],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def shut_down(netns: str, veth: str, *procs: subprocess.Popen | None) -> None:
+    """Kill a host's process groups (its PID 1 gone, everything in its PID namespace goes) and remove its
+    network."""
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(10)
+    subprocess.run(["ip", "netns", "del", netns], check=False, capture_output=True)
+    subprocess.run(["ip", "link", "del", veth], check=False, capture_output=True)
+
+
+class StartStop:
+    """``with`` for a harness with ``start()`` and ``stop()``: stopped also when the start fails half-way."""
+
+    def start(self):  # each harness has its own
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
 class Host:
     def __init__(self, index: int, workdir: Path, tag: str, subnet: int = 0):
         self.index = index
@@ -120,7 +177,7 @@ class Host:
         return f"198.18.{self.subnet}.1"
 
 
-class NetnsHosts:
+class NetnsHosts(StartStop):
     def __init__(self, n: int, workdir: Path, disk_mb: int = 64):
         self.workdir = Path(workdir)
         self.tag = str(os.getpid())
@@ -146,13 +203,9 @@ class NetnsHosts:
         return self
 
     def _network(self, h: Host) -> None:
-        _run(["ip", "netns", "add", h.netns])
-        _run(["ip", "link", "add", h.veth, "type", "veth", "peer", "name", "eth0", "netns", h.netns])
+        veth_into(h.netns, h.veth, h.ip)
         _run(["ip", "addr", "add", f"{h.gateway}/24", "dev", h.veth])
         _run(["ip", "link", "set", h.veth, "up"])
-        for cmd in (["ip", "addr", "add", f"{h.ip}/24", "dev", "eth0"], ["ip", "link", "set", "eth0", "up"],
-                    ["ip", "link", "set", "lo", "up"]):
-            _run(["ip", "netns", "exec", h.netns, *cmd])
 
     def _boot(self, h: Host, tarball: Path) -> None:
         h.root.mkdir(parents=True)
@@ -165,14 +218,8 @@ class NetnsHosts:
         _run(["truncate", "-s", f"{self.disk_mb}M", str(h.disk_image)])
         h.loop = _run(["losetup", "-f", "--show", str(h.disk_image)]).stdout.strip()
         r = str(h.root)
-        script = (f"mount -t proc proc {r}/proc && mount --rbind /dev {r}/dev && "
-                  f"mount -t sysfs sysfs {r}/sys && mount -t tmpfs tmpfs {r}/run && "
-                  f"mkdir -p {r}/run/sshd && exec chroot {r} /usr/sbin/sshd -D -e "
-                  "-o UseDNS=no -o PermitRootLogin=prohibit-password")
-        log = open(self.workdir / f"{h.name}.sshd.log", "wb")  # noqa: SIM115
-        h.proc = subprocess.Popen(["ip", "netns", "exec", h.netns, "unshare", "--mount", "--pid", "--fork",
-                                   "--propagation", "private", "sh", "-c", script],
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        h.proc = boot(h.netns, h.root, f"mkdir -p {r}/run/sshd && exec chroot {r} /usr/sbin/sshd -D -e "
+                      "-o UseDNS=no -o PermitRootLogin=prohibit-password", self.workdir / f"{h.name}.sshd.log")
 
     def _wait_ssh(self, h: Host, timeout: float = 30) -> None:
         deadline = time.time() + timeout
@@ -193,24 +240,7 @@ class NetnsHosts:
 
     def stop(self) -> None:
         for h in self.hosts:
-            if h.proc is not None and h.proc.poll() is None:
-                try:
-                    os.killpg(h.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                h.proc.wait(10)
-            subprocess.run(["ip", "netns", "del", h.netns], check=False, capture_output=True)
-            subprocess.run(["ip", "link", "del", h.veth], check=False, capture_output=True)
+            shut_down(h.netns, h.veth, h.proc)
             if h.loop:
                 subprocess.run(["losetup", "-d", h.loop], check=False, capture_output=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> NetnsHosts:  # noqa: PYI034
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
