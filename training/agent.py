@@ -228,6 +228,7 @@ class Agent:
 
         prog = read_json(self.progress_file) or {}
         numbers = {k: prog.get(k) for k in ("step", "total_steps", "step_time_s")}
+        numbers["progress_time"] = prog.get("time")
         if not all(isinstance(v, (int, float)) or v is None for v in numbers.values()):
             numbers = {}  # a progress file from another version: report without progress
         return AgentReport(kind=kind, instance=self.instance, node_rank=self.node_rank, time=time.time(),

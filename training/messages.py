@@ -32,6 +32,9 @@ class AgentReport(BaseModel):
     step: StrictInt | None = Field(None, ge=0, le=MAX_STEPS)
     total_steps: StrictInt | None = Field(None, ge=1, le=MAX_STEPS)
     step_time_s: float | None = Field(None, ge=0, le=MAX_TIME, allow_inf_nan=False)
+    # when the trainer wrote the progress file (its "time"): nodes write theirs at their own moments and
+    # the reports arrive in any order, so only this orders the steps of different reporters
+    progress_time: float | None = Field(None, ge=0, le=MAX_TIME, allow_inf_nan=False)
 
     @field_validator("instance")
     @classmethod
@@ -40,7 +43,7 @@ class AgentReport(BaseModel):
             raise ValueError("instance must be a non-empty string")
         return instance.strip()
 
-    @field_validator("time", "step_time_s", mode="before")
+    @field_validator("time", "step_time_s", "progress_time", mode="before")
     @classmethod
     def _a_number(cls, value: Any) -> Any:
         if isinstance(value, bool) or (value is not None and not isinstance(value, (int, float))):

@@ -50,6 +50,7 @@ class Event:
     step: int | None = None
     total_steps: int | None = None
     step_time_s: float | None = None
+    written: float | None = None  # progress only: unix seconds when the trainer wrote it (its node's clock)
     dedup_key: str | None = None  # None: never deduplicated (heartbeats)
 
     def __post_init__(self) -> None:
@@ -83,6 +84,7 @@ def event_from_agent(body: Any) -> Event:
         kind=event_kind, instance=report.instance, time=float(report.time), source="agent", node_rank=report.node_rank,
         detail={**report.detail, "cloud": report.cloud}, step=report.step, total_steps=report.total_steps,
         step_time_s=None if report.step_time_s is None else float(report.step_time_s), dedup_key=dedup,
+        written=None if report.progress_time is None else float(report.progress_time),
     )
 
 

@@ -41,7 +41,7 @@ from typing import Any
 from kit.errors import KitError
 from kit.watch.events import PROGRESS, Event
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, recorded REAL NOT NULL, kind TEXT NOT NULL,
@@ -50,7 +50,7 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE TABLE IF NOT EXISTS progress (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, recorded REAL NOT NULL, instance TEXT NOT NULL,
     node_rank INTEGER, step INTEGER NOT NULL, total_steps INTEGER NOT NULL, step_time_s REAL,
-    state TEXT);
+    state TEXT, written REAL);
 CREATE TABLE IF NOT EXISTS ticks (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, observation TEXT NOT NULL, decision TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS decisions (
@@ -96,7 +96,12 @@ CREATE UNIQUE INDEX IF NOT EXISTS nodes_current ON nodes(instance_id) WHERE stat
 """
 NODE_COLUMNS = "instance_id, name, rank, market, zone, private_ip, public_ip, disk_id, state, since, until, apply_id"
 # Columns version 4 added to tables that older ledgers already have (ALTER TABLE ... ADD COLUMN).
-ADDED_COLUMNS = (("nodes", "shape", "TEXT"), ("nodes", "price", "REAL"), ("applies", "offer", "TEXT"))
+ADDED_COLUMNS = (("nodes", "shape", "TEXT"), ("nodes", "price", "REAL"), ("applies", "offer", "TEXT"),
+                 ("progress", "written", "REAL"))
+# Heartbeats in the order the trainer wrote them. Every node writes its own progress file, each at its
+# own moment, and agents and the puller relay them late and in any order; a row without the write time
+# (an older agent's) counts as written when it was recorded.
+WRITTEN = "COALESCE(written, recorded)"
 
 
 @dataclass(frozen=True)
@@ -182,7 +187,7 @@ class Ledger:
         self._db.execute("PRAGMA foreign_keys=ON")
         with self._lock:
             version = self._version()
-            if version not in (0, 1, 2, 3, SCHEMA_VERSION):
+            if version not in (0, 1, 2, 3, 4, SCHEMA_VERSION):
                 raise KitError(f"ledger schema version {version}, this kit writes {SCHEMA_VERSION}",
                                where=str(self.path), fix="use the kit version that created this ledger")
             if version == 1:
@@ -334,10 +339,10 @@ class Ledger:
                 if event.step is None or event.total_steps is None:
                     return False  # the agent heartbeats before the trainer wrote progress: nothing to keep
                 db.execute(
-                    "INSERT INTO progress(time, recorded, instance, node_rank, step, total_steps, step_time_s, state)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO progress(time, recorded, instance, node_rank, step, total_steps, step_time_s, state,"
+                    " written) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (event.time, now, event.instance, event.node_rank, event.step, event.total_steps,
-                     event.step_time_s, event.detail.get("state")))
+                     event.step_time_s, event.detail.get("state"), event.written))
                 if event.detail.get("state") == "done" and event.detail.get("params_sha256"):
                     # the trainer's final digest: the export of the final checkpoint is checked against it
                     db.execute("UPDATE run SET params_sha256 = ? WHERE id = 1", (str(event.detail["params_sha256"]),))
@@ -361,16 +366,17 @@ class Ledger:
         return self._query("SELECT COALESCE(MAX(id), 0) AS m FROM events")[0]["m"]
 
     def latest_progress(self) -> dict[str, Any] | None:
-        """The newest heartbeat: after a restart from an older checkpoint the job is back at that
-        step, whatever it had reached before. The trainer's ``done`` is final, so once one is
-        recorded it is the answer (a late heartbeat of a slower reporter does not undo it)."""
+        """The newest heartbeat, by when the trainer wrote it: after a restart from an older checkpoint
+        the job is back at that step, whatever it had reached before. The trainer's ``done`` is final, so
+        once one is recorded it is the answer (a late heartbeat of a slower reporter does not undo it)."""
         rows = self._query("SELECT * FROM progress WHERE state = 'done' ORDER BY id DESC LIMIT 1") or \
-            self._query("SELECT * FROM progress ORDER BY id DESC LIMIT 1")
+            self._query(f"SELECT * FROM progress ORDER BY {WRITTEN} DESC, id DESC LIMIT 1")
         return dict(rows[0]) if rows else None
 
     def progress_history(self) -> list[tuple[float, int]]:
-        """Every recorded (time, step), oldest first: the job's path, setbacks included."""
-        return [(row["time"], row["step"]) for row in self._query("SELECT time, step FROM progress ORDER BY id")]
+        """Every recorded (time, step), in the order the trainer wrote them: the job's path, setbacks
+        included, and no stale report of a slower node read as one."""
+        return [(row["time"], row["step"]) for row in self._query(f"SELECT time, step FROM progress ORDER BY {WRITTEN}, id")]
 
     def recent_step_times(self, limit: int | None = 20) -> list[float]:
         """Measured step times (seconds of the ledger's clock), newest first; all of them when

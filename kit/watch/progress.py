@@ -38,10 +38,11 @@ class ProgressPuller:
         if key == self._last_key:
             return None
         self._last_key = key
-        step_time = data.get("step_time_s")
+        step_time, written = data.get("step_time_s"), data.get("time")
         detail = {k: data[k] for k in ("state", "params_sha256") if data.get(k)}
         self.ledger.record(Event(kind=PROGRESS, instance="trainer", time=self.clock(), source=self.source,
                                  node_rank=0, detail=detail, step=int(data["step"]),
                                  total_steps=int(data["total_steps"]),
-                                 step_time_s=None if step_time is None else float(step_time) * self.time_scale))
+                                 step_time_s=None if step_time is None else float(step_time) * self.time_scale,
+                                 written=float(written) if isinstance(written, (int, float)) else None))
         return data

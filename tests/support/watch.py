@@ -147,8 +147,9 @@ class FileBackend(RecordingBackend):
         tmp.replace(self.state)
 
 
-def heartbeat(step: int, total: int, step_time_s: float = 1.0, state: str = "running", rank: int = 0):
+def heartbeat(step: int, total: int, step_time_s: float = 1.0, state: str = "running", rank: int = 0,
+              written: float | None = None):
     from kit.watch.events import PROGRESS, Event
 
     return Event(kind=PROGRESS, instance=f"node-{rank}", time=0.0, source="agent", node_rank=rank,
-                 detail={"state": state}, step=step, total_steps=total, step_time_s=step_time_s)
+                 detail={"state": state}, step=step, total_steps=total, step_time_s=step_time_s, written=written)

@@ -194,3 +194,19 @@ def test_no_trainer_digest_keeps_the_disks_and_export_time_is_billed(tmp_path, m
     ledger = Ledger(next((tmp_path / "deploy").glob("*/ledger.sqlite")))
     ends = [n.until for n in ledger.all_nodes() if n.state == "released"]
     assert ends and min(ends) >= exporting[0] + 0.3, "billed until the export was done"
+
+
+def test_steps_lost_counts_resumes_not_late_reports(tmp_path):
+    """Two nodes' reports interleave out of order (no step is lost there); a resume from an older
+    checkpoint loses the steps since it."""
+    from kit.train import steps_lost
+    from kit.watch.ledger import Ledger
+    from tests.support.watch import heartbeat
+
+    ledger = Ledger(tmp_path / "l.sqlite")
+    for step, rank, written in ((40, 0, 100.0), (46, 0, 103.0), (44, 1, 102.2), (48, 1, 104.0)):
+        ledger.record(heartbeat(step, 120, rank=rank, written=written))
+    assert steps_lost(ledger) == 0
+    ledger.record(heartbeat(40, 120, rank=0, written=200.0))
+    ledger.record(heartbeat(45, 120, rank=1, written=203.0))
+    assert steps_lost(ledger) == 8

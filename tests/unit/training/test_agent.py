@@ -137,6 +137,8 @@ def test_aws_no_notice_then_terminate(tmp_path, meta):
         assert events(tmp_path) == []
         assert [e["kind"] for e in watcher.events] == ["progress"]
         assert watcher.events[0]["step"] == 7 and watcher.events[0]["total_steps"] == 100
+        written = json.loads((tmp_path / "progress.json").read_text())["time"]
+        assert watcher.events[0]["progress_time"] == written, "the trainer's write time travels with the step"
         # token PUT happened before GETs, and GETs carry it
         assert meta.requests[0][0] == "PUT"
         meta.action = {"action": "terminate", "time": "2026-11-23T00:00:00Z"}

@@ -12,7 +12,7 @@ import pytest
 
 from kit.errors import KitError
 from kit.watch.events import INSTANCE_LOST, Event
-from kit.watch.ledger import Ledger, WatcherLock
+from kit.watch.ledger import SCHEMA_VERSION, Ledger, WatcherLock
 from tests.support import REPO
 
 CHILD = REPO / "tests" / "support" / "watch_crash_child.py"
@@ -144,6 +144,20 @@ def test_latest_progress_is_the_newest_record_and_done_is_final(tmp_path):
     assert (ledger.latest_progress()["step"], ledger.latest_progress()["state"]) == (1000, "done")
 
 
+def test_heartbeats_are_ordered_by_when_the_trainer_wrote_them(tmp_path):
+    """Every node writes its own progress file (at most once a second, each at its own moment) and its
+    report may arrive after a fresher one of another node: a stale report is no setback, a resume is."""
+    from tests.support.watch import heartbeat
+
+    ledger = Ledger(tmp_path / "l.sqlite")
+    ledger.record(heartbeat(46, 120, rank=0, written=110.0))
+    ledger.record(heartbeat(44, 120, rank=1, written=109.4))  # read on node 1 before node 0's, arrived after
+    assert ledger.latest_progress()["step"] == 46
+    ledger.record(heartbeat(40, 120, rank=0, written=150.0))  # resumed from the checkpoint at 40
+    assert [step for _, step in ledger.progress_history()] == [44, 46, 40]
+    assert ledger.latest_progress()["step"] == 40
+
+
 V1_SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE events (id INTEGER PRIMARY KEY, time REAL NOT NULL, recorded REAL NOT NULL, kind TEXT NOT NULL,
@@ -173,7 +187,8 @@ def test_a_version_1_ledger_is_migrated(tmp_path):
     db.executescript(V1_SCHEMA)
     db.close()
     ledger = Ledger(tmp_path / "l.sqlite")
-    assert ledger._query("PRAGMA user_version")[0][0] == 4
+    assert ledger._query("PRAGMA user_version")[0][0] == SCHEMA_VERSION
+    assert ledger._query("SELECT 1 FROM pragma_table_info('progress') WHERE name = 'written'"), "later columns added"
     # the job's facts, from text in `meta` to typed columns (and `meta` is gone)
     assert (ledger.market(), ledger.started_at(), ledger.capacity_failures("spot")) == ("spot", 0.0, 3)
     assert ledger.clock_origin(999.0) == 12.5 and not ledger._query(

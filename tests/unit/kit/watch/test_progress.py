@@ -32,3 +32,18 @@ def test_pull_records_new_progress_once_and_keeps_the_final_digest(tmp_path):
     assert puller.pull(force=True)["state"] == "done"
     assert ledger.latest_progress()["state"] == "done"
     assert ledger.params_sha256() == "ab" * 32
+    assert [step for _, step in ledger.progress_history()] == [10, 50]
+
+
+def test_pulled_progress_keeps_the_trainers_write_time(tmp_path):
+    """The puller reads the nodes later than the agents report: its row is ordered by the file's time."""
+    from tests.support.watch import heartbeat
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    nodes = NodesSay()
+    puller = ProgressPuller(nodes, ledger, source="aws", clock=lambda: 500.0, every_s=0)
+    ledger.record(heartbeat(46, 120, written=110.0))
+    nodes.record = {"step": 44, "total_steps": 120, "state": "running", "time": 109.0}
+    assert puller.pull(force=True)["step"] == 44
+    assert [step for _, step in ledger.progress_history()] == [44, 46]
+    assert ledger.latest_progress()["step"] == 46
