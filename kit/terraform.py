@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -262,17 +263,32 @@ def destroy(deploy_dir: str | Path, with_disks: bool = False, roots: tuple[str, 
     deploy_dir = Path(deploy_dir)
     disks = disk_roots(deploy_dir) or [roots[0]]
     for root in [roots[1], *disks] if with_disks else [roots[1]]:
-        path = _root(deploy_dir, root)
-        init(deploy_dir, root)
-        override = _disks_override(deploy_dir) if root in disks else None
-        try:
-            _plan_root(path, "tfplan-destroy", destroy=True, allow_disk_loss=root in disks)
-            rc, out, err = run_terraform(["apply", "-input=false", "-no-color", "-auto-approve", "tfplan-destroy"], path)
-            _check(rc, out, err, "destroy", path)
-        finally:
-            (path / "tfplan-destroy").unlink(missing_ok=True)
-            if override is not None:
-                override.unlink(missing_ok=True)
+        _destroy_root(deploy_dir, root, disks=root in disks)
+
+
+def destroy_disks_root(deploy_dir: str | Path, root: str) -> None:
+    """Destroy one disks root (the disks of a zone and shape a moving job left) and remove its
+    directory. Its ``prevent_destroy`` is lifted for this run only."""
+    deploy_dir = Path(deploy_dir)
+    if root not in disk_roots(deploy_dir):
+        raise KitError(f"no disks root {root} in {deploy_dir}", where=str(deploy_dir),
+                       fix=f"the disks roots there: {', '.join(disk_roots(deploy_dir)) or 'none'}")
+    _destroy_root(deploy_dir, root, disks=True)
+    shutil.rmtree(_root(deploy_dir, root))
+
+
+def _destroy_root(deploy_dir: Path, root: str, *, disks: bool) -> None:
+    path = _root(deploy_dir, root)
+    init(deploy_dir, root)
+    override = _disks_override(deploy_dir) if disks else None
+    try:
+        _plan_root(path, "tfplan-destroy", destroy=True, allow_disk_loss=disks)
+        rc, out, err = run_terraform(["apply", "-input=false", "-no-color", "-auto-approve", "tfplan-destroy"], path)
+        _check(rc, out, err, "destroy", path)
+    finally:
+        (path / "tfplan-destroy").unlink(missing_ok=True)
+        if override is not None:
+            override.unlink(missing_ok=True)
 
 
 def _main(argv: list[str]) -> int:

@@ -37,7 +37,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from training.contract import read_json, write_atomic
+from training.contract import PROGRESS_DETAIL, read_json, write_atomic
 
 log = logging.getLogger("kit.agent")
 
@@ -310,7 +310,7 @@ class Agent:
             self._last_heartbeat = now
             prog = (read_json(self.progress_file) or {})
             if prog:  # state "done" and the final digest let the watcher stop and verify the export
-                self.submit(self.event("progress", {k: prog[k] for k in ("state", "params_sha256") if prog.get(k)}),
+                self.submit(self.event("progress", {k: prog[k] for k in PROGRESS_DETAIL if prog.get(k) is not None}),
                             retries=1)
 
     def shutdown(self) -> None:

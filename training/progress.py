@@ -1,7 +1,10 @@
 """Progress file, rewritten atomically by each node's writer rank (training/contract.py's PROGRESS_FILE on a node).
 
 ``{"step": int, "total_steps": int, "step_time_s": float|null, "state": "running"|"done"|"preempted",
-"time": unix, "params_sha256": str|null}``
+"time": unix, "params_sha256": str|null, "checkpoint_step": int|null}``
+
+``checkpoint_step`` is the newest complete checkpoint on this node's disk: the watcher releases the disks
+of a zone the job left only once a checkpoint at least as new is complete elsewhere.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ class ProgressWriter:
         self.total_steps = total_steps
         self.min_interval_s = min_interval_s
         self._last_write = 0.0
+        self.checkpoint_step: int | None = None  # the trainer sets it when a save completes on this node
 
     def write(self, step: int, state: str = "running", step_time_s: float | None = None,
               params_sha256: str | None = None, force: bool = False) -> None:
@@ -29,7 +33,7 @@ class ProgressWriter:
         self._last_write = now
         doc = {"step": int(step), "total_steps": int(self.total_steps),
                "step_time_s": None if step_time_s is None else float(step_time_s),
-               "state": state, "time": now, "params_sha256": params_sha256}
+               "state": state, "time": now, "params_sha256": params_sha256, "checkpoint_step": self.checkpoint_step}
         # a final state (done, preempted) must survive the node going down right after
         write_atomic(self.path, json.dumps(doc) + "\n", durable=state != "running")
 

@@ -283,6 +283,8 @@ class Trainer:
                     found = newest_loadable(ckpt_dir, log=self.warn)  # restore order: the disk, then the bucket
             except UnloadableCheckpoint as e:
                 error = str(e)
+        if found is not None:
+            self.progress.checkpoint_step = found[0]
         mine = {"step": found[0] if found else -1, "path": str(found[1]) if found else None,
                 "writer": self.info.is_node_writer, "history": history, "error": error}
         return mine, found
@@ -367,6 +369,7 @@ class Trainer:
         if stats.error:
             self.last_saved = -1
         elif stats.path and stats.write_s is not None:
+            self.progress.checkpoint_step = max(stats.step, self.progress.checkpoint_step or -1)
             self.log(f"ckpt_written step={stats.step} write_s={stats.write_s:.3f} bytes={stats.bytes}")
             self.upload(stats.step)
 
@@ -390,6 +393,11 @@ class Trainer:
             self.last_saved, self.last_save_time = step, time.monotonic()
             self.log(f"ckpt step={step} stall_s={stats.stall_s:.4f} wait_s={stats.wait_s:.4f}")
 
+    def saved_here(self) -> None:
+        """After a synchronous save and its barrier: this node's disk holds the step (progress says so)."""
+        if self.ckpt.has(self.step):
+            self.progress.checkpoint_step = self.step
+
     def save_for_stop(self) -> int:
         """A stop request all ranks agreed on: finish an in-flight write, save this step
         synchronously (unless every node holds it), and report the run as preempted."""
@@ -404,6 +412,7 @@ class Trainer:
             self.ckpt.save(self.step, self.full_state(self.step), sync=True, if_missing=True)
             self.last_saved = self.step
         D.barrier(self.info)
+        self.saved_here()
         save_s = time.perf_counter() - t0
         self.upload(self.step, wait_s=bucket.STOP_FLUSH_S)
         if self.info.is_node_writer:
@@ -421,6 +430,7 @@ class Trainer:
         if self.last_saved != self.step:
             self.ckpt.save(self.step, self.full_state(self.step), sync=True, if_missing=True)
         D.barrier(self.info)  # every node's final copy is on disk before any node reports "done"
+        self.saved_here()
         self.upload(self.step, wait_s=None)  # the finished model is durable before "done"
         digest = params_sha256(self.raw_model) if (self.info.is_main or self.info.is_node_writer) else None
         self.progress.write(self.step, state="done", step_time_s=self.step_time, params_sha256=digest, force=True)

@@ -111,6 +111,22 @@ class Backend(ABC):
     def destroy(self, keep_disks: bool = True) -> None:
         """Delete the instances; the data disks survive unless ``keep_disks`` is False."""
 
+    # ------------------------------------------------------------------ disks of zones the job left
+    def disk_set(self, zone: str | None, shape: str | None) -> str | None:
+        """The name of the data disks that nodes in ``zone`` on ``shape`` (kit.policy.offers.Shape.name)
+        use, as :meth:`release_disks` takes it; None when they cannot be deleted apart from the rest (a
+        job that never moves has one set, deleted when it ends)."""
+        return None
+
+    def release_disks(self, name: str) -> None:
+        """Delete the data disks :meth:`disk_set` named (no node uses them any more)."""
+        raise KitError(f"the {self.cloud} backend cannot delete disk set {name} on its own", where=name,
+                       fix="they are deleted when the job ends")
+
+    def wall_time(self, t: float) -> float:
+        """The wall-clock moment of ``t`` on the clock :meth:`attach` returned (the same for real clouds)."""
+        return t
+
     def progress(self) -> dict | None:
         """The trainer's newest progress record (training/progress.py: step, total_steps, state,
         step_time_s, params_sha256 when done, time) read from the nodes, or None when unknown.

@@ -133,6 +133,22 @@ class TerraformBackend(Backend):
 
         terraform.destroy(self.deploy_dir, with_disks=not keep_disks, roots=render.roots(self.spec))
 
+    def disk_set(self, zone: str | None, shape: str | None) -> str | None:
+        """A job that can move has one disks root per zone and shape (kit.render.roots)."""
+        from kit.terraform import disk_root
+
+        return disk_root(f"{zone}-{shape}") if self.spec.can_move and zone and shape else None
+
+    def release_disks(self, name: str) -> None:
+        """``terraform destroy`` of that disks root alone (its ``prevent_destroy`` lifted for the run, as
+        ``kit destroy --with-disks`` does), then its directory: no other root reads it."""
+        from kit import render, terraform
+
+        if name == render.roots(self.spec)[0]:
+            raise KitError(f"{name} holds the disks of the running zone and shape", where=str(self.deploy_dir),
+                           fix="only disks of zones and shapes the job left are released")
+        terraform.destroy_disks_root(self.deploy_dir, name)
+
 
 def backend_for(spec: SpecBase, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None) -> Backend:
     return spec.cloud_facts.backend(spec, deploy_dir, watcher_url=watcher_url, watcher_token=watcher_token)

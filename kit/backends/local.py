@@ -398,6 +398,23 @@ class LocalBackend(Backend):
     def checkpoint_dir(self, node: Node, scratch: Path) -> Path:
         return self.disk_dir(node.rank, node.zone) / "ckpt"  # the "disk" is on this machine already
 
+    def disk_set(self, zone: str | None, shape: str | None) -> str | None:
+        """A job with zones has a disks directory per zone (all shapes there share it)."""
+        return zone if self.spec.zones and zone else None
+
+    def release_disks(self, name: str) -> None:
+        if name == self.spec.start_zone or not self.spec.zones:
+            raise KitError(f"the disks of zone {name} are in use", where=str(self.root / "disks"),
+                           fix="only disks of zones the job left are released")
+        with self.lock:
+            shutil.rmtree(self.root / "disks" / name, ignore_errors=True)
+
+    def wall_time(self, t: float) -> float:
+        from kit.local.injector import VirtualClock
+
+        clock = self.clock  # the compressed clock once attached (kit.local.injector.VirtualClock.at inverted)
+        return clock.origin + (t - clock.origin) / clock.scale if isinstance(clock, VirtualClock) else t
+
     def destroy(self, keep_disks: bool = True) -> None:
         with self.lock:
             self.kill_all()

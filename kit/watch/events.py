@@ -25,8 +25,9 @@ CAPACITY_ERROR = "capacity-error"  # a launch found no capacity (spot or on-dema
 PROGRESS = "progress"  # trainer heartbeat relayed by the agent
 NODE_UP = "node-up"  # a node of the cluster reached running
 SHUTDOWN = "shutdown"  # the agent saw a normal (non-preemption) shutdown
+DISKS_RELEASED = "disks-released"  # the watcher deleted the disks of a zone and shape the job had left
 
-KINDS = (PREEMPTION, NOTICE, REBALANCE, INSTANCE_LOST, CAPACITY_ERROR, PROGRESS, NODE_UP, SHUTDOWN)
+KINDS = (PREEMPTION, NOTICE, REBALANCE, INSTANCE_LOST, CAPACITY_ERROR, PROGRESS, NODE_UP, SHUTDOWN, DISKS_RELEASED)
 # Kinds that mean the running cluster lost a node and must be recovered.
 LOSS_KINDS = (PREEMPTION, INSTANCE_LOST)
 

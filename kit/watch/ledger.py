@@ -50,7 +50,7 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE TABLE IF NOT EXISTS progress (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, recorded REAL NOT NULL, instance TEXT NOT NULL,
     node_rank INTEGER, step INTEGER NOT NULL, total_steps INTEGER NOT NULL, step_time_s REAL,
-    state TEXT, written REAL);
+    state TEXT, written REAL, checkpoint_step INTEGER);
 CREATE TABLE IF NOT EXISTS ticks (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, observation TEXT NOT NULL, decision TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS decisions (
@@ -97,11 +97,18 @@ CREATE UNIQUE INDEX IF NOT EXISTS nodes_current ON nodes(instance_id) WHERE stat
 NODE_COLUMNS = "instance_id, name, rank, market, zone, private_ip, public_ip, disk_id, state, since, until, apply_id"
 # Columns version 4 added to tables that older ledgers already have (ALTER TABLE ... ADD COLUMN).
 ADDED_COLUMNS = (("nodes", "shape", "TEXT"), ("nodes", "price", "REAL"), ("applies", "offer", "TEXT"),
-                 ("progress", "written", "REAL"))
+                 ("progress", "written", "REAL"), ("progress", "checkpoint_step", "INTEGER"))
 # Heartbeats in the order the trainer wrote them. Every node writes its own progress file, each at its
 # own moment, and agents and the puller relay them late and in any order; a row without the write time
 # (an older agent's) counts as written when it was recorded.
 WRITTEN = "COALESCE(written, recorded)"
+
+
+def _checkpoint_step(event: Event) -> int | None:
+    """A progress report's ``checkpoint_step`` (free-form detail from the network): kept only when a step."""
+    value = event.detail.get("checkpoint_step")
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= (event.total_steps or 0)
+    return value if ok else None
 
 
 @dataclass(frozen=True)
@@ -340,9 +347,9 @@ class Ledger:
                     return False  # the agent heartbeats before the trainer wrote progress: nothing to keep
                 db.execute(
                     "INSERT INTO progress(time, recorded, instance, node_rank, step, total_steps, step_time_s, state,"
-                    " written) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " written, checkpoint_step) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (event.time, now, event.instance, event.node_rank, event.step, event.total_steps,
-                     event.step_time_s, event.detail.get("state"), event.written))
+                     event.step_time_s, event.detail.get("state"), event.written, _checkpoint_step(event)))
                 if event.detail.get("state") == "done" and event.detail.get("params_sha256"):
                     # the trainer's final digest: the export of the final checkpoint is checked against it
                     db.execute("UPDATE run SET params_sha256 = ? WHERE id = 1", (str(event.detail["params_sha256"]),))
@@ -377,6 +384,16 @@ class Ledger:
         """Every recorded (time, step), in the order the trainer wrote them: the job's path, setbacks
         included, and no stale report of a slower node read as one."""
         return [(row["time"], row["step"]) for row in self._query(f"SELECT time, step FROM progress ORDER BY {WRITTEN}, id")]
+
+    def step_written_by(self, wall: float) -> int:
+        """The highest step any trainer had written by the wall-clock moment ``wall`` (-1: none)."""
+        row = self._query(f"SELECT MAX(step) AS s FROM progress WHERE {WRITTEN} <= ?", (wall,))[0]
+        return -1 if row["s"] is None else int(row["s"])
+
+    def checkpoint_written_after(self, wall: float) -> int:
+        """The newest complete checkpoint a node reported after the wall-clock moment ``wall`` (-1: none)."""
+        row = self._query(f"SELECT MAX(checkpoint_step) AS s FROM progress WHERE {WRITTEN} > ?", (wall,))[0]
+        return -1 if row["s"] is None else int(row["s"])
 
     def recent_step_times(self, limit: int | None = 20) -> list[float]:
         """Measured step times (seconds of the ledger's clock), newest first; all of them when

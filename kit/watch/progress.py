@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kit.watch.events import PROGRESS, Event
+from training.contract import PROGRESS_DETAIL
 
 
 class ProgressPuller:
@@ -39,7 +40,7 @@ class ProgressPuller:
             return None
         self._last_key = key
         step_time, written = data.get("step_time_s"), data.get("time")
-        detail = {k: data[k] for k in ("state", "params_sha256") if data.get(k)}
+        detail = {k: data[k] for k in PROGRESS_DETAIL if data.get(k) is not None}
         self.ledger.record(Event(kind=PROGRESS, instance="trainer", time=self.clock(), source=self.source,
                                  node_rank=0, detail=detail, step=int(data["step"]),
                                  total_steps=int(data["total_steps"]),

@@ -166,19 +166,27 @@ HOURS_PER_MONTH = 730.0  # the clouds bill disks per GB-month of 730 hours
 
 def disk_report(ledger: Ledger, spec: SpecBase, now: float) -> dict[str, Any]:
     """Every data disk the job used, with its zone, size, hours so far, hours idle (no node on it: a zone
-    or shape the job left) and cost so far (size x the cloud's $/GB-month, from the first node on it
-    until ``now``); ``disk_cost`` None when the disk type's price is unknown."""
+    or shape the job left), cost so far (size x the cloud's $/GB-month, from the first node on it until
+    ``now`` or until the watcher deleted it, ``released``); ``disk_cost`` None when the disk type's price
+    is unknown."""
+    from kit.watch.events import DISKS_RELEASED
+
     price = spec.cloud_facts.disk_price(spec)
+    released = {(e["detail"].get("zone"), disk): e["time"] for e in ledger.events(kinds=(DISKS_RELEASED,))
+                for disk in e["detail"].get("disks", [])}
     disks, total = [], 0.0
     for row in ledger.disks():
-        hours = max(0.0, now - row["first_used"]) / 3600.0
         last = now if row["attached_now"] else max(row["last_until"], row["first_used"])
-        idle = max(0.0, now - last) / 3600.0
+        gone = released.get((row["zone"], row["disk_id"]))
+        gone = gone if gone is not None and not row["attached_now"] and gone >= last else None  # not one made again
+        end = now if gone is None else gone
+        hours = max(0.0, end - row["first_used"]) / 3600.0
+        idle = max(0.0, end - last) / 3600.0
         cost = None if price is None else spec.disk.size_gb * price * hours / HOURS_PER_MONTH
         total += cost or 0.0
         disks.append({"disk_id": row["disk_id"], "zone": row["zone"], "size_gb": spec.disk.size_gb,
                       "hours": round(hours, 6), "idle_hours": round(idle, 6),
-                      "cost": None if cost is None else round(cost, 4)})
+                      "cost": None if cost is None else round(cost, 4), "released": gone})
     return {"disks": disks, "disk_cost": None if price is None else round(total, 4),
             "idle_disk_hours": round(sum(d["idle_hours"] for d in disks), 6)}
 
@@ -252,11 +260,11 @@ def render_status(report: dict[str, Any], console) -> None:
         nodes.add_row(str(n["rank"]), n["name"], n["instance_id"], n["market"] or "?", n["state"], n["private_ip"] or "")
     console.print(nodes)
     disks = Table(title=f"data disks (so far {money(report['disk_cost'])})", title_justify="left")
-    for column in ("disk", "zone", "GB", "hours", "idle hours", "cost"):
+    for column in ("disk", "zone", "GB", "hours", "idle hours", "cost", "state"):
         disks.add_column(column)
     for d in report["disks"]:
         disks.add_row(d["disk_id"], d["zone"] or "?", str(d["size_gb"]), f"{d['hours']:.2f}", f"{d['idle_hours']:.2f}",
-                      money(d["cost"]))
+                      money(d["cost"]), "deleted (zone left)" if d["released"] is not None else "kept")
     console.print(disks)
     decisions = Table(title="decisions (newest first)", title_justify="left")
     for column in ("id", "action", "from", "to", "status", "tries", "reason"):

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from kit.policy import WAIT, Observation, Policy
 from kit.watch.acting import Actor, Outcome
+from kit.watch.disks import DiskKeeper
 from kit.watch.events import CAPACITY_ERROR, LOSS_KINDS, Event
 from kit.watch.ledger import Ledger
 from kit.watch.sources.base import EventSource, SourceError, loss_events
@@ -73,6 +74,7 @@ class Watcher:
         self.interval_s = interval_s
         self.clock = clock
         self.wake = threading.Event()  # set by the HTTP server on a notice
+        self.keeper = DiskKeeper(actor.backend, ledger, spec, clock=clock)
 
     # ------------------------------------------------------------------ start-up
     def start(self) -> None:
@@ -145,6 +147,8 @@ class Watcher:
         result.action = self._plan(decision, deployed_market, bool(lost), now,
                                    spot_just_lost=spot_lost and not capacity_blocked)
         result.outcome = self._act(now)
+        if self.ledger.pending_decision() is None:  # settled: the disks of zones left long enough ago may go
+            self.keeper.tick()
         return result
 
     def _poll(self, now: float, result: TickResult) -> None:

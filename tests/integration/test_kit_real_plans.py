@@ -331,10 +331,13 @@ def test_aws_a_move_and_a_shape_switch_in_moto(aws, moto_ec2):
     """The AWS example given two zones and a second shape (1 x g5.12xlarge: the same 4 GPUs), applied
     through the watcher's backend by real core into moto: boto3 sees the instances move to
     us-east-1b (each with a new data volume there), then one g5.12xlarge on-demand; every volume of
-    the sets the job left is still there, and the end deletes them all."""
+    the sets the job left is still there until the first zone's set is released (its volumes alone are
+    deleted, the running set cannot be), and the end deletes the rest."""
     import yaml
 
+    from kit import terraform
     from kit.backends.cloud import TerraformBackend
+    from kit.errors import KitError
     from kit.render import deployment_dir
     from kit.spec import load_spec
 
@@ -359,6 +362,15 @@ def test_aws_a_move_and_a_shape_switch_in_moto(aws, moto_ec2):
     by_zone = sorted((v["AvailabilityZone"], len(v.get("Attachments", []))) for v in volumes)
     assert [z for z, _ in by_zone] == ["us-east-1a"] * 4 + ["us-east-1b"] * 5  # 4 + 4 + 1: none lost
     assert sum(attached for _, attached in by_zone) == 1  # only the running node's
+    # the watcher's DiskKeeper, once us-east-1a was left long enough: that zone's disks root alone goes
+    left = backend.disk_set("us-east-1a", "4xg5.4xlarge")
+    with pytest.raises(KitError, match="running zone and shape"):
+        backend.release_disks(backend.disk_set("us-east-1b", "1xg5.12xlarge"))
+    backend.release_disks(left)
+    volumes = ec2.describe_volumes(Filters=[{"Name": "tag:kit:role", "Values": ["data-disk"]}])["Volumes"]
+    assert sorted(v["AvailabilityZone"] for v in volumes) == ["us-east-1b"] * 5 and left not in terraform.disk_roots(
+        deployment_dir(spec))
+    assert not list(deployment_dir(spec).glob("modules/*/disks/kit_destroy_override.tf")), "prevent_destroy back"
     backend.destroy(keep_disks=False)
     assert not _nodes(ec2)
     assert not ec2.describe_volumes(Filters=[{"Name": "tag:kit:role", "Values": ["data-disk"]}])["Volumes"]

@@ -78,6 +78,7 @@ def reference_digest(world, tmp_path_factory) -> str:
         _reference[world] = digest(run.output)
         prog = json.loads((d / "progress.json").read_text())
         assert prog["state"] == "done" and prog["step"] == STEPS and prog["params_sha256"] == _reference[world]
+        assert prog["checkpoint_step"] == STEPS, "the final checkpoint is on this node's disk"
     return _reference[world]
 
 
@@ -179,6 +180,7 @@ def test_stop_during_an_in_flight_periodic_write_waits_for_it(chain):
 def test_a_sigterm_stops_saves_exits_75_and_resume_is_exact(chain):
     assert chain["stop_step"] > chain["after_kill"]
     assert chain["progress2"]["state"] == "preempted" and chain["progress2"]["step"] == chain["stop_step"]
+    assert chain["progress2"]["checkpoint_step"] == chain["stop_step"], "the stop save is on the disk"
     # 1 rank (no torchrun): the trainer's own code. 2 ranks: torchrun, signalled itself, forwards the
     # SIGTERM, waits for the workers (which save and exit 75) and exits 1 (SignalException, no summary);
     # the progress file maps that back to 75 (training.launch.exit_status, what systemd sees).

@@ -148,8 +148,11 @@ class FileBackend(RecordingBackend):
 
 
 def heartbeat(step: int, total: int, step_time_s: float = 1.0, state: str = "running", rank: int = 0,
-              written: float | None = None):
+              written: float | None = None, checkpoint_step: int | None = None):
+    """A progress report (``written``: when the trainer wrote it; ``checkpoint_step``: the newest complete
+    checkpoint on that node's disk)."""
     from kit.watch.events import PROGRESS, Event
 
+    detail: dict = {"state": state} if checkpoint_step is None else {"state": state, "checkpoint_step": checkpoint_step}
     return Event(kind=PROGRESS, instance=f"node-{rank}", time=0.0, source="agent", node_rank=rank,
-                 detail={"state": state}, step=step, total_steps=total, step_time_s=step_time_s, written=written)
+                 detail=detail, step=step, total_steps=total, step_time_s=step_time_s, written=written)

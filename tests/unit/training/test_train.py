@@ -189,8 +189,9 @@ def test_progress_file_shape(tmp_path):
     w = ProgressWriter(str(p), total_steps=10)
     w.write(3, step_time_s=0.5, force=True)
     doc = read_progress(p)
-    assert set(doc) == {"step", "total_steps", "step_time_s", "state", "time", "params_sha256"}
+    assert set(doc) == {"step", "total_steps", "step_time_s", "state", "time", "params_sha256", "checkpoint_step"}
     assert doc["step"] == 3 and doc["state"] == "running" and doc["params_sha256"] is None
+    assert doc["checkpoint_step"] is None, "no checkpoint on this node yet"
     w.write(10, state="done", params_sha256="a" * 64)
     assert read_progress(p)["state"] == "done"
     assert not [x for x in tmp_path.iterdir() if x.name.endswith(".tmp")]

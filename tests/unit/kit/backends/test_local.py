@@ -13,7 +13,7 @@ import pytest
 from kit.backends.base import CapacityError
 from kit.backends.local import LocalBackend
 from kit.clouds.local import LocalSpec
-from kit.errors import InputError
+from kit.errors import InputError, KitError
 from kit.local.injector import Injector, VirtualClock
 from kit.watch.sources.local import LocalSource
 from tests.support.watch import local_spec
@@ -410,7 +410,7 @@ def test_zones_replay_their_own_traces_and_a_move_or_reshape_replaces_every_node
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     b = LocalBackend(spec, tmp_path / "deploy", node_command=lambda b, r, e: sleeper, use_agent=False)
     try:
-        clock = VirtualClock(1000.0, 600, wall)
+        b.clock = clock = VirtualClock(1000.0, 600, wall)
         b.injector = Injector(b, nodes=2, clock=clock, origin=1000.0, grace_seconds=0.1, wall=wall,
                               zones={z: spec.trace_of(z) for z in spec.zone_list}, zone="za")
         (wide, tall) = [o for o in spec.offers() if o.zone == "zb" and o.market == "spot"]
@@ -426,6 +426,13 @@ def test_zones_replay_their_own_traces_and_a_move_or_reshape_replaces_every_node
         assert moved[0].instance_id not in {n.instance_id for n in nodes}
         assert b.read_state(0)["procs"] == 2 and b.read_state(1) is None and b.injector.zone == "zb"
         assert (b.root / "disks" / "za" / "node-0").is_dir(), "the left zone's disk is kept"
+        # the disk sets the watcher's DiskKeeper may release: one per zone; the running one cannot go
+        assert b.disk_set("za", "2xlocal") == b.disk_set("za", "1xlocal") == "za"
+        with pytest.raises(KitError, match="in use"):
+            b.release_disks("zb")
+        b.release_disks("za")
+        assert not (b.root / "disks" / "za").exists() and (b.root / "disks" / "zb" / "node-0").is_dir()
+        assert b.wall_time(clock.at(wall.t + 5)) == pytest.approx(wall.t + 5), "ledger clock back to wall"
         assert b.apply(spec.with_offer(tall), "spot") == moved  # the same offer again: kept
         assert "--nproc-per-node=2" in b.trainer_command(0, "127.0.0.1:1")
         assert any(a.startswith("file://") and a.endswith("/bucket/t") for a in b.trainer_command(0, "127.0.0.1:1"))

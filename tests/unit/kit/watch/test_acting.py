@@ -542,18 +542,26 @@ class ZonedBackend(RecordingBackend):
         self.deployed = [dataclasses.replace(n, zone=spec.start_zone) for n in nodes]
         return list(self.deployed)
 
+    def disk_set(self, zone, shape):
+        return zone
+
+    def release_disks(self, name):
+        self.calls.append(("release_disks", name))
+
 
 def test_a_preempted_zone_is_left_for_the_next_zone_with_capacity_in_the_search_order(tmp_path):
     """Zone a preempts and has no spot left; c has none either; b has: the recover tries the zones in
     the search order (a last), records one capacity error per offer without capacity, lands in b, and
-    the ledger says where the job runs, with each node's shape and price."""
+    the ledger says where the job runs, with each node's shape and price; zone a's disks are deleted
+    once they were left ``disk.keep_left_hours`` ago and a checkpoint as new as theirs is in b."""
     from kit.clouds.local import LocalSpec
     from kit.spec import parse_spec
     from kit.watch.status import placement_changes
 
     spec = parse_spec({"name": "demo", "cloud": "local", "zones": ["a", "b", "c"], "market": "spot",
                        "shapes": [{"nodes": 2, "gpus_per_node": 1}, {"nodes": 1, "gpus_per_node": 2}],
-                       "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0}, "policy": {}})
+                       "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0}, "policy": {},
+                       "disk": {"keep_left_hours": 2}})
     assert isinstance(spec, LocalSpec)
     clock, ledger, backend = Clock(), Ledger(tmp_path / "ledger.sqlite"), ZonedBackend(full=set())
     actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1)), clock=clock)
@@ -562,7 +570,7 @@ def test_a_preempted_zone_is_left_for_the_next_zone_with_capacity_in_the_search_
     watcher.start()
     watcher.tick()  # the launch: a, the first zone, the first shape
     assert ledger.applied_offer() == "a/2xlocal/spot" and {n.zone for n in ledger.nodes(("up",))} == {"a"}
-    ledger.record(heartbeat(10, 1000))
+    ledger.record(heartbeat(10, 1000, written=clock.t))
     backend.full = {"a", "c"}
     backend.preempt(1)
     backend.zones_tried.clear()
@@ -586,6 +594,14 @@ def test_a_preempted_zone_is_left_for_the_next_zone_with_capacity_in_the_search_
     idle = {(d["zone"], d["disk_id"]): d["idle_hours"] for d in disks["disks"]}
     assert idle[("b", "disk-0")] == 0 and idle[("a", "disk-0")] == pytest.approx(1.0)  # a's node-0 left at the move
     assert disks["disk_cost"] == 0.0
+    ledger.record(heartbeat(12, 1000, written=clock.t, checkpoint_step=10))  # b holds step 10 too (from the bucket)
+    watcher.tick()
+    assert ("release_disks", "a") not in backend.calls, "left 1 h ago: kept"
+    clock.t += 3600
+    watcher.tick()
+    assert backend.calls.count(("release_disks", "a")) == 1 and ("release_disks", "b") not in backend.calls
+    gone = {d["disk_id"]: d["released"] for d in status_report(ledger, spec, now=clock.t + 3600)["disks"] if d["zone"] == "a"}
+    assert set(gone) == {"disk-0", "disk-1"} and all(t is not None for t in gone.values())
     # a restarted watcher's backend runs what was applied last
     fresh = ZonedBackend(full=set())
     Actor(fresh, ledger, spec, clock=clock).resume()

@@ -1,0 +1,103 @@
+"""The disks of zones and shapes a job left: kept for a while, because the job may come back, then deleted.
+
+A job that moves (docs/zones.md) starts on the new zone's disks and restores from the bucket; the
+disks it left keep the checkpoints it had there. They are kept ``disk.keep_left_hours`` (24 by default;
+null: until the job ends) after the last node on them ended, and then deleted, one set (a disks root on
+the clouds, a zone's directory locally) at a time, when both hold:
+
+* no node uses the set, and it is not the set of the zone and shape the job runs on;
+* it holds nothing newer than what exists elsewhere: some node reported a complete checkpoint
+  (``checkpoint_step`` in its progress) after the set was left that is at least as new as the highest
+  step any trainer had written by then. Until such a report arrives the set is kept, however long.
+
+Each release is recorded (``disks-released``, naming the disks); ``kit status`` and the cost report stop
+charging those disks from then on. A failed release is logged and tried again on a later tick.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kit.errors import KitError
+from kit.watch.events import DISKS_RELEASED, Event
+
+if TYPE_CHECKING:
+    from kit.backends.base import Backend
+    from kit.spec import SpecBase
+    from kit.watch.ledger import Ledger
+
+log = logging.getLogger("kit.watch")
+
+
+@dataclass(frozen=True)
+class DiskSet:
+    name: str                 # Backend.disk_set's name for it
+    zone: str
+    shapes: tuple[str, ...]
+    disk_ids: tuple[str, ...]
+    in_use: bool              # a node on it is up, or the job runs on its zone and shape
+    left_at: float            # when the last node on it ended (the ledger's clock)
+
+
+class DiskKeeper:
+    def __init__(self, backend: Backend, ledger: Ledger, spec: SpecBase, *, clock: Callable[[], float]):
+        self.backend, self.ledger, self.spec, self.clock = backend, ledger, spec, clock
+
+    def sets(self) -> list[DiskSet]:
+        """Every disk set the job's nodes used and that was not released since its last use."""
+        running = self.backend.disk_set(self.backend.spec.start_zone, self.backend.spec.own_shape.name)
+        released = self.released()
+        groups: dict[str, list] = {}
+        for node in self.ledger.all_nodes():
+            name = self.backend.disk_set(node.zone, node.shape)
+            if name is not None:
+                groups.setdefault(name, []).append(node)
+        out = []
+        for name, nodes in groups.items():
+            in_use = name == running or any(n.state == "up" for n in nodes)
+            left_at = max(n.until if n.until is not None else n.since for n in nodes)
+            if released.get(name, float("-inf")) >= left_at:
+                continue
+            out.append(DiskSet(name, nodes[0].zone or "", tuple(sorted({n.shape or "" for n in nodes})),
+                               tuple(sorted({n.disk_id for n in nodes if n.disk_id})), in_use, left_at))
+        return out
+
+    def released(self) -> dict[str, float]:
+        """When each disk set was last released (the ledger's ``disks-released`` events)."""
+        return {e["instance"]: e["time"] for e in self.ledger.events(kinds=(DISKS_RELEASED,))}
+
+    def newer_elsewhere(self, left: DiskSet) -> bool:
+        """A checkpoint complete elsewhere, reported after the set was left, at least as new as any step
+        reached by then (the set cannot hold a newer one)."""
+        wall = self.backend.wall_time(left.left_at)
+        reached = self.ledger.step_written_by(wall)
+        return reached >= 0 and self.ledger.checkpoint_written_after(wall) >= reached
+
+    def due(self, now: float) -> list[DiskSet]:
+        keep_h = self.spec.disk.keep_left_hours
+        if keep_h is None:
+            return []
+        return [s for s in self.sets() if not s.in_use and now - s.left_at >= keep_h * 3600.0]
+
+    def tick(self) -> list[DiskSet]:
+        """Release every set that is due and safe to delete; returns those released."""
+        now, done = self.clock(), []
+        for disk_set in self.due(now):
+            if not self.newer_elsewhere(disk_set):
+                log.info("keeping %s: no newer checkpoint reported elsewhere yet", disk_set.name)
+                continue
+            try:
+                self.backend.release_disks(disk_set.name)
+            except KitError as error:
+                log.warning("could not delete the disks of %s (%s); trying again later", disk_set.name, error)
+                continue
+            self.ledger.record(Event(kind=DISKS_RELEASED, instance=disk_set.name, time=now, source="watcher",
+                                     detail={"zone": disk_set.zone, "shapes": list(disk_set.shapes),
+                                             "disks": list(disk_set.disk_ids)},
+                                     dedup_key=f"{DISKS_RELEASED}:{disk_set.name}:{disk_set.left_at}"))
+            log.warning("deleted the disks of %s (left %.1f h ago): %s", disk_set.name,
+                        (now - disk_set.left_at) / 3600.0, ", ".join(disk_set.disk_ids) or "no ids recorded")
+            done.append(disk_set)
+        return done
