@@ -116,6 +116,57 @@ def search_order(offers: tuple[Offer, ...], market: str, rng: random.Random, *, 
     return out
 
 
+DEFAULT_PRIOR_RUN_H = 4.0  # a spot offer without history is assumed to run this long between losses
+
+
+def mean_runs(hours: Mapping[Offer, float], losses: Mapping[Offer, int], *, prior_run_h: float = DEFAULT_PRIOR_RUN_H,
+              weight: float = 1.0, held: Offer | None = None, age: float = 0.0) -> dict[Offer, float]:
+    """Mean length of a spot run on each offer of ``hours``: hours held over losses, with a prior run of
+    the length pooled over all offers (``prior_run_h`` before any data, weight ``weight``); the run going
+    on now (on ``held``, ``age`` hours so far) counts with its age. This is the maximum-likelihood mean of
+    an exponential from censored runs (voluntary leaves are censored)."""
+    pooled = (weight * prior_run_h + sum(hours.values()) + age) / (weight + sum(losses.values()))
+    return {offer: (weight * pooled + (held_h + (age if held == offer else 0.0))) / (weight + losses.get(offer, 0))
+            for offer, held_h in hours.items()}
+
+
+def progress_price(offer: Offer, m: float, *, changeover_h: float, moves: Moves, checkpoint_zone: str | None) -> float:
+    """$ per hour of progress on ``offer`` with mean run ``m``, moving there from ``checkpoint_zone``: a run
+    that first loses c = d + T makes E[(L - c)+] = m exp(-c/m) hours of progress for m hours paid
+    (exponential runs), so the price is multiplied by exp(c/m), and the egress is spread over the progress."""
+    lost = changeover_h + moves.transfer_h(checkpoint_zone, offer.zone)
+    if lost / m > 50:
+        return float("inf")
+    useful = m * math.exp(-lost / m)
+    return offer.price * m / useful + moves.egress(checkpoint_zone, offer.zone) / useful
+
+
+def learned_order(offers: tuple[Offer, ...], market: str, rng: random.Random, *, hours: Mapping[Offer, float],
+                  losses: Mapping[Offer, int], changeover_h: float, moves: Moves, current: Offer | None = None,
+                  preempted_zone: str | None = None) -> list[Offer]:
+    """:func:`search_order` with the spot offers ranked as ``default`` ranks them: by price per hour of
+    progress (:func:`progress_price`) over the runs the job has had on each (``hours`` held, ``losses``),
+    changeover, transfer and egress from the checkpoint's zone included; ties in shuffled zone order. The
+    zone the job runs in still comes first and the one that just preempted last. On-demand: as
+    :func:`search_order` (cheapest first)."""
+    if market != SPOT:
+        return search_order(offers, market, rng, current=current, preempted_zone=preempted_zone)
+    mine = [o for o in offers if o.market == market]
+    zones = sorted({o.zone for o in mine})
+    rng.shuffle(zones)
+    tie = {z: i for i, z in enumerate(zones)}
+    runs = mean_runs({o: hours.get(o, 0.0) for o in mine}, {o: losses.get(o, 0) for o in mine})
+    here = current.zone if current is not None else None
+    price = {o: progress_price(o, runs[o], changeover_h=changeover_h, moves=moves, checkpoint_zone=here) for o in mine}
+    stay = here if here != preempted_zone else None  # the zone it runs in, unless it just preempted
+
+    def key(o: Offer) -> tuple:
+        as_now = current is not None and o.zone == stay and o.shape == current.shape  # nothing changes
+        return (o.zone == preempted_zone, o.zone != stay, not as_now, price[o], tie[o.zone])
+
+    return sorted(mine, key=key)
+
+
 def zone_slack(obs: ZoneObservation, hours: float) -> float | None:
     if obs.deadline_h is None:
         return None
@@ -251,7 +302,7 @@ class ZoneDefault(NettedZonePolicy):
     name = "default"
     sticky_net = False
 
-    def __init__(self, offers: tuple[Offer, ...], moves: Moves, seed: int = 0, prior_run_h: float = 4.0,
+    def __init__(self, offers: tuple[Offer, ...], moves: Moves, seed: int = 0, prior_run_h: float = DEFAULT_PRIOR_RUN_H,
                  prior_weight: float = 1.0, move_margin: float = 0.3) -> None:
         super().__init__(offers, moves, seed)
         self.move_margin = move_margin
@@ -275,26 +326,14 @@ class ZoneDefault(NettedZonePolicy):
             self.held, self.launched_at = obs.running, obs.now_h - obs.tick_h  # launched in the last tick
 
     def mean_runs(self, now_h: float) -> dict[Offer, float]:
-        """Mean length of a spot run on each spot offer: hours held over losses, with a prior run of
-        the length pooled over all offers (``prior_run_h`` before any data, weight ``w``); the run going
-        on now counts with its age. This is the maximum-likelihood mean of an exponential from censored
-        runs (voluntary leaves are censored)."""
+        """Mean spot run on each spot offer (:func:`mean_runs`), the run going on now with its age."""
         age = now_h - self.launched_at if self.held is not None and self.launched_at is not None else 0.0
-        pooled = ((self.w * self.prior_run_h + sum(self.hours.values()) + age)
-                  / (self.w + sum(self.losses.values())))
-        return {offer: (self.w * pooled + (held + (age if self.held == offer else 0.0))) / (self.w + self.losses[offer])
-                for offer, held in self.hours.items()}
+        return mean_runs(self.hours, self.losses, prior_run_h=self.prior_run_h, weight=self.w, held=self.held, age=age)
 
     def rate(self, offer: Offer, obs: ZoneObservation, m: float) -> float:
-        """$ per hour of progress on ``offer`` with mean run ``m``, moving there from the checkpoint's
-        zone: a run that first loses c = d + T makes E[(L - c)+] = m exp(-c/m) hours of progress for m
-        hours paid (exponential runs), so the price is multiplied by exp(c/m), and the egress is spread
-        over the progress."""
-        lost = obs.changeover_h + self.moves.transfer_h(obs.checkpoint_zone, offer.zone)
-        if lost / m > 50:
-            return float("inf")
-        useful = m * math.exp(-lost / m)
-        return offer.price * m / useful + self.moves.egress(obs.checkpoint_zone, offer.zone) / useful
+        """$ per hour of progress on ``offer`` (:func:`progress_price`) from the checkpoint's zone."""
+        return progress_price(offer, m, changeover_h=obs.changeover_h, moves=self.moves,
+                              checkpoint_zone=obs.checkpoint_zone)
 
     def ranked(self, obs: ZoneObservation, ceiling: float) -> list[Offer]:
         """Spot offers cheaper per hour of progress than ``ceiling``, best first."""
@@ -344,4 +383,4 @@ def make_zone_policy(name: str, offers: tuple[Offer, ...], moves: Moves, seed: i
 
 
 __all__ = ["ZONE_POLICY_NAMES", "Failover", "Market", "NettedZonePolicy", "Pinned", "ZoneDefault", "ZoneObservation", "ZonePolicy",
-           "finishing_offer", "make_zone_policy", "search_order"]
+           "finishing_offer", "learned_order", "make_zone_policy", "mean_runs", "progress_price", "search_order"]

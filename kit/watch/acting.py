@@ -10,8 +10,9 @@ A decision's action is one of:
 Where: a spec with several zones or shapes has several offers on the decided market. A launch,
 switch or recover tries them in the capacity search's order (``kit.policy.zones.search_order``:
 the running zone and shape first unless that zone just preempted, the other zones shuffled, the
-preempting zone last) until one has capacity; each offer without capacity is recorded as a
-capacity error. Landing elsewhere is a move (another zone: the checkpoint comes from the bucket)
+preempting zone last; with the ``default`` policy the other spot offers are ranked instead by what
+the job's runs on them were worth, ``kit.policy.zones.learned_order``) until one has capacity; each
+offer without capacity is recorded as a capacity error. Landing elsewhere is a move (another zone: the checkpoint comes from the bucket)
 or a shape switch (the same GPUs in other instances: torchrun's nnodes x nproc-per-node change,
 the world size does not).
 
@@ -34,10 +35,12 @@ from typing import TYPE_CHECKING
 
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
-from kit.policy.zones import search_order
-from kit.watch.events import CAPACITY_ERROR, Event
+from kit.policy.offers import Moves
+from kit.policy.zones import learned_order, search_order
+from kit.watch.events import CAPACITY_ERROR, PREEMPTION, Event
 from kit.watch.ledger import Apply, Decision, Ledger
 from kit.watch.sources.base import EventSource, SourceError
+from training.contract import SPOT
 
 if TYPE_CHECKING:
     from kit.spec import SpecBase
@@ -45,6 +48,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("kit.watch")
 
 MAX_FAILED_ATTEMPTS = 5  # non-capacity failures: past this, a person has to look
+# The policy whose capacity search ranks the spot offers by the runs the job had on them (the simulator's
+# multi-zone ``default`` ranking, kit.policy.zones.learned_order); the others search in failover's order.
+LEARNING_POLICY = "default"
 
 
 @dataclass
@@ -173,8 +179,33 @@ class Actor:
         """The offers a launch on ``market`` tries, in order (module docstring)."""
         lost = [n.zone for n in self.ledger.nodes(("lost",)) if n.zone]
         current = self.current_offer() or self.spec.own_offer(market)  # a first launch: the spec's own
-        return search_order(self.spec.offers(), market, random.Random(f"{self.spec.name}:{decision.id}"),
-                            current=current, preempted_zone=lost[-1] if lost else None)
+        rng = random.Random(f"{self.spec.name}:{decision.id}")
+        preempted = lost[-1] if lost else None
+        if self.spec.policy.name != LEARNING_POLICY:
+            return search_order(self.spec.offers(), market, rng, current=current, preempted_zone=preempted)
+        hours, losses = self.spot_runs()
+        return learned_order(self.spec.offers(), market, rng, hours=hours, losses=losses, current=current,
+                             preempted_zone=preempted, changeover_h=self.spec.policy.changeover_hours, moves=Moves())
+
+    def spot_runs(self) -> tuple[dict, dict]:
+        """The job's spot runs so far, per offer: hours held (each apply's nodes, from their start until
+        the last one ended, or now) and how many of those runs a preemption ended."""
+        offers = {o.name: o for o in self.spec.offers() if o.spot}
+        runs: dict[int, list] = {}
+        for node in self.ledger.all_nodes():
+            if node.apply_id is not None and node.market == SPOT:
+                runs.setdefault(node.apply_id, []).append(node)
+        hours: dict = {}
+        losses: dict = {}
+        now = self.clock()
+        for nodes in runs.values():
+            offer = offers.get(f"{nodes[0].zone}/{nodes[0].shape}/{SPOT}")
+            if offer is None:
+                continue
+            ended = max(now if n.until is None else n.until for n in nodes)
+            hours[offer] = hours.get(offer, 0.0) + max(0.0, ended - min(n.since for n in nodes)) / 3600.0
+            losses[offer] = losses.get(offer, 0) + any(n.lost_kind == PREEMPTION for n in nodes)
+        return hours, losses
 
     def _launch(self, decision: Decision, attempt_id: int, market: str) -> list[Node]:
         """Apply the first offer of the capacity search that has capacity; its nodes carry their shape

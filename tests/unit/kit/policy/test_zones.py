@@ -40,3 +40,26 @@ def test_on_demand_cheapest_first_within_a_zone_and_only_offers_of_the_market():
     assert [(o.zone, o.shape, o.price) for o in order] == [("a", WIDE, 8.0), ("a", TALL, 9.0)]
     assert search_order(market, "on-demand", random.Random(0), current=Offer("a", TALL, "spot", 2.0))[0].shape == TALL
     assert search_order((), "spot", random.Random(0)) == []
+
+
+def test_default_ranks_the_other_zones_by_what_their_spot_runs_were_worth():
+    """After a preemption in a, the zones that held long runs come before those that preempted quickly,
+    whatever the shuffle; a zone no run has been seen in is assumed good (the prior), the preempting zone
+    is last and the running zone first otherwise; on-demand keeps the cheapest-first order."""
+    from kit.policy.offers import Moves
+    from kit.policy.zones import learned_order, search_order
+
+    market = offers(["a", "b", "c", "d"], shapes=(WIDE,))
+    spot = {o.zone: o for o in market if o.market == "spot"}
+    hours = {spot["a"]: 10.0, spot["b"]: 30.0, spot["c"]: 0.6}  # c: three runs of 12 minutes
+    losses = {spot["a"]: 1, spot["b"]: 1, spot["c"]: 3}
+    kw = {"hours": hours, "losses": losses, "changeover_h": 0.2, "moves": Moves()}
+    for seed in range(20):
+        after = learned_order(market, "spot", random.Random(seed), current=spot["a"], preempted_zone="a", **kw)
+        assert [o.zone for o in after] == ["b", "d", "c", "a"], (seed, after)
+        staying = learned_order(market, "spot", random.Random(seed), current=spot["a"], **kw)
+        assert [o.zone for o in staying] == ["a", "b", "d", "c"]
+    same = {"hours": {}, "losses": {}, "changeover_h": 0.2, "moves": Moves()}
+    zones = {tuple(o.zone for o in learned_order(market, "spot", random.Random(s), **same)) for s in range(20)}
+    assert len(zones) > 3, "no history: the shuffle decides, as failover"
+    assert learned_order(market, "on-demand", random.Random(1), **kw) == search_order(market, "on-demand", random.Random(1))

@@ -631,3 +631,42 @@ def test_only_the_other_shape_fits_a_shape_switch_keeps_the_gpus(tmp_path):
     (node,) = ledger.nodes(("up",))
     assert (node.shape, node.price) == ("1xlocal", 2.0)  # one node of 2 processes costs 2 of 1
     assert backend.spec.nodes == 1 and backend.spec.gpus_per_node == 2
+
+
+def test_with_the_default_policy_the_capacity_search_ranks_zones_by_the_jobs_runs_there(tmp_path):
+    """The job ran 12 minutes in c, 20 hours in b and 5 in a, each run ended by a preemption; a
+    preempted now: with ``default`` the recovery tries b, then c, then a, whatever the shuffle;
+    with another policy the zones other than a keep failover's shuffled order."""
+    from types import SimpleNamespace
+
+    from kit.spec import parse_spec
+
+    def spec_with(policy: str):
+        return parse_spec({"name": "demo", "cloud": "local", "zones": ["a", "b", "c"], "market": "spot", "nodes": 2,
+                           "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0}, "policy": {"name": policy}})
+
+    ledger, t0, hour = Ledger(tmp_path / "ledger.sqlite"), 1_000_000.0, 3600.0
+
+    def run(zone: str, start_h: float, end_h: float, first: int) -> None:
+        nodes = [{"instance_id": f"i-{first + r}", "name": f"node-{r}", "rank": r, "market": "spot", "zone": zone,
+                  "disk_id": f"{zone}-{r}", "shape": "2xlocal"} for r in range(2)]
+        decision = ledger.begin_decision(policy="default", decision="spot", action="recover", market_before="spot",
+                                         market_after="spot", reason="test", now=t0 + start_h * hour)
+        ledger.mark_applied(ledger.start_apply(decision, "spot", t0 + start_h * hour), nodes, market="spot",
+                            now=t0 + start_h * hour)
+        for n in nodes:
+            ledger.mark_lost(n["instance_id"], t0 + end_h * hour, "preemption")
+
+    run("c", 0.0, 0.2, 0)
+    run("b", 0.3, 20.3, 10)
+    run("a", 20.4, 25.4, 20)
+    clock = Clock(t0 + 25.5 * hour)
+    learning = Actor(RecordingBackend(), ledger, spec_with("default"), clock=clock)
+    hours, losses = learning.spot_runs()
+    assert {o.zone: (round(h, 3), losses[o]) for o, h in hours.items()} == {"a": (5.0, 1), "b": (20.0, 1), "c": (0.2, 1)}
+    for k in range(10):
+        order = learning.search(SimpleNamespace(id=k), "spot")
+        assert [o.zone for o in order] == ["b", "c", "a"], order
+    other = Actor(RecordingBackend(), ledger, spec_with("threshold"), clock=clock)
+    orders = {tuple(o.zone for o in other.search(SimpleNamespace(id=k), "spot")) for k in range(20)}
+    assert orders == {("b", "c", "a"), ("c", "b", "a")}, "failover: shuffled, the preempting zone last"
