@@ -202,6 +202,7 @@ class TrainRun:
             "nodes_lost": status["nodes_lost"], "capacity_errors": status["capacity_errors"],
             # where it ran: zone/shape/market per apply, moves between zones and shape switches
             "offers": status["offers"], "moves": status["moves"], "shape_switches": status["shape_switches"],
+            "probes": status["probes"], "probes_without_capacity": status["probes_without_capacity"],
             "egress_cost": egress_cost(status["egress_per_checkpoint_gb"], export),
             # the data disks: every one the job used (those of zones and shapes it left sit idle until the end)
             "disk_cost": status["disk_cost"], "idle_disk_hours": status["idle_disk_hours"],

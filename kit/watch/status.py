@@ -192,15 +192,18 @@ def disk_report(ledger: Ledger, spec: SpecBase, now: float) -> dict[str, Any]:
 
 
 def placement_changes(ledger: Ledger) -> dict[str, Any]:
-    """Where the job ran, apply by apply (zone/shape/market, kit.policy.offers.Offer.name), and how
-    often it moved to another zone or changed shape on the way."""
+    """Where the job ran, apply by apply (zone/shape/market, kit.policy.offers.Offer.name), how often it
+    moved to another zone or changed shape on the way, and its probes: the real loop's launch attempts
+    on an offer (the capacity search's tries), the failed ones free, as the simulator bills them."""
     from kit.policy.offers import Moves, offer_parts, region_of
 
     offers = ledger.applied_offers()
+    failed = [e for e in ledger.events(kinds=(CAPACITY_ERROR,)) if e["detail"].get("offer")]
     parts = [offer_parts(name) for name in offers]
     pairs = list(itertools.pairwise(parts))
     moves = [(a[0], b[0]) for a, b in pairs if a[0] != b[0]]
     return {"offers": offers, "moves": len(moves), "shape_switches": sum(1 for a, b in pairs if a[1] != b[1]),
+            "probes": len(offers) + len(failed), "probes_without_capacity": len(failed),
             # $ per GB of checkpoint the moves cost in egress (list prices, kit.policy.offers): x its size
             "egress_per_checkpoint_gb": round(sum(Moves().rate(region_of(a), region_of(b)) for a, b in moves), 4)}
 
@@ -247,7 +250,8 @@ def render_status(report: dict[str, Any], console) -> None:
         console.print("progress: no heartbeat yet")
     console.print(f"preemptions: {report['preemptions']}  nodes lost: {report['nodes_lost']}  "
                   f"capacity errors: {report['capacity_errors']}  market switches: {report['market_switches']}  "
-                  f"moves: {report['moves']}  shape switches: {report['shape_switches']}")
+                  f"moves: {report['moves']}  shape switches: {report['shape_switches']}  "
+                  f"probes: {report['probes']} ({report['probes_without_capacity']} without capacity)")
     if report["offers"]:
         console.print(f"ran on: {' -> '.join(report['offers'])}")
     console.print(f"cost so far: {money(report['cost'])} (spot {report['spot_hours']:.2f} node-h, on-demand "

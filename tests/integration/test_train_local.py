@@ -83,6 +83,9 @@ def test_default_run_matches_undisturbed_run(tmp_path):
     # the job moves and reshapes at once, restoring from the bucket (a directory), with the same digest
     assert report["moves"] >= 1 and report["shape_switches"] >= 1, report
     assert report["offers"][:2] == ["us-central1-c/2xlocal/spot", "europe-west3-c/1xlocal/spot"], report
+    # each offer the capacity search tried is a probe: europe's 2 x 1 found no room (free), its 1 x 2 ran
+    assert report["probes_without_capacity"] == report["capacity_errors"] >= 1, report
+    assert report["probes"] == len(report["offers"]) + report["probes_without_capacity"], report
     # the move crossed from North America to Europe: $0.05 per GB of the checkpoint (list prices)
     state = tmp_path / "a" / "deploy" / "local-example" / "export" / "step-00000400" / "checkpoint" / "state.pt"
     assert report["egress_cost"] == pytest.approx(0.05 * state.stat().st_size / 1e9, abs=1e-4), report

@@ -585,7 +585,8 @@ def test_a_preempted_zone_is_left_for_the_next_zone_with_capacity_in_the_search_
     up = ledger.nodes(("up",))
     assert {(n.zone, n.shape, n.price) for n in up} == {("b", "2xlocal", 1.0)} and len(up) == 2
     assert placement_changes(ledger) == {"offers": ["a/2xlocal/spot", "b/2xlocal/spot"], "moves": 1,
-                                         "shape_switches": 0, "egress_per_checkpoint_gb": 0.08}  # other regions
+                                         "shape_switches": 0, "egress_per_checkpoint_gb": 0.08,  # other regions
+                                         "probes": 2 + len(failed), "probes_without_capacity": len(failed)}
     # every disk the job used, per zone: zone a's sit idle since the move; local disks cost nothing
     clock.t += 3600
     disks = status_report(ledger, spec, now=clock.t)
