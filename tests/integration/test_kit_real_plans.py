@@ -149,8 +149,12 @@ def test_market_switch_replaces_the_instances_and_touches_no_disk(gcp, gce):
 
 
 def test_aws_first_deployment_and_market_switch_both_ways(aws):
-    first = changes(kit("plan", str(aws)))
+    out = kit("plan", str(aws))
+    first = changes(out)
     assert len(first) == 20 and all(c.startswith("+ ") for c in first)
+    # the instances are shown before the disks they attach exist; apply plans them again, then applies
+    assert "cluster: planned before the disks it attaches exist (their ids show as pending)" in out, out
+    assert "Plan: 20 to add, 0 to change, 0 to destroy." in out, out
     out = kit("apply", str(aws))
     assert out.count("(spot)") == 4, out  # the market each instance really runs on (instance_lifecycle)
     for market in ("on-demand", "spot"):
@@ -223,6 +227,11 @@ def test_the_markdown_summary_of_a_real_plan_lists_every_address_and_replacement
     kit("plan", str(aws))
     kit("apply", str(aws))
     set_spec(aws, market="on-demand")
+    text = kit("plan", str(aws))
+    for i in range(4):
+        assert f"-/+ cluster  module.instances.aws_instance.node[{i}]  (forced by lifecycle.replace_triggered_by)" in text
+        assert f"-/+ cluster  module.instances.aws_volume_attachment.data[{i}]  (forced by instance_id)" in text
+    assert "4 instance(s) replaced" in text and "Plan: 8 to add, 1 to change, 8 to destroy." in text, text
     md = kit("plan", str(aws), "--format", "markdown")
     for i in range(4):
         assert (f"| replace | cluster | `module.instances.aws_instance.node[{i}]` | "

@@ -1,4 +1,7 @@
-"""kit.terraform: offline provider failure (fast, one paragraph), KIT_TERRAFORM_BIN, plan summary, disk guard."""
+"""kit.terraform on hand-made plans: offline provider failure (fast, one paragraph), KIT_TERRAFORM_BIN, and
+the guards real plans cannot reach (a preview that changed before apply, a lost saved plan, a disk loss
+past prevent_destroy). The summaries and `kit plan` / `apply` / `destroy` themselves run on real plans:
+tests/integration/test_kit_real_plans.py."""
 
 from __future__ import annotations
 
@@ -105,64 +108,9 @@ def test_provider_download_failure_is_one_clear_paragraph(deploy, tmp_path, monk
     assert result.exit_code == 1 and "TF_CLI_CONFIG_FILE" in result.output and "Traceback" not in result.output
 
 
-def test_plan_summary_text_and_markdown(deploy, fake_tf, monkeypatch):
-    """Every resource with its action; a replacement says what forces it; Terraform's totals."""
-    monkeypatch.setenv("FAKE_STATE_disks", "module.disks.aws_ebs_volume.this[0]")
-    replaced = _change("aws_instance", ["delete", "create"], "node[0]")
-    replaced["action_reason"] = "replace_by_triggers"
-    attachment = _change("aws_volume_attachment", ["delete", "create"])
-    attachment["change"]["replace_paths"] = [["instance_id"]]
-    monkeypatch.setenv("FAKE_PLANS", json.dumps({
-        "disks": {"resource_changes": [_change("aws_ebs_volume", ["no-op"])]},
-        "cluster": {"resource_changes": [_change("aws_instance", ["create"], "node[1]"), replaced,
-                                         _change("aws_security_group", ["update"]), attachment,
-                                         {**_change("aws_ami", ["read"]), "mode": "data"}]}}))
-    summary = terraform.plan(deploy)
-    assert summary.totals == {"add": 3, "change": 1, "destroy": 2}
-    assert [c.address for c in summary.changes] == ["module.x.aws_instance.node[0]", "module.x.aws_instance.node[1]",
-                                                    "module.x.aws_security_group.this",
-                                                    "module.x.aws_volume_attachment.this"]
-    text = summary.text()
-    assert "-/+ cluster  module.x.aws_instance.node[0]  (forced by lifecycle.replace_triggered_by)" in text
-    assert "-/+ cluster  module.x.aws_volume_attachment.this  (forced by instance_id)" in text
-    assert "  + cluster  module.x.aws_instance.node[1]" in text and "Plan: 3 to add, 1 to change, 2 to destroy." in text
-    assert "1 instance(s) replaced" in text
-    md = summary.markdown()
-    assert md.startswith("| action | root | resource | why |")
-    assert "| replace | cluster | `module.x.aws_volume_attachment.this` | forced by instance_id |" in md
-    calls = fake_tf()
-    assert [c[:2] for c in calls if c[1] in ("init", "plan")] == [["disks", "init"], ["disks", "plan"],
-                                                                  ["cluster", "init"], ["cluster", "plan"]]
-    assert (deploy / "cluster" / "tfplan").is_file() and (deploy / "disks" / "tfplan").is_file()
-    terraform.apply(deploy)
-    applied = [c for c in fake_tf() if c[1] == "apply"]
-    assert [c[0] for c in applied] == ["disks", "cluster"] and all(c[-1] == "tfplan" for c in applied)
-    assert not (deploy / "cluster" / "tfplan").exists()  # a saved plan applies once
-    assert terraform.output(deploy) == {"nodes": [{"name": "n0", "market": "spot"}], "zone": "z"}
-
-
 FIRST = {"disks": {"resource_changes": [_change("aws_ebs_volume", ["create"], "this[0]")]},
          "cluster": {"resource_changes": [_change("aws_instance", ["create"], "node[0]"),
                                           _change("aws_volume_attachment", ["create"], "data[0]")]}}
-
-
-def test_first_deployment_shows_the_cluster_plan_and_applies_only_that(deploy, fake_tf, monkeypatch):
-    """Reviewers see what apply will create on a first deployment too: the cluster is planned with
-    its disk ids pending (a preview, never applied); apply plans it again once the disks exist and
-    applies that plan because it makes exactly the changes shown."""
-    monkeypatch.setenv("FAKE_PLANS", json.dumps(FIRST))
-    summary = terraform.plan(deploy)
-    assert summary.previews == ["cluster"] and "ids show as pending" in summary.text()
-    assert {c.address for c in summary.changes} == {"module.x.aws_ebs_volume.this[0]", "module.x.aws_instance.node[0]",
-                                                    "module.x.aws_volume_attachment.data[0]"}
-    cluster_plan = [c for c in fake_tf() if c[:2] == ["cluster", "plan"]]
-    assert "-var=read_disks_state=false" in cluster_plan[0]  # no disks state yet: the ids are placeholders
-    assert not (deploy / "cluster" / "tfplan").exists() and (deploy / "cluster" / "tfplan.shown.json").is_file()
-    terraform.apply(deploy, parallelism=16)
-    cluster = [c for c in fake_tf() if c[0] == "cluster" and c[1] in ("plan", "apply")]
-    assert [c[1] for c in cluster] == ["plan", "plan", "apply"]
-    assert "-var=read_disks_state=false" not in cluster[1] and "-parallelism=16" in cluster[2]
-    assert not (deploy / "cluster" / "tfplan.shown.json").exists()
 
 
 def test_a_cluster_plan_that_differs_from_the_shown_preview_is_not_applied(deploy, fake_tf, monkeypatch):
@@ -224,7 +172,9 @@ def test_embedded_terraform_runs(tmp_path, monkeypatch):
     assert rc == 0 and "Terraform v1." in out
 
 
-def test_cli_plan_markdown_apply_destroy(tmp_path, fake_tf, monkeypatch):
+def test_cli_plan_checks_the_ssh_key_before_rendering(tmp_path, monkeypatch):
+    """The plan, its Markdown form, apply and destroy run on real plans (tests/integration/test_kit_real_plans.py);
+    what comes before any Terraform is checked here."""
     monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "d"))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the examples' key: ~/.ssh/id_ed25519.pub
     spec = str(EXAMPLES_DIR / "aws-g5-spot.yaml")
@@ -235,17 +185,5 @@ def test_cli_plan_markdown_apply_destroy(tmp_path, fake_tf, monkeypatch):
     (tmp_path / "home" / ".ssh" / "id_ed25519.pub").write_text("not a key\n")
     assert "not an OpenSSH public key" in CliRunner().invoke(app, ["plan", spec]).output
     _ssh_home(tmp_path, monkeypatch)
-    monkeypatch.setenv("FAKE_STATE_disks", "x")
-    monkeypatch.setenv("FAKE_PLANS", json.dumps({"cluster": {"resource_changes": [_change("aws_instance", ["create"])]}}))
-    spec = str(EXAMPLES_DIR / "aws-g5-spot.yaml")
-    result = CliRunner().invoke(app, ["plan", spec, "--format", "markdown", "--market", "on-demand"])
-    assert result.exit_code == 0, result.output
-    assert "| create | cluster | `module.x.aws_instance.this` |  |" in result.output
-    # the cost per hour now (the deployed nodes as the outputs report them: 1 spot) and after (4 on-demand)
-    assert "now $0.65/h (1 spot), after $6.50/h (4 on-demand)" in result.output
-    assert 'market              = "on-demand"' in (tmp_path / "d" / "g5-spot" / "cluster" / "terraform.tfvars").read_text()
     assert CliRunner().invoke(app, ["plan", spec, "--format", "html"]).exit_code == 2
-    result = CliRunner().invoke(app, ["apply", spec])
-    assert result.exit_code == 0 and "n0" in result.output, result.output
-    result = CliRunner().invoke(app, ["destroy", spec])
-    assert result.exit_code == 0 and "disks kept" in result.output, result.output
+    assert not (tmp_path / "d").exists()
