@@ -566,6 +566,13 @@ class CloudSpec(SpecBase):
     def start_type(self) -> str:
         return self.instance_type
 
+    @property
+    def region_list(self) -> list[str]:
+        """The regions of the candidate zones, the spec's own first."""
+        from kit.policy.offers import region_of
+
+        return list(dict.fromkeys([self.region, *(region_of(z) for z in self.zone_list)]))
+
     def _offer_update(self, offer) -> dict:
         from kit.policy.offers import region_of
 

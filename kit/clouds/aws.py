@@ -132,7 +132,7 @@ class Aws(Cloud[AwsSpec]):
     def event_source(self, spec: AwsSpec, deploy_dir: Path):
         from kit.watch.sources.aws import AwsSource
 
-        return AwsSource(cluster=spec.name, region=spec.region)
+        return AwsSource(cluster=spec.name, regions=spec.region_list)
 
     def backend(self, spec: AwsSpec, deploy_dir: Path, *, watcher_url=None, watcher_token=None):
         from kit.backends.cloud import TerraformBackend

@@ -158,7 +158,7 @@ class Gcp(Cloud[GcpSpec]):
     def event_source(self, spec: GcpSpec, deploy_dir: Path):
         from kit.watch.sources.gcp import GcpSource
 
-        return GcpSource(cluster=spec.name, project=spec.project, zone=spec.zone)
+        return GcpSource(cluster=spec.name, project=spec.project, zones=spec.zone_list)
 
     def backend(self, spec: GcpSpec, deploy_dir: Path, *, watcher_url=None, watcher_token=None):
         from kit.backends.cloud import TerraformBackend

@@ -194,22 +194,44 @@ def _disk_count(tmp_path: Path, root: str) -> int:
 
 def test_a_move_and_a_shape_switch_get_disks_of_their_own_and_touch_no_other(tmp_path, monkeypatch, caplog):
     """The GCP example as it is (two zones; 8 x a3-highgpu-1g spot, 1 x a3-highgpu-8g on-demand), applied
-    through the backend the watcher acts with: a move to the other zone replaces every instance and
-    creates that zone's disks; a shape switch there creates the 8g's one disk; no plan deletes a disk
-    (the guard would refuse it), every set keeps its disks, and only the end deletes them all."""
-    from kit import terraform
+    through the backend the watcher acts with into the Compute API fake: a move to the other zone replaces
+    every instance and creates that zone's disks, and the watcher's source (every zone of the spec) sees
+    the nodes running there; a shape switch there creates the 8g's one disk; no plan deletes a disk (the
+    guard would refuse it), every set keeps its disks, and only the end deletes them all."""
+    from google.auth.credentials import AnonymousCredentials
+
     from kit.backends.cloud import TerraformBackend
     from kit.render import deployment_dir
     from kit.spec import load_spec
+    from kit.watch.sources.gcp import GcpSource
+    from tests.support.gcp_compute import FakeCompute
+    from tests.support.tf_emulator.gcp_compute import ENDPOINT_ENV
 
     spec = load_spec(example("gcp-a3-spot.yaml", tmp_path, monkeypatch, moving=True))
     offers = {o.name: o for o in spec.offers()}
     backend = TerraformBackend(spec, deployment_dir(spec))
+    with FakeCompute(project=spec.project) as gce:
+        monkeypatch.setenv(ENDPOINT_ENV, gce.endpoint)
+        source = GcpSource(spec.name, spec.project, spec.zone_list, credentials=AnonymousCredentials(),
+                           api_endpoint=gce.endpoint)
+        _move_and_reshape(tmp_path, spec, offers, backend, gce, source, caplog)
+
+
+def _move_and_reshape(tmp_path, spec, offers, backend, gce, source, caplog) -> None:
+    from kit import terraform
+    from kit.render import deployment_dir
+    from kit.watch.sources.base import loss_events
+
     first = backend.apply(spec, "spot")
     assert len(first) == 8 and {(n.zone, n.market) for n in first} == {("us-central1-a", "spot")}
     moved = backend.apply(spec.with_offer(offers["us-central1-c/8xa3-highgpu-1g/spot"]), "spot")
     assert {n.zone for n in moved} == {"us-central1-c"} and not {n.instance_id for n in moved} & {
         n.instance_id for n in first}
+    assert {i["zone"].rsplit("/", 1)[-1] for i in gce.instances} == {"us-central1-c"}
+    assert sorted(d["zone"].rsplit("/", 1)[-1] for d in gce.disks) == ["us-central1-a"] * 8 + ["us-central1-c"] * 8
+    poll = source.poll()
+    assert sorted((s.market, s.state) for s in poll.instances) == [("spot", "running")] * 8
+    assert loss_events(poll, {n.instance_id: n.rank for n in moved}, "gcp", 0.0) == []
     assert ("moving from us-central1-a to us-central1-c: 8 nodes replaced, 8 disks created, checkpoint restored "
             "from bucket") in caplog.text
     reshaped = backend.apply(spec.with_offer(offers["us-central1-c/1xa3-highgpu-8g/on-demand"]), "on-demand")
@@ -221,6 +243,7 @@ def test_a_move_and_a_shape_switch_get_disks_of_their_own_and_touch_no_other(tmp
     backend.destroy(keep_disks=False)  # the job is done: every set goes
     assert [_disk_count(tmp_path, r) for r in roots] == [0, 0, 0]
     assert not json.loads(terraform_state(tmp_path, "cluster")).get("resources")
+    assert not gce.instances and not gce.disks  # in the Compute API too
 
 
 def test_the_markdown_summary_of_a_real_plan_lists_every_address_and_replacement(aws):

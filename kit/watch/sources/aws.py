@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 import time
 from calendar import timegm
+from collections.abc import Sequence
+from typing import Any
 
 from kit.clouds.aws import Aws
 from kit.errors import KitError
@@ -59,34 +61,40 @@ def transition_time(reason: str | None) -> float | None:
 class AwsSource(EventSource):
     name = "aws"
 
-    def __init__(self, cluster: str, region: str, *, endpoint_url: str | None = None, session=None):
+    def __init__(self, cluster: str, regions: str | Sequence[str], *, endpoint_url: str | None = None, session=None):
         self.cluster = cluster
-        self.region = region
+        # every region the job may run in: after a move to another region its instances are there, and a
+        # source that read only the first would report each of them as not listed, i.e. lost
+        self.regions = (regions,) if isinstance(regions, str) else tuple(dict.fromkeys(regions))
         self.endpoint_url = endpoint_url
         self._session = session
-        self._client = None
+        self._clients: dict[str, Any] = {}
 
-    def client(self):
-        if self._client is None:
+    def client(self, region: str):
+        if region not in self._clients:
             import boto3
 
             session = self._session or boto3.session.Session()
-            self._client = session.client("ec2", region_name=self.region, endpoint_url=self.endpoint_url)
-        return self._client
+            self._clients[region] = session.client("ec2", region_name=region, endpoint_url=self.endpoint_url)
+        return self._clients[region]
 
     def poll(self) -> Poll:
         from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
+        where = f"aws {','.join(self.regions)}"
         try:
-            instances = self._describe_instances()
-            spot_status = self._spot_requests({i["InstanceId"] for i in instances})
+            instances, spot_status = [], {}
+            for region in self.regions:
+                listed = self._describe_instances(region)
+                instances += listed
+                spot_status.update(self._spot_requests(region, {i["InstanceId"] for i in listed}))
         except NoCredentialsError as error:
-            raise KitError("no AWS credentials for the watcher", where=f"aws {self.region}",
+            raise KitError("no AWS credentials for the watcher", where=where,
                            fix="configure credentials (AWS_PROFILE or ~/.aws/credentials)") from error
         except ClientError as error:
             code = error.response.get("Error", {}).get("Code", "")
             if code in FATAL_ERROR_CODES:
-                raise KitError(f"AWS refused the watcher's request ({code})", where=f"aws {self.region}",
+                raise KitError(f"AWS refused the watcher's request ({code})", where=where,
                                fix="give the credentials ec2:DescribeInstances and "
                                    "ec2:DescribeSpotInstanceRequests") from error
             raise SourceError(f"EC2 API error {code}: {error}") from error
@@ -94,12 +102,12 @@ class AwsSource(EventSource):
             raise SourceError(f"EC2 API unreachable: {error}") from error
         return self._to_poll(instances, spot_status)
 
-    def _describe_instances(self) -> list[dict]:
-        paginator = self.client().get_paginator("describe_instances")
+    def _describe_instances(self, region: str) -> list[dict]:
+        paginator = self.client(region).get_paginator("describe_instances")
         pages = paginator.paginate(Filters=[{"Name": f"tag:{CLUSTER_TAG}", "Values": [self.cluster]}])
         return [inst for page in pages for res in page.get("Reservations", []) for inst in res.get("Instances", [])]
 
-    def _spot_requests(self, instance_ids: set[str]) -> dict[str, dict]:
+    def _spot_requests(self, region: str, instance_ids: set[str]) -> dict[str, dict]:
         """The spot requests that concern the cluster, keyed by instance id (or by request id for
         an open request with no instance yet).
 
@@ -108,7 +116,7 @@ class AwsSource(EventSource):
         filter is not implemented everywhere, e.g. moto). A request still waiting for capacity has
         no instance: it is ours only when it is tagged ``kit:cluster`` with this cluster. Closed
         requests age out after a few hours, so the list stays short."""
-        pages = self.client().get_paginator("describe_spot_instance_requests").paginate()
+        pages = self.client(region).get_paginator("describe_spot_instance_requests").paginate()
         out = {}
         for page in pages:
             for req in page.get("SpotInstanceRequests", []):

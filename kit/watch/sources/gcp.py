@@ -17,11 +17,16 @@ come back in one case: a spot VM with termination action STOP is restarted by th
 Preempted operations are reported for every target in the zone, listed or not: an instance
 deleted after its preemption (termination action DELETE) is no longer listed, and only the
 watcher knows (from its ledger) which instance ids were the cluster's.
+
+Both lists are zonal, so the source reads every zone the job may run in (the spec's ``zones``): after
+a move the nodes are in another zone, and a source that listed only the first one would report every
+one of them as "not listed by the cloud", i.e. lost, on every poll.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -61,10 +66,12 @@ def rfc3339(value: str | None) -> float | None:
 class GcpSource(EventSource):
     name = "gcp"
 
-    def __init__(self, cluster: str, project: str, zone: str, *, credentials=None, api_endpoint: str | None = None):
+    def __init__(self, cluster: str, project: str, zones: str | Sequence[str], *, credentials=None,
+                 api_endpoint: str | None = None):
         self.cluster = cluster
         self.project = project
-        self.zone = zone
+        self.zones = (zones,) if isinstance(zones, str) else tuple(dict.fromkeys(zones))
+        self.where = f"gcp {project}/{','.join(self.zones)}"
         self._credentials = credentials
         self._api_endpoint = api_endpoint
         self._clients: tuple[Any, Any] | None = None  # (InstancesClient, ZoneOperationsClient), made on first use
@@ -85,12 +92,12 @@ class GcpSource(EventSource):
         try:
             instances, operations = self._list()
         except DefaultCredentialsError as error:
-            raise KitError("no Google credentials for the watcher", where=f"gcp {self.project}/{self.zone}",
+            raise KitError("no Google credentials for the watcher", where=self.where,
                            fix="run `gcloud auth application-default login` or set "
                                "GOOGLE_APPLICATION_CREDENTIALS") from error
         except (gexc.Forbidden, gexc.Unauthorized) as error:
             raise KitError(f"Compute Engine refused the watcher's request: {error.message}",
-                           where=f"gcp {self.project}/{self.zone}",
+                           where=self.where,
                            fix="grant compute.instances.list and compute.zoneOperations.list") from error
         except gexc.GoogleAPIError as error:
             raise SourceError(f"Compute Engine API error: {error}") from error
@@ -100,10 +107,12 @@ class GcpSource(EventSource):
         from google.cloud import compute_v1
 
         instances_client, operations_client = self.clients()
-        instances = list(instances_client.list(request=compute_v1.ListInstancesRequest(
-            project=self.project, zone=self.zone, filter=f'labels.{CLUSTER_LABEL}="{self.cluster}"')))
-        operations = list(operations_client.list(request=compute_v1.ListZoneOperationsRequest(
-            project=self.project, zone=self.zone, filter=f'operationType="{PREEMPTED_OPERATION}"')))
+        instances, operations = [], []
+        for zone in self.zones:
+            instances += instances_client.list(request=compute_v1.ListInstancesRequest(
+                project=self.project, zone=zone, filter=f'labels.{CLUSTER_LABEL}="{self.cluster}"'))
+            operations += operations_client.list(request=compute_v1.ListZoneOperationsRequest(
+                project=self.project, zone=zone, filter=f'operationType="{PREEMPTED_OPERATION}"'))
         return instances, operations
 
     def _to_poll(self, instances, operations) -> Poll:

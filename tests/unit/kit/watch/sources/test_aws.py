@@ -233,3 +233,25 @@ def test_two_minute_notice_is_recorded_but_only_the_reclaim_is_a_loss(ec2, moto_
 def test_transition_time_parses_ec2_reason_text():
     assert transition_time("User initiated (2025-10-04 12:00:00 GMT)") == 1759579200.0
     assert transition_time("") is None and transition_time("Service initiated") is None
+
+
+def test_a_job_that_moved_to_another_region_is_listed_there_and_not_taken_for_lost(moto_url):
+    """The spec's zones span two regions: the source reads both, so the nodes of a job that moved to
+    us-west-2 are running there, not "not listed by the cloud" (which the watcher would count as lost)."""
+    from kit.clouds import get
+    from kit.watch.sources.base import loss_events
+
+    west = boto3.client("ec2", region_name="us-west-2", endpoint_url=moto_url)
+    moved = launch(west, "demo-f", 2)
+    spec = cloud_spec("aws", name="demo-f", zones=["us-east-1a", "us-west-2a"], checkpoint_bucket="s3://demo-ckpt")
+    source = get("aws").event_source(spec, None)
+    assert source.regions == ("us-east-1", "us-west-2")
+    source.endpoint_url = moto_url
+    seen = {s.instance: s.state for s in source.poll().instances}
+    assert seen == {i: RUNNING for i in moved}
+    current = dict.fromkeys(moved, 0)
+    assert loss_events(source.poll(), current, "aws", 0.0) == []
+    # what reading the first region alone did: every moved node "not listed", i.e. lost
+    first_only = AwsSource("demo-f", "us-east-1", endpoint_url=moto_url).poll()
+    assert {e.instance for e in loss_events(first_only, current, "aws", 0.0)} == set(moved)
+    west.terminate_instances(InstanceIds=moved)

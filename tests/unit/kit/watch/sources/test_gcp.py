@@ -220,3 +220,31 @@ def test_permission_denied_is_a_user_error_and_server_error_is_transient(fake):
     fake.fail_with = 500
     with pytest.raises(SourceError):
         source(fake).poll()
+
+
+def test_a_job_that_moved_to_another_zone_is_listed_there_and_not_taken_for_lost(fake):
+    """Instances and preemption operations are zonal: the source reads every zone of the spec, so the
+    nodes of a job that moved to us-central1-c are running there (and their preemption is seen there),
+    not "not listed by the cloud", which the watcher would count as lost on every poll."""
+    from kit.clouds import get
+    from kit.watch.sources.base import loss_events
+
+    other = BASE.replace(ZONE, "us-central1-c")
+    moved = [{**instance("301", "demo-0", "demo"), "zone": other},
+             {**instance("302", "demo-1", "demo", status="TERMINATED"), "zone": other}]
+    fake.instances = moved
+    fake.operations = [{**preempted_operation("7301", "302", "demo-1"), "zone": other}]
+    spec = cloud_spec("gcp", zones=[ZONE, "us-central1-c"], checkpoint_bucket="gs://demo-ckpt")
+    built = get("gcp").event_source(spec, None)
+    assert built.zones == (ZONE, "us-central1-c")
+    poll = GcpSource("demo", PROJECT, built.zones, credentials=AnonymousCredentials(),
+                     api_endpoint=fake.endpoint).poll()
+    assert {s.instance: s.state for s in poll.instances} == {"301": RUNNING, "302": STOPPED}
+    assert [(e.instance, e.kind) for e in poll.events] == [("302", PREEMPTION)]
+    current = {"301": 0, "302": 1}
+    # the one preempted in the new zone is a preemption; the other runs
+    assert [(e.instance, e.kind) for e in loss_events(poll, current, "gcp", 0.0)] == [("302", PREEMPTION)]
+    # what reading the first zone alone did: every moved node "not listed", i.e. lost
+    first_only = source(fake).poll()
+    assert {(e.instance, e.kind) for e in loss_events(first_only, current, "gcp", 0.0)} == {
+        ("301", INSTANCE_LOST), ("302", INSTANCE_LOST)}
