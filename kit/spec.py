@@ -579,8 +579,14 @@ class CloudSpec(SpecBase):
         itype = self.cloud_facts.instance(offer.shape.instance_type)
         # one node has nothing to be placed near; a type without placement support gets none
         placement = self.placement if offer.shape.nodes > 1 and (itype is None or itype.placement) else "none"
-        return {"zone": offer.zone, "region": region_of(offer.zone), "instance_type": offer.shape.instance_type,
-                "placement": placement}
+        update = {"zone": offer.zone, "region": region_of(offer.zone), "instance_type": offer.shape.instance_type,
+                  "placement": placement}
+        if self.state.type == "s3" and self.state.region is None:
+            # The state stays in its bucket, whose region is the spec's (an S3 backend defaults to it); a
+            # move to another region must not point the backend elsewhere (S3 answers PermanentRedirect,
+            # and `terraform init` sees a changed backend).
+            update["backend"] = self.state.model_copy(update={"region": self.region})
+        return update
 
     @property
     def state(self) -> BackendSection:

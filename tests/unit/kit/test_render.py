@@ -292,3 +292,22 @@ def test_a_checkpoint_bucket_gives_the_nodes_access_to_the_jobs_prefix():
     assert "checkpoint_bucket = null" in " ".join(render_texts(parse_spec(aws))["cluster/terraform.tfvars"].split())
     gcp = " ".join(render_texts(load_spec(EXAMPLES_DIR / "gcp-a3-spot.yaml"))["cluster/terraform.tfvars"].split())
     assert 'checkpoint_bucket = "my-ckpt-bucket"' in gcp
+
+
+def test_a_move_to_another_region_keeps_the_state_where_its_bucket_is(example_home):
+    """The S3 state backend's region defaults to the spec's; after a move to another region every root
+    (the new zone's disks, the cluster) still reads and writes its state in the bucket's region, while
+    the provider works in the new one."""
+    data = {"name": "far", "cloud": "aws", "region": "us-east-1", "zones": ["us-east-1a", "us-west-2a"],
+            "instance_type": "g5.4xlarge", "nodes": 2, "ssh": {"allowed_cidrs": ["203.0.113.0/24"]},
+            "backend": {"type": "s3", "bucket": "kit-state"}, "checkpoint_bucket": "s3://kit-ckpt"}
+    spec = parse_spec(data)
+    west = next(o for o in spec.offers() if o.zone == "us-west-2a" and o.market == "spot")
+    moved = spec.with_offer(west)
+    assert (moved.region, moved.zone) == ("us-west-2", "us-west-2a")
+    texts = render_texts(moved, "spot")
+    state = {path: text for path, text in texts.items() if 'backend "s3"' in text or "terraform_remote_state" in text}
+    assert len(state) >= 2, sorted(texts)  # the disks root's backend and the cluster root's (and its remote state)
+    assert all('"us-east-1"' in text and '"us-west-2"' not in text for text in state.values()), state
+    assert 'region = "us-west-2"' in texts["cluster/terraform.tfvars"].splitlines()  # the provider's
+    assert len([p for p in state if p.endswith("versions.tf")]) == 2  # the new zone's disks root and the cluster
