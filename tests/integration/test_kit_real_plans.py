@@ -406,3 +406,65 @@ def test_aws_a_move_and_a_shape_switch_in_moto(aws, moto_ec2):
     backend.destroy(keep_disks=False)
     assert not _nodes(ec2)
     assert not ec2.describe_volumes(Filters=[{"Name": "tag:kit:role", "Values": ["data-disk"]}])["Volumes"]
+
+
+def test_the_watcher_leaves_a_stocked_out_zone_and_recovers_a_preemption_on_real_plans(tmp_path, monkeypatch):
+    """The GCP example as it is, watched: its first zone has no capacity (instances.insert ends with
+    ZONE_RESOURCE_POOL_EXHAUSTED, Terraform's apply fails with the provider's message), so the capacity
+    search records that offer and launches in us-central1-c; the source, reading both zones, sees the
+    8 VMs there and no loss; one is preempted (stopped, GCP's way): the recovery tries the preempting zone
+    last (us-central1-a, still out, first) and lands in us-central1-c again with a whole new gang."""
+    import random
+
+    from google.auth.credentials import AnonymousCredentials
+
+    from kit.backends.cloud import TerraformBackend
+    from kit.render import deployment_dir
+    from kit.spec import load_spec
+    from kit.watch.acting import Actor, Backoff
+    from kit.watch.events import CAPACITY_ERROR
+    from kit.watch.ledger import Ledger
+    from kit.watch.sources.gcp import GcpSource
+    from kit.watch.watcher import Watcher
+    from tests.support.gcp_compute import FakeCompute
+    from tests.support.tf_emulator.gcp_compute import ENDPOINT_ENV
+    from tests.support.watch import ScriptedPolicy
+
+    spec = load_spec(example("gcp-a3-spot.yaml", tmp_path, monkeypatch, moving=True))
+    backend = TerraformBackend(spec, deployment_dir(spec))
+    bootstrapped: list[list[str]] = []
+    monkeypatch.setattr(backend, "bootstrap", lambda nodes: bootstrapped.append([n.zone for n in nodes]))
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    with FakeCompute(project=spec.project) as gce:
+        monkeypatch.setenv(ENDPOINT_ENV, gce.endpoint)
+        gce.stocked_out = {"us-central1-a"}
+        source = GcpSource(spec.name, spec.project, spec.zone_list, credentials=AnonymousCredentials(),
+                           api_endpoint=gce.endpoint)
+        actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(0)), source=source)
+        watcher = Watcher(spec, ledger, actor, ScriptedPolicy(["spot"]), source=source)
+        watcher.start()
+        assert watcher.tick().outcome.status == "done"
+        failed = ledger.events(kinds=(CAPACITY_ERROR,))
+        assert [e["detail"]["offer"] for e in failed] == ["us-central1-a/8xa3-highgpu-1g/spot"]
+        assert "does not have enough resources available" in failed[0]["detail"]["error"]
+        assert ledger.applied_offer() == "us-central1-c/8xa3-highgpu-1g/spot"
+        assert {i["zone"].rsplit("/", 1)[-1] for i in gce.instances} == {"us-central1-c"} and len(gce.instances) == 8
+        assert bootstrapped == [["us-central1-c"] * 8]
+        result = watcher.tick()
+        assert (result.nodes_up, result.nodes_lost, result.action) == (8, 0, None)
+        ids = {i["name"]: i["id"] for i in gce.instances}
+        gce.preempt("a3-spot-node-5")
+        result = watcher.tick()
+        assert result.action == "recover" and result.outcome.status == "done", result
+        tried = [e["detail"]["offer"] for e in ledger.events(kinds=(CAPACITY_ERROR,))]
+        assert tried == ["us-central1-a/8xa3-highgpu-1g/spot"] * 2  # a again first, c (preempting) last
+        # One cluster root: trying zone a replaced the gang (Terraform destroys before it creates, as SkyPilot
+        # terminates a preempted cluster before relaunching elsewhere), so c's VMs are all new ones.
+        now = {i["name"]: i for i in gce.instances}
+        assert set(now) == set(ids) and not {i["id"] for i in now.values()} & set(ids.values())
+        assert {(i["zone"].rsplit("/", 1)[-1], i["status"]) for i in now.values()} == {("us-central1-c", "RUNNING")}
+        assert ledger.applied_offer() == "us-central1-c/8xa3-highgpu-1g/spot"
+        assert bootstrapped[-1] == ["us-central1-c"] * 8
+        assert {n.instance_id for n in ledger.nodes(("up",))} == {i["id"] for i in now.values()}
+        result = watcher.tick()
+        assert (result.nodes_up, result.nodes_lost, result.action) == (8, 0, None)

@@ -3,7 +3,8 @@
 under ``/compute/v1/projects/{project}/zones/{zone}/``. Lists are paged (``items`` / ``nextPageToken``)
 and honour only the ``filter`` expressions kit sends (``labels.kit-cluster="NAME"``,
 ``operationType="compute.instances.preempted"``); any other filter is a 400, so a wrong one fails the
-test. Errors are ``{"error": {"code", "message", "errors"}}``; inserts and deletes answer with a DONE
+test. In a zone of ``stocked_out``, ``instances.insert`` ends in an operation with the error GCP gives
+when a zone has no capacity (``ZONE_RESOURCE_POOL_EXHAUSTED``), and no VM. Errors are ``{"error": {"code", "message", "errors"}}``; inserts and deletes answer with a DONE
 ``compute#operation``.
 
 kit's watcher (``GcpSource``, google-cloud-compute's REST transport with ``api_endpoint``) reads it, and
@@ -44,6 +45,7 @@ class FakeCompute:
         self.disks: list[dict] = []
         self.operations: list[dict] = []
         self.fail_with: int | None = None
+        self.stocked_out: set[str] = set()  # zones where a new VM finds no capacity
         self.requests: list[str] = []
         self.endpoint = ""
         self._server: ThreadingHTTPServer | None = None
@@ -86,6 +88,8 @@ class FakeCompute:
     # ------------------------------------------------------------------ the methods
     def insert(self, kind: str, zone: str, body: dict) -> dict:
         items = self.instances if kind == "instances" else self.disks
+        if kind == "instances" and zone in self.stocked_out:
+            return self.stockout(zone, body)
         if any(i["name"] == body.get("name") for i in items):
             raise ApiError(409, f"The resource '{self.base(zone)}/{kind}/{body.get('name')}' already exists",
                            "alreadyExists")
@@ -97,6 +101,16 @@ class FakeCompute:
             item.update(status="READY")
         items.append(item)
         return self.operation(zone, f"compute.{kind}.insert", item)
+
+    def stockout(self, zone: str, body: dict) -> dict:
+        """What instances.insert answers in a zone without capacity: the operation ends DONE with an error
+        (Operation.error.errors[], code ZONE_RESOURCE_POOL_EXHAUSTED) and no VM is made."""
+        target = {"selfLink": f"{self.base(zone)}/instances/{body.get('name')}", "id": str(next(_ids))}
+        message = (f"The zone 'projects/{self.project}/zones/{zone}' does not have enough resources available to "
+                   "fulfill the request.  Try a different zone, or try again later.")
+        return {**self.operation(zone, "compute.instances.insert", target), "httpErrorStatusCode": 503,
+                "httpErrorMessage": "SERVICE UNAVAILABLE",
+                "error": {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": message}]}}
 
     def delete(self, kind: str, zone: str, name: str) -> dict:
         items = self.instances if kind == "instances" else self.disks

@@ -6,6 +6,8 @@ Covered: ``google_compute_instance`` (labels, machine type, scheduling with the 
 attached disks; a stopped instance is read back with ``desired_status`` = its status, as the provider
 reads it, so ``desired_status = "RUNNING"`` plans an update that starts it) and ``google_compute_disk``.
 Networks, firewalls, resource policies, service accounts and IAM keep the emulator's placeholders.
+An insert whose operation ends with errors (a zone without capacity) fails the create with the provider's
+message, "Error waiting for instance to create: ...".
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from tf.types import Unknown
 
 ENDPOINT_ENV = "KIT_TF_EMULATOR_GCP_ENDPOINT"
 KINDS = {"google_compute_instance": "instances", "google_compute_disk": "disks"}
+
+
+class ApplyError(Exception):
+    """A create the cloud refused: the provider's error, reported to Terraform as a diagnostic."""
 
 
 def enabled() -> bool:
@@ -55,7 +61,11 @@ class GoogleCompute:
         body = self._instance(known) if kind == "google_compute_instance" else {
             "name": name, "sizeGb": str(known.get("size") or 10), "type": f"zones/{zone}/diskTypes/{known.get('type')}",
             "labels": known.get("labels") or {}}
-        self._call("POST", zone, KINDS[kind], body)
+        operation = self._call("POST", zone, KINDS[kind], body) or {}
+        errors = (operation.get("error") or {}).get("errors") or []
+        if errors:  # the provider waits for the operation and fails the create with its errors
+            raise ApplyError(f"Error waiting for {kind.removeprefix('google_compute_')} to create: "
+                             + "; ".join(e.get("message", e.get("code", "")) for e in errors))
         item = self._call("GET", zone, f"{KINDS[kind]}/{name}") or {}
         s.update(id=f"projects/{self.project}/zones/{zone}/{KINDS[kind]}/{name}", self_link=item.get("selfLink"))
         if kind == "google_compute_instance":

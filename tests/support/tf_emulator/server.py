@@ -186,8 +186,13 @@ class Emulator(rpc.ProviderServicer):
                 self.backing.delete(request.type_name, prior)
             return pb.ApplyResourceChange.Response(new_state=request.planned_state)
         if self.backing is not None:
-            planned = (self.backing.create(request.type_name, planned) if prior is None
-                       else self.backing.update(request.type_name, prior, planned))
+            try:
+                planned = (self.backing.create(request.type_name, planned) if prior is None
+                           else self.backing.update(request.type_name, prior, planned))
+            except gcp_compute.ApplyError as error:  # the cloud refused it: nothing was made
+                return pb.ApplyResourceChange.Response(
+                    new_state=request.prior_state,
+                    diagnostics=[pb.Diagnostic(severity=pb.Diagnostic.ERROR, summary=str(error))])
         attrs = self.resources[request.type_name]["block"].get("attributes", {})
         for name, path in FACTS.get(request.type_name, {}).get("apply_values", {}).items():
             if planned.get(name) is Unknown:
