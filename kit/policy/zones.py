@@ -312,18 +312,29 @@ class ZoneDefault(NettedZonePolicy):
         self.losses: dict[Offer, int] = {o: 0 for o in self.spot_offers()}  # preemptions there
         self.launched_at: float | None = None
         self.held: Offer | None = None
+        self.asked: tuple[Offer, ...] = ()  # spot offers the last plan would launch, in order
         order = sorted({o.zone for o in self.spot_offers()})
         self.rng.shuffle(order)  # ties between equally ranked zones: shuffled, as failover
         self.tie = {z: i for i, z in enumerate(order)}
 
     def _observe(self, obs: ZoneObservation) -> None:
+        # the spot offer the last plan launched, if any: the first one it asked for that had capacity
+        launched = next((o for o in self.asked if o not in obs.failed), None)
+        self.asked = ()
         if self.held is not None and obs.running != self.held:  # the spot run ended: lost or left
             assert self.launched_at is not None
-            self.hours[self.held] += obs.now_h - self.launched_at
-            self.losses[self.held] += 1 if obs.preempted else 0
+            self._ended(self.held, obs.now_h - self.launched_at, lost=obs.preempted and launched is None)
             self.held = None
+        if launched is not None and obs.preempted and obs.running != launched:
+            # launched in the last tick and lost at once: a run too (else a zone whose runs end within
+            # a tick would never be learned about, and be tried again and again)
+            self._ended(launched, obs.tick_h, lost=True)
         if obs.running is not None and obs.running.spot and self.held is None:
             self.held, self.launched_at = obs.running, obs.now_h - obs.tick_h  # launched in the last tick
+
+    def _ended(self, offer: Offer, hours: float, *, lost: bool) -> None:
+        self.hours[offer] += hours
+        self.losses[offer] += 1 if lost else 0
 
     def mean_runs(self, now_h: float) -> dict[Offer, float]:
         """Mean spot run on each spot offer (:func:`mean_runs`), the run going on now with its age."""
@@ -356,6 +367,7 @@ class ZoneDefault(NettedZonePolicy):
             # Stay, unless an offer is cheaper per hour of progress (its changeover, transfer and
             # short runs included) than this one's bare price: try those first (a failed try is free).
             better = [o for o in self.ranked(obs, obs.running.price * (1 - self.move_margin)) if o != obs.running]
+            self.asked = tuple(better)
             return [*better, obs.running]
         best = self._find(obs, market, self.ranked(obs, od.price))
         single = Observation(
@@ -367,6 +379,7 @@ class ZoneDefault(NettedZonePolicy):
             self.inner.observe(replace(single, spot_available=False))
         answer = self.inner.decide(single)
         if answer == SPOT and best is not None:
+            self.asked = (best,)
             return [best]
         if answer == ON_DEMAND:
             return [obs.running] if obs.running is not None and obs.running.market == ON_DEMAND else [od]

@@ -247,6 +247,22 @@ def test_failover_tries_the_zone_that_preempted_last():
     assert all(o.market == SPOT for o in again)
 
 
+def test_default_learns_from_a_spot_run_lost_in_the_tick_it_was_launched():
+    """us-east4-a is cheapest and up every other tick: each launch there is lost in its first tick, before
+    the changeover is done. Such a run is a run (and a loss) for the ranking, so default stops going back;
+    counted as nothing, the zone looked untried and was launched into again and again."""
+    flicker = zone_trace("us-east4-a", [2, 0] * 150, spot=0.5)
+    steady = zone_trace("us-central1-a", [2] * 300, spot=1.0)
+    params = Params(nodes=2, job_h=20, deadline_h=40, changeover_h=0.2, starts=1)
+    market = market_of([flicker, steady], params)
+    policy = ZoneDefault(market.offers, MOVES, seed=0)
+    run = replay(market, 0, params, MOVES, policy, record=True)
+    bad = next(o for o in market.offers if o.spot and o.zone == "us-east4-a")
+    tried = [r["offer"] for r in run.timeline].count(bad.name)
+    assert policy.losses[bad] == tried >= 1 and tried <= 3, (tried, policy.losses)
+    assert not run.missed and run.launches <= 6, run.launches  # before: 16, 15 of them into us-east4-a
+
+
 def _obs():
     from kit.policy.zones import ZoneObservation
 
