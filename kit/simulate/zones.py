@@ -241,7 +241,8 @@ class _ZoneReplay:
         self.run_.launches += 1
         if self.checkpoint_zone is not None and self.checkpoint_zone != offer.zone:
             self.run_.moves += 1
-            self.checkpoint_zone = offer.zone
+        # The newest checkpoint stays where it was made until the run here makes progress (``hold``): a
+        # launch copies it, and a run lost before its first step leaves the original as new as the copy.
         self.running, self.zone = offer, offer.zone
 
     def hold(self, i: int) -> float:

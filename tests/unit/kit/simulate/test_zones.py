@@ -195,6 +195,20 @@ def test_a_move_pays_transfer_time_and_egress_across_regions_only():
     assert across.cost == pytest.approx(within.cost + 2.5)
 
 
+def test_a_run_lost_before_its_first_step_leaves_the_checkpoint_where_it_was():
+    """Progress in us-east4-a; a launch in Europe is lost within its changeover (one 10-min tick of a
+    12-min changeover): the newest checkpoint is still the one in us-east4-a, so going back there is no
+    move and pays no egress; only the trip to Europe did (the copy there)."""
+    traces = [zone_trace("us-east4-a", [2, 2, 0, 0] + [2] * 20), zone_trace("europe-west1-c", [0, 0, 2] + [0] * 21)]
+    params = Params(nodes=2, job_h=1.0, deadline_h=3.5, changeover_h=0.2, starts=1)
+    market = market_of(traces, params)
+    a, eu = (next(o for o in market.offers if o.zone == z and o.spot) for z in ("us-east4-a", "europe-west1-c"))
+    run = replay(market, 0, params, MOVES, Script(market.offers, MOVES, [a, a, eu, None, a] + [a] * 18), record=True)
+    assert [r["offer"] for r in run.timeline][:5] == [a.name, a.name, eu.name, None, a.name]
+    assert run.moves == 1 and run.egress == pytest.approx(50 * 0.05) and run.launches == 3
+    assert run.done_h is not None
+
+
 def test_a_probe_is_billed_one_minute_when_it_succeeds_and_nothing_when_it_fails():
     traces = [zone_trace("us-east4-a", [0] * 30), zone_trace("us-east4-b", [2] * 30)]
     params = Params(nodes=2, job_h=1.0, deadline_h=4, changeover_h=0.2, starts=1)
