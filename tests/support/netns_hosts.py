@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from pathlib import Path
 
 CACHE = Path(os.environ.get("KIT_TEST_CACHE", Path.home() / ".cache" / "kit-test"))
@@ -134,14 +135,16 @@ def shut_down(netns: str, veth: str, *procs: subprocess.Popen | None) -> None:
     subprocess.run(["ip", "link", "del", veth], check=False, capture_output=True)
 
 
-class StartStop:
+class StartStop(ABC):
     """``with`` for a harness with ``start()`` and ``stop()``: stopped also when the start fails half-way."""
 
-    def start(self):  # each harness has its own
-        raise NotImplementedError
+    @abstractmethod
+    def start(self):
+        """Bring the harness up; returns what ``with`` binds."""
 
+    @abstractmethod
     def stop(self) -> None:
-        raise NotImplementedError
+        """Tear down whatever ``start`` made, also after a failed start."""
 
     def __enter__(self):
         try:
