@@ -36,6 +36,7 @@ from kit.watch.sources.base import (
     InstanceStatus,
     Poll,
     SourceError,
+    places,
 )
 
 CLUSTER_TAG = Aws.cluster_tag
@@ -65,7 +66,7 @@ class AwsSource(EventSource):
         self.cluster = cluster
         # every region the job may run in: after a move to another region its instances are there, and a
         # source that read only the first would report each of them as not listed, i.e. lost
-        self.regions = (regions,) if isinstance(regions, str) else tuple(dict.fromkeys(regions))
+        self.regions = places(regions)
         self.endpoint_url = endpoint_url
         self._session = session
         self._clients: dict[str, Any] = {}

@@ -10,7 +10,7 @@ watcher replaced itself are ignored (see ``loss_events``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kit.watch.events import INSTANCE_LOST, PREEMPTION, Event
@@ -52,6 +52,11 @@ class EventSource(ABC):
 
 class SourceError(Exception):
     """A transient failure to reach the cloud API (the watcher retries next tick)."""
+
+
+def places(value: str | Sequence[str]) -> tuple[str, ...]:
+    """The zones or regions a source reads: one, or several in order without repeats."""
+    return (value,) if isinstance(value, str) else tuple(dict.fromkeys(value))
 
 
 def loss_events(poll: Poll, current: Mapping[str, int | None], source: str, now: float,

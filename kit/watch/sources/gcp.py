@@ -43,6 +43,7 @@ from kit.watch.sources.base import (
     InstanceStatus,
     Poll,
     SourceError,
+    places,
 )
 
 CLUSTER_LABEL = Gcp.cluster_tag
@@ -70,7 +71,7 @@ class GcpSource(EventSource):
                  api_endpoint: str | None = None):
         self.cluster = cluster
         self.project = project
-        self.zones = (zones,) if isinstance(zones, str) else tuple(dict.fromkeys(zones))
+        self.zones = places(zones)
         self.where = f"gcp {project}/{','.join(self.zones)}"
         self._credentials = credentials
         self._api_endpoint = api_endpoint
