@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -42,22 +43,30 @@ def gcp(tmp_path, monkeypatch):
     return example("gcp-a3-spot.yaml", tmp_path, monkeypatch)
 
 
-@pytest.fixture
-def gce(gcp, monkeypatch):
-    """The loopback Compute API fake that the emulator creates the instances and disks in (the GCP example's
-    project), and a function that polls it with kit's watcher source."""
-    import yaml
+@contextmanager
+def compute_api(spec, monkeypatch):
+    """The loopback Compute API fake the emulator creates the spec's VMs and disks in, and kit's watcher
+    source over every zone of the spec, reading it."""
     from google.auth.credentials import AnonymousCredentials
 
     from kit.watch.sources.gcp import GcpSource
     from tests.support.gcp_compute import FakeCompute
     from tests.support.tf_emulator.gcp_compute import ENDPOINT_ENV
 
-    data = yaml.safe_load(gcp.read_text())
-    with FakeCompute(project=data["project"]) as fake:
+    with FakeCompute(project=spec.project) as fake:
         monkeypatch.setenv(ENDPOINT_ENV, fake.endpoint)
-        fake.watch = lambda: GcpSource(data["name"], data["project"], data["zone"], credentials=AnonymousCredentials(),
-                                       api_endpoint=fake.endpoint).poll()
+        yield fake, GcpSource(spec.name, spec.project, spec.zone_list, credentials=AnonymousCredentials(),
+                              api_endpoint=fake.endpoint)
+
+
+@pytest.fixture
+def gce(gcp, monkeypatch):
+    """The Compute API fake of the GCP example (its project), and a function that polls it with kit's
+    watcher source."""
+    from kit.spec import load_spec
+
+    with compute_api(load_spec(gcp), monkeypatch) as (fake, source):
+        fake.watch = source.poll
         yield fake
 
 
@@ -198,52 +207,38 @@ def test_a_move_and_a_shape_switch_get_disks_of_their_own_and_touch_no_other(tmp
     every instance and creates that zone's disks, and the watcher's source (every zone of the spec) sees
     the nodes running there; a shape switch there creates the 8g's one disk; no plan deletes a disk (the
     guard would refuse it), every set keeps its disks, and only the end deletes them all."""
-    from google.auth.credentials import AnonymousCredentials
-
+    from kit import terraform
     from kit.backends.cloud import TerraformBackend
     from kit.render import deployment_dir
     from kit.spec import load_spec
-    from kit.watch.sources.gcp import GcpSource
-    from tests.support.gcp_compute import FakeCompute
-    from tests.support.tf_emulator.gcp_compute import ENDPOINT_ENV
+    from kit.watch.sources.base import loss_events
 
     spec = load_spec(example("gcp-a3-spot.yaml", tmp_path, monkeypatch, moving=True))
     offers = {o.name: o for o in spec.offers()}
     backend = TerraformBackend(spec, deployment_dir(spec))
-    with FakeCompute(project=spec.project) as gce:
-        monkeypatch.setenv(ENDPOINT_ENV, gce.endpoint)
-        source = GcpSource(spec.name, spec.project, spec.zone_list, credentials=AnonymousCredentials(),
-                           api_endpoint=gce.endpoint)
-        _move_and_reshape(tmp_path, spec, offers, backend, gce, source, caplog)
-
-
-def _move_and_reshape(tmp_path, spec, offers, backend, gce, source, caplog) -> None:
-    from kit import terraform
-    from kit.render import deployment_dir
-    from kit.watch.sources.base import loss_events
-
-    first = backend.apply(spec, "spot")
-    assert len(first) == 8 and {(n.zone, n.market) for n in first} == {("us-central1-a", "spot")}
-    moved = backend.apply(spec.with_offer(offers["us-central1-c/8xa3-highgpu-1g/spot"]), "spot")
-    assert {n.zone for n in moved} == {"us-central1-c"} and not {n.instance_id for n in moved} & {
-        n.instance_id for n in first}
-    assert {i["zone"].rsplit("/", 1)[-1] for i in gce.instances} == {"us-central1-c"}
-    assert sorted(d["zone"].rsplit("/", 1)[-1] for d in gce.disks) == ["us-central1-a"] * 8 + ["us-central1-c"] * 8
-    poll = source.poll()
-    assert sorted((s.market, s.state) for s in poll.instances) == [("spot", "running")] * 8
-    assert loss_events(poll, {n.instance_id: n.rank for n in moved}, "gcp", 0.0) == []
-    assert ("moving from us-central1-a to us-central1-c: 8 nodes replaced, 8 disks created, checkpoint restored "
-            "from bucket") in caplog.text
-    reshaped = backend.apply(spec.with_offer(offers["us-central1-c/1xa3-highgpu-8g/on-demand"]), "on-demand")
-    assert [(n.zone, n.market) for n in reshaped] == [("us-central1-c", "on-demand")]
-    roots = terraform.disk_roots(deployment_dir(spec))
-    assert roots == ["disks-us-central1-a-8xa3-highgpu-1g", "disks-us-central1-c-1xa3-highgpu-8g",
-                     "disks-us-central1-c-8xa3-highgpu-1g"]
-    assert [_disk_count(tmp_path, r) for r in roots] == [8, 1, 8]  # nothing lost on the way
-    backend.destroy(keep_disks=False)  # the job is done: every set goes
-    assert [_disk_count(tmp_path, r) for r in roots] == [0, 0, 0]
-    assert not json.loads(terraform_state(tmp_path, "cluster")).get("resources")
-    assert not gce.instances and not gce.disks  # in the Compute API too
+    with compute_api(spec, monkeypatch) as (gce, source):
+        first = backend.apply(spec, "spot")
+        assert len(first) == 8 and {(n.zone, n.market) for n in first} == {("us-central1-a", "spot")}
+        moved = backend.apply(spec.with_offer(offers["us-central1-c/8xa3-highgpu-1g/spot"]), "spot")
+        assert {n.zone for n in moved} == {"us-central1-c"} and not {n.instance_id for n in moved} & {
+            n.instance_id for n in first}
+        assert {i["zone"].rsplit("/", 1)[-1] for i in gce.instances} == {"us-central1-c"}
+        assert sorted(d["zone"].rsplit("/", 1)[-1] for d in gce.disks) == ["us-central1-a"] * 8 + ["us-central1-c"] * 8
+        poll = source.poll()
+        assert sorted((s.market, s.state) for s in poll.instances) == [("spot", "running")] * 8
+        assert loss_events(poll, {n.instance_id: n.rank for n in moved}, "gcp", 0.0) == []
+        assert ("moving from us-central1-a to us-central1-c: 8 nodes replaced, 8 disks created, checkpoint restored "
+                "from bucket") in caplog.text
+        reshaped = backend.apply(spec.with_offer(offers["us-central1-c/1xa3-highgpu-8g/on-demand"]), "on-demand")
+        assert [(n.zone, n.market) for n in reshaped] == [("us-central1-c", "on-demand")]
+        roots = terraform.disk_roots(deployment_dir(spec))
+        assert roots == ["disks-us-central1-a-8xa3-highgpu-1g", "disks-us-central1-c-1xa3-highgpu-8g",
+                         "disks-us-central1-c-8xa3-highgpu-1g"]
+        assert [_disk_count(tmp_path, r) for r in roots] == [8, 1, 8]  # nothing lost on the way
+        backend.destroy(keep_disks=False)  # the job is done: every set goes
+        assert [_disk_count(tmp_path, r) for r in roots] == [0, 0, 0]
+        assert not json.loads(terraform_state(tmp_path, "cluster")).get("resources")
+        assert not gce.instances and not gce.disks  # in the Compute API too
 
 
 def test_the_markdown_summary_of_a_real_plan_lists_every_address_and_replacement(aws):
@@ -416,18 +411,13 @@ def test_the_watcher_leaves_a_stocked_out_zone_and_recovers_a_preemption_on_real
     last (us-central1-a, still out, first) and lands in us-central1-c again with a whole new gang."""
     import random
 
-    from google.auth.credentials import AnonymousCredentials
-
     from kit.backends.cloud import TerraformBackend
     from kit.render import deployment_dir
     from kit.spec import load_spec
     from kit.watch.acting import Actor, Backoff
     from kit.watch.events import CAPACITY_ERROR
     from kit.watch.ledger import Ledger
-    from kit.watch.sources.gcp import GcpSource
     from kit.watch.watcher import Watcher
-    from tests.support.gcp_compute import FakeCompute
-    from tests.support.tf_emulator.gcp_compute import ENDPOINT_ENV
     from tests.support.watch import ScriptedPolicy
 
     spec = load_spec(example("gcp-a3-spot.yaml", tmp_path, monkeypatch, moving=True))
@@ -435,11 +425,8 @@ def test_the_watcher_leaves_a_stocked_out_zone_and_recovers_a_preemption_on_real
     bootstrapped: list[list[str]] = []
     monkeypatch.setattr(backend, "bootstrap", lambda nodes: bootstrapped.append([n.zone for n in nodes]))
     ledger = Ledger(tmp_path / "ledger.sqlite")
-    with FakeCompute(project=spec.project) as gce:
-        monkeypatch.setenv(ENDPOINT_ENV, gce.endpoint)
+    with compute_api(spec, monkeypatch) as (gce, source):
         gce.stocked_out = {"us-central1-a"}
-        source = GcpSource(spec.name, spec.project, spec.zone_list, credentials=AnonymousCredentials(),
-                           api_endpoint=gce.endpoint)
         actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(0)), source=source)
         watcher = Watcher(spec, ledger, actor, ScriptedPolicy(["spot"]), source=source)
         watcher.start()

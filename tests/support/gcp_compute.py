@@ -3,9 +3,9 @@
 under ``/compute/v1/projects/{project}/zones/{zone}/``. Lists are paged (``items`` / ``nextPageToken``)
 and honour only the ``filter`` expressions kit sends (``labels.kit-cluster="NAME"``,
 ``operationType="compute.instances.preempted"``); any other filter is a 400, so a wrong one fails the
-test. In a zone of ``stocked_out``, ``instances.insert`` ends in an operation with the error GCP gives
-when a zone has no capacity (``ZONE_RESOURCE_POOL_EXHAUSTED``), and no VM. Errors are ``{"error": {"code", "message", "errors"}}``; inserts and deletes answer with a DONE
-``compute#operation``.
+test. Errors are ``{"error": {"code", "message", "errors"}}``; inserts and deletes answer with a DONE
+``compute#operation``. In a zone of ``stocked_out``, ``instances.insert`` ends in an operation with the
+error GCP gives when a zone has no capacity (``ZONE_RESOURCE_POOL_EXHAUSTED``), and no VM is made.
 
 kit's watcher (``GcpSource``, google-cloud-compute's REST transport with ``api_endpoint``) reads it, and
 the provider emulator (tests/support/tf_emulator/gcp_compute.py) creates and deletes what Terraform
