@@ -15,7 +15,9 @@ plus checks on traces the default policy was not tuned on.
    tests/unit/kit/simulate/test_single.py::markov_trace), availability 0.2/0.5/0.8 x mean spot run 15 min / 30 min /
    2 h / 6.7 h, on-demand/spot price 3, 4 traces x 6 starts per setting, R0 = 60 h and 72 h: every
    setting is a row, with the best policy that *knows* the market's transition probabilities
-   (``known``: a dynamic program over the Markov chain, an online lower bound) next to ``opt``.
+   (``known``: a dynamic program over the Markov chain, an online lower bound) next to ``opt``;
+6. changeovers of 1 to 4 whole ticks on single-node synthetic markets of seeds no constant was
+   chosen on (the "d from 1 to 4 ticks" target).
 
 Prints Markdown tables (pasted into docs/benchmarks.md, section "Policies").
 """
@@ -254,6 +256,34 @@ def review_grid(md: list[str], out: dict) -> None:
     md += [title, "", *rows, "", note, ""]
 
 
+def changeover_ticks(md: list[str], out: dict) -> None:
+    """The single-node synthetic markets with a changeover of 1 to 4 whole ticks (10-min ticks), on seeds
+    no constant of ``default`` was chosen on (20, 21): per row the mean over 18 traces x 8 starts, and in
+    how many of the 18 traces ``default`` <= min(greedy, up) on its own mean."""
+    rows = ["| k | d | R0 | greedy | up | default | opt | traces where default <= min(greedy, up) |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    wins = total = 0
+    for ratio in (2.5, 4.3):
+        ts = [markov(20 + seed, share, run_h, ratio) for share in (0.2, 0.5, 0.8) for run_h in (1 / 3, 1.0, 4.0)
+              for seed in range(2)]
+        for ticks in (1, 2, 3, 4):
+            for deadline in (60.0, 72.0):
+                params = Params(nodes=1, job_h=48.0, deadline_h=deadline, changeover_h=ticks * ts[0].tick_h, starts=8)
+                s = simulate(ts, ["greedy", "up", "default", OPT], params)
+                out[f"changeover-{ratio}-{ticks}-{deadline:g}"] = s
+                c = s["cost_vs_on_demand"]
+                won = sum(v["default"] <= min(v["greedy"], v["up"]) + 1e-12 for v in s["per_trace"].values())
+                ok = c["default"] <= min(c["greedy"], c["up"]) + 1e-12
+                wins, total = wins + ok, total + 1
+                rows.append(f"| {ratio} | {ticks} tick{'s' if ticks > 1 else ''} | {deadline:g} h | {c['greedy']:.4f} | "
+                            f"{c['up']:.4f} | {'' if ok else '**'}{c['default']:.4f}{'' if ok else '**'} | "
+                            f"{c[OPT]:.4f} | {won} of {len(s['per_trace'])} |")
+    misses = sum(sum(v["deadline_misses"].values()) for k, v in out.items() if k.startswith("changeover-"))
+    md += [(f"**Synthetic markets with a changeover of 1 to 4 ticks** (single node, 10-min ticks, availability "
+           f"0.2/0.5/0.8 x mean run 20 min/1 h/4 h x seeds 20-21, C0 = 48 h, 8 starts) — `default` <= min(greedy, up) "
+           f"in {wins} of {total} rows; deadline misses, all policies: {misses}"), "", *rows, ""]
+
+
 def main() -> int:
     args = replay_args.parse(__doc__)
     t0 = time.time()
@@ -298,6 +328,7 @@ def main() -> int:
                 synth[f"k={ratio}, R0={r:g}"] = run(f"synthetic-k{ratio}-{r:g}", ts, 1, r)
         md.append(table("Synthetic on/off markets (single node; availability 0.2/0.5/0.8 x mean run 20 min/1 h/4 h "
                         "x 2 seeds = 18 traces per column; k = on-demand/spot price)", synth))
+        changeover_ticks(md, out)
         review_grid(md, out)
     md.append(f"_{time.time() - t0:.0f} s on this machine._")
     print("\n".join(md))

@@ -367,15 +367,36 @@ class DefaultPolicy(Policy):
         return run_waste_h + waited + d * longer
 
     # ------------------------------------------------------------------ deciding
+    @staticmethod
+    def _cycles(obs: Observation, m: dict) -> float:
+        """Market cycles (a spot run and an outage) left until the deadline."""
+        assert obs.deadline_h is not None
+        return max(0.0, obs.deadline_h - obs.now_h) / max(m["run_h"] + m["outage_h"], EPS)
+
+    def _abundant(self, obs: Observation, m: dict) -> bool:
+        """Does waiting out every outage until the deadline fit in the slack left?"""
+        slack = obs.slack_h()
+        assert slack is not None
+        return self._cycles(obs, m) * self.slack_per_cycle(math.inf, obs.changeover_h, m["run_waste_h"]) <= slack
+
+    def slack_value(self, obs: Observation) -> tuple[float, bool]:
+        """(lambda, abundant): what one more hour of slack saves when the job ends with an on-demand block,
+        in spot-price units (``market_stats``), and whether the slack is abundant, in which case the
+        policy prices it at 0. A multi-zone policy weighs a dearer offer now against waiting with it."""
+        if obs.deadline_h is None:
+            return 0.0, True
+        m = self.market_stats(obs, self.price_ratio(obs))
+        return m["lambda"], self._abundant(obs, m)
+
     def _decide(self, obs: Observation) -> str:
         if obs.deadline_h is None:
             return SPOT if obs.spot_available else WAIT
         d, k, tick = obs.changeover_h, self.price_ratio(obs), obs.tick_h
         m = self.market_stats(obs, k)
         slack = obs.slack_h()
-        cycles = max(0.0, obs.deadline_h - obs.now_h) / max(m["run_h"] + m["outage_h"], EPS)
-        abundant = cycles * self.slack_per_cycle(math.inf, d, m["run_waste_h"]) <= slack
-        lam = 0.0 if abundant else m["lambda"]
+        assert slack is not None  # a deadline is given
+        cycles = self._cycles(obs, m)
+        lam = 0.0 if self._abundant(obs, m) else m["lambda"]
         if obs.spot_available:
             if obs.market == SPOT:
                 return SPOT
@@ -396,7 +417,7 @@ class DefaultPolicy(Policy):
             if obs.market == ON_DEMAND:
                 return ON_DEMAND
             excursion_pays = lam * self._rest_of_outage(_since(self.outage_start, obs.now_h), d) > k * d
-        if abundant or not excursion_pays:
+        if not excursion_pays:  # never with lambda = 0 (abundant slack, or spot that cannot pay)
             return WAIT
         waited = _since(self.idle_since, obs.now_h)
         return ON_DEMAND if cycles * self.slack_per_cycle(waited, d, m["run_waste_h"]) > slack else WAIT

@@ -117,6 +117,11 @@ def search_order(offers: tuple[Offer, ...], market: str, rng: random.Random, *, 
 
 
 DEFAULT_PRIOR_RUN_H = 4.0  # a spot offer without history is assumed to run this long between losses
+# How cautious ``default`` is when it waits for the best spot offer it knows instead of running a dearer
+# one now: every estimate behind that choice is taken this many standard errors on the side that
+# argues against waiting (UCB, "optimism in the face of uncertainty"). One standard error, the textbook
+# choice, not tuned.
+CONFIDENCE_SE = 1.0
 
 
 def mean_runs(hours: Mapping[Offer, float], losses: Mapping[Offer, int], *, prior_run_h: float = DEFAULT_PRIOR_RUN_H,
@@ -165,6 +170,38 @@ def learned_order(offers: tuple[Offer, ...], market: str, rng: random.Random, *,
         return (o.zone == preempted_zone, o.zone != stay, not as_now, price[o], tie[o.zone])
 
     return sorted(mine, key=key)
+
+
+class OutageLog:
+    """The outages of each spot offer, as far as the job has looked: the zone it runs in, its failed
+    launches and its probes. An outage is counted only when it was watched without a gap (a look every
+    tick from its first failed look to the look that found capacity); after a gap it starts again."""
+
+    def __init__(self, offers: list[Offer]) -> None:
+        self.ended: dict[Offer, list[float]] = {o: [] for o in offers}
+        self.since: dict[Offer, float] = {}  # offers seen without capacity: since when (watched)
+        self.looked: dict[Offer, float] = {}
+
+    def seen(self, offer: Offer, up: bool, now_h: float, tick_h: float) -> None:
+        watched = now_h - self.looked.get(offer, -math.inf) <= tick_h + EPS
+        self.looked[offer] = now_h
+        since = self.since.pop(offer, None)
+        if up:
+            if since is not None and watched:
+                self.ended[offer].append(now_h - since)
+        else:
+            self.since[offer] = since if since is not None and watched else now_h
+
+    def rest(self, offer: Offer, now_h: float, prior_h: float, weight: float) -> float:
+        """E[rest of the offer's outage now]: censored exponential over its outages seen and the one going
+        on (with its age), with a prior outage of ``prior_h`` at ``weight``; the mean when it is up."""
+        age = now_h - self.since[offer] if offer in self.since else 0.0
+        seen = self.ended[offer]
+        return (sum(seen) + age + weight * prior_h) / (len(seen) + weight)
+
+    def mean(self, offer: Offer, prior_h: float, weight: float) -> float:
+        seen = self.ended[offer]
+        return (sum(seen) + weight * prior_h) / (len(seen) + weight)
 
 
 def zone_slack(obs: ZoneObservation, hours: float) -> float | None:
@@ -294,6 +331,14 @@ class ZoneDefault(NettedZonePolicy):
     * Knowing: on spot, the zone it runs in; otherwise it probes the ranked offers in order and stops
       at the first that has capacity (failed probes are free; at most one is billed per tick), so it
       learns where spot is without paying to look at every zone.
+    * Waiting for the best zone (:meth:`worth_now`): with the job off spot and the best offer it has
+      run on in an outage, a dearer offer is launched only if its extra price per hour of progress is
+      paid for by the slack its progress saves; with slack to spare and the best zone able to finish
+      the job in time, the job waits for that zone instead of filling each of its outages with a
+      shorter, dearer run elsewhere (the one-zone ``up`` in the best zone in hindsight does the
+      same, and beat the earlier ``default`` on many synthetic markets). The outages of each offer are
+      learned from what the job sees of it (:class:`OutageLog`); every estimate in this choice is
+      taken one standard error on the cautious side.
     * Deciding: the single-zone ``default`` (learned price of slack, optimal-stopping launch rule)
       sees spot as available when a ranked offer was found; its spot runs are the job's runs wherever
       they were. The deadline net includes the transfer to the on-demand zone.
@@ -313,6 +358,7 @@ class ZoneDefault(NettedZonePolicy):
         self.launched_at: float | None = None
         self.held: Offer | None = None
         self.asked: tuple[Offer, ...] = ()  # spot offers the last plan would launch, in order
+        self.outages = OutageLog(self.spot_offers())
         order = sorted({o.zone for o in self.spot_offers()})
         self.rng.shuffle(order)  # ties between equally ranked zones: shuffled, as failover
         self.tie = {z: i for i, z in enumerate(order)}
@@ -321,10 +367,17 @@ class ZoneDefault(NettedZonePolicy):
         # the spot offer the last plan launched, if any: the first one it asked for that had capacity
         launched = next((o for o in self.asked if o not in obs.failed), None)
         self.asked = ()
+        for offer in obs.failed:
+            self.outages.seen(offer, False, obs.now_h, obs.tick_h)
         if self.held is not None and obs.running != self.held:  # the spot run ended: lost or left
             assert self.launched_at is not None
-            self._ended(self.held, obs.now_h - self.launched_at, lost=obs.preempted and launched is None)
+            lost = obs.preempted and launched is None
+            if lost:
+                self.outages.seen(self.held, False, obs.now_h, obs.tick_h)
+            self._ended(self.held, obs.now_h - self.launched_at, lost=lost)
             self.held = None
+        if obs.running is not None and obs.running.spot:
+            self.outages.seen(obs.running, True, obs.now_h, obs.tick_h)
         if launched is not None and obs.preempted and obs.running != launched:
             # launched in the last tick and lost at once: a run too (else a zone whose runs end within
             # a tick would never be learned about, and be tried again and again)
@@ -354,12 +407,55 @@ class ZoneDefault(NettedZonePolicy):
     def _find(self, obs: ZoneObservation, market: Market, ranked: list[Offer]) -> Offer | None:
         for offer in ranked:
             if offer.zone == obs.zone and offer.shape.name in obs.here:
-                if obs.here[offer.shape.name]:
-                    return offer
-                continue
-            if market.probe(offer):
+                up = bool(obs.here[offer.shape.name])
+            else:
+                up = market.probe(offer)
+            self.outages.seen(offer, up, obs.now_h, obs.tick_h)
+            if up:
                 return offer
         return None
+
+    def _error(self, n: float) -> float:
+        """One confidence width (CONFIDENCE_SE standard errors) of a mean over ``n`` exponential lengths
+        and the prior's weight: the standard error of such a mean is the mean / sqrt(n)."""
+        return CONFIDENCE_SE / math.sqrt(n + self.w)
+
+    def waiting_fits(self, obs: ZoneObservation, offer: Offer, m: float) -> bool:
+        """Would the job finish by the deadline on ``offer`` alone, waiting out the rest of its outage now
+        and each later one? Its mean run ``m`` and its outages as the job has seen them, both taken one
+        confidence width on the cautious side, a changeover (and the transfer there) per run, exponential
+        runs: E[(L - c)+] = m exp(-c/m)."""
+        if obs.deadline_h is None:
+            return True
+        prior, seen = self.inner.prior_down, len(self.outages.ended[offer])
+        longer = 1 + self._error(seen)
+        left = obs.deadline_h - obs.now_h - longer * self.outages.rest(offer, obs.now_h, prior, self.w)
+        c = obs.changeover_h + self.moves.transfer_h(obs.checkpoint_zone, offer.zone)
+        m = max(EPS, m * (1 - self._error(self.losses[offer])))
+        cycles = left / (m + longer * self.outages.mean(offer, prior, self.w))
+        return cycles * m * math.exp(-c / m) >= obs.remaining_h
+
+    def worth_now(self, obs: ZoneObservation, single: Observation, ranked: list[Offer]) -> list[Offer]:
+        """The ranked offers worth launching now rather than waiting for the best one the job has run on.
+
+        Running a dearer offer B now instead of waiting for the best offer A the job knows makes progress
+        that would otherwise be bought on A later, at (rate B - rate A) more per hour of it, and saves as
+        many hours of slack. So B is worth it when its extra price per hour of progress is below the
+        value of an hour of slack, lambda (the inner policy's, in A's price). lambda counts as 0 only when
+        the slack is abundant for the job *and* waiting for A alone would finish in time; else the wait
+        is priced. Being wrong about A is what makes waiting costly, so A's rate is taken one confidence
+        width high (its mean run low) and B's low (UCB): an offer seen to lose once or twice is not ruled
+        out, and a zone looks better than another only once the difference is larger than the noise."""
+        known = [o for o in ranked if self.hours[o] > 0]
+        if not known:
+            return ranked
+        top, runs = known[0], self.mean_runs(obs.now_h)
+        lam, abundant = self.inner.slack_value(replace(single, spot_price=top.price))
+        if abundant and self.waiting_fits(obs, top, runs[top]):
+            lam = 0.0
+        ceiling = self.rate(top, obs, max(EPS, runs[top] * (1 - self._error(self.losses[top])))) + lam * top.price
+        return [o for o in ranked
+                if self.rate(o, obs, runs[o] * (1 + self._error(self.losses[o]))) <= ceiling + EPS]
 
     def _decide(self, obs: ZoneObservation, market: Market) -> list[Offer]:
         od, _ = finishing_offer(obs, self.offers, self.moves)
@@ -369,12 +465,12 @@ class ZoneDefault(NettedZonePolicy):
             better = [o for o in self.ranked(obs, obs.running.price * (1 - self.move_margin)) if o != obs.running]
             self.asked = tuple(better)
             return [*better, obs.running]
-        best = self._find(obs, market, self.ranked(obs, od.price))
         single = Observation(
             now_h=obs.now_h, progress_h=obs.progress_h, job_h=obs.job_h, deadline_h=obs.deadline_h,
             changeover_h=obs.changeover_h, market=obs.running.market if obs.running else None,
-            spot_available=best is not None, preempted=obs.preempted, tick_h=obs.tick_h,
-            spot_price=best.price if best else None, on_demand_price=od.price)
+            spot_available=False, preempted=obs.preempted, tick_h=obs.tick_h, on_demand_price=od.price)
+        best = self._find(obs, market, self.worth_now(obs, single, self.ranked(obs, od.price)))
+        single = replace(single, spot_available=best is not None, spot_price=best.price if best else None)
         if obs.preempted:  # the job's spot run ended here, even if another zone has spot right now
             self.inner.observe(replace(single, spot_available=False))
         answer = self.inner.decide(single)

@@ -180,6 +180,17 @@ def test_default_goes_on_demand_only_through_long_outages_when_slack_is_scarce()
     assert next_outage(2.0, 1 / 6, 3, 48.0, 60.0) == "w" * 18
 
 
+def test_default_tells_what_an_hour_of_slack_is_worth():
+    """(lambda, abundant) for a multi-zone policy: the same market as above, abundant for a small job,
+    not for a big one; without a deadline slack is worth nothing."""
+    for job, abundant in ((10.0, True), (48.0, False)):
+        policy = make_policy("default")
+        t, progress = _cycles(policy, 2.0, 4.0, 3, job=job, deadline=72.0)
+        lam, is_abundant = policy.slack_value(obs(t, progress, job=job, deadline=72.0, spot=False, tick=1 / 6))
+        assert is_abundant is abundant and lam > 0
+    assert make_policy("default").slack_value(obs(0, deadline=None)) == (0.0, True)
+
+
 def test_the_specs_policy_section_builds_the_policy():
     from kit.watch.session import make_policy_for
     from tests.support.watch import local_spec
