@@ -9,7 +9,7 @@
    and, held out, the bundled AWS V100 set (9 zones, 195-s ticks, 1 node);
 3. synthetic markets: 5 zones, each an on/off Markov chain with its own availability (0.2 to 0.9),
    mean spot run (20 min to 12 h) and spot price, 2 nodes, 3 seeds per setting, d = 1 to 4 ticks;
-   and a summary of the same settings on ten more seeds (21-30) that nothing was tuned on;
+   and a summary of the same settings on ten more seeds (21-30) that no constant was chosen on;
 4. ``opt``'s runtime on 13 zones at R0 = 60 h, 8 starts (and at d = 0.2001 h, no common unit).
 
 Prints Markdown tables (pasted into docs/benchmarks.md, section "Many zones"). Every row reports
@@ -124,8 +124,8 @@ HELD_OUT_SEEDS = range(21, 31)
 
 
 def held_out_seeds(md: list[str], out: dict) -> None:
-    """The same synthetic settings on ten more seeds (21-30) that nothing was tuned or debugged on: one
-    summary line per changeover, so the three reported seeds cannot flatter ``default``."""
+    """The same synthetic settings on ten more seeds (21-30) that no constant was chosen on: one summary
+    line per changeover, so the three reported seeds cannot flatter ``default``."""
     md += [(f"**Synthetic 5-zone markets, seeds {HELD_OUT_SEEDS[0]}-{HELD_OUT_SEEDS[-1]}** (the same settings; "
            "R0 = 60 h and 72 h, 8 starts each)"), "",
            "| d | rows | below baselines | loses to failover | loses to up@best-zone | mean default / opt | misses |",
