@@ -119,8 +119,9 @@ def search_order(offers: tuple[Offer, ...], market: str, rng: random.Random, *, 
 DEFAULT_PRIOR_RUN_H = 4.0  # a spot offer without history is assumed to run this long between losses
 # How cautious ``default`` is when it waits for the best spot offer it knows instead of running a dearer
 # one now: every estimate behind that choice is taken this many standard errors on the side that
-# argues against waiting (UCB, "optimism in the face of uncertainty"). One standard error, the textbook
-# choice, not tuned.
+# argues against waiting (UCB, "optimism in the face of uncertainty": Auer, Cesa-Bianchi and Fischer,
+# "Finite-time analysis of the multiarmed bandit problem", Machine Learning 47, 2002). One standard
+# error, the textbook choice, not tuned.
 CONFIDENCE_SE = 1.0
 
 
