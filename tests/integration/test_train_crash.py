@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from kit.backends.local import LocalBackend
 from tests.integration.test_train_local import KIT, leftovers, small_spec, user_env
@@ -95,9 +96,14 @@ def undisturbed(tmp_path_factory):
     return report, run.first_progress
 
 
-def _crash_and_continue(tmp: Path, undisturbed, flags: list[str], kill_when: Callable[[Path], bool], **local):
+def _crash_and_continue(tmp: Path, undisturbed, flags: list[str], kill_when: Callable[[Path], bool], *,
+                        threshold: dict | None = None, **local):
     report0, startup = undisturbed
     spec = small_spec(tmp, "crash", STEPS, trace=None, **local)
+    if threshold is not None:  # the threshold policy's trip, e.g. {"k": 1}: on-demand at the first preemption
+        data = yaml.safe_load(spec.read_text())
+        data["policy"]["threshold"].update(threshold)
+        spec.write_text(yaml.safe_dump(data))
     deploy = tmp / "deploy" / "crash"
     killed = _run(tmp, [str(spec), *flags], deploy, kill_when=lambda: kill_when(deploy))
     assert killed.returncode == -signal.SIGKILL, f"the job ended before the kill moment:\n{killed.output}"
@@ -153,10 +159,12 @@ def test_killed_during_start_up(tmp_path, undisturbed):
 
 
 def test_killed_right_after_a_market_switch(tmp_path, undisturbed):
-    """Spot preempted every few seconds: the policy moves to on-demand, and kit is killed as soon as
-    the on-demand nodes exist (before or during their bootstrap)."""
+    """Spot preempted every few seconds and a threshold of one preemption: the policy moves to on-demand
+    at the first one, and kit is killed as soon as the on-demand nodes exist (before or during their
+    bootstrap). With the example's threshold of two, the first preemption could move the job to the
+    other zone instead, and on a busy machine the 100 steps were done before a second one came."""
     report, _ = _crash_and_continue(
         tmp_path, undisturbed, [],
         lambda deploy: any(s["market"] == "on-demand" for s in _node_states(deploy)),
-        preempt_every_seconds=3, grace_seconds=1)
+        threshold={"k": 1}, preempt_every_seconds=3, grace_seconds=1)
     assert report["market_switches"] >= 1, report
