@@ -400,9 +400,16 @@ class ZoneDefault(NettedZonePolicy):
         return progress_price(offer, m, changeover_h=obs.changeover_h, moves=self.moves,
                               checkpoint_zone=obs.checkpoint_zone)
 
-    def ranked(self, obs: ZoneObservation, ceiling: float) -> list[Offer]:
-        """Spot offers cheaper per hour of progress than ``ceiling``, best first."""
-        rated = [(self.rate(o, obs, m), self.tie[o.zone], o) for o, m in self.mean_runs(obs.now_h).items()]
+    def ranked(self, obs: ZoneObservation, ceiling: float, *, untried_as_prior: bool = False) -> list[Offer]:
+        """Spot offers cheaper per hour of progress than ``ceiling``, best first. With ``untried_as_prior``,
+        an offer the job has never seen lose is ranked with at least the prior mean run: its pooled
+        estimate is only the other offers' record, and after a bad start in a few zones it ranked an
+        untried zone below on-demand for good (optimistic initial values, Sutton and Barto,
+        "Reinforcement Learning", 2nd ed., 2018, section 2.6). The move rule keeps the pooled means."""
+        def length(o: Offer, m: float) -> float:
+            return max(m, self.prior_run_h) if untried_as_prior and self.losses[o] == 0 else m
+
+        rated = [(self.rate(o, obs, length(o, m)), self.tie[o.zone], o) for o, m in self.mean_runs(obs.now_h).items()]
         return [o for r, _, o in sorted(rated, key=lambda x: x[:2]) if r < ceiling]
 
     def _find(self, obs: ZoneObservation, market: Market, ranked: list[Offer]) -> Offer | None:
@@ -470,7 +477,7 @@ class ZoneDefault(NettedZonePolicy):
             now_h=obs.now_h, progress_h=obs.progress_h, job_h=obs.job_h, deadline_h=obs.deadline_h,
             changeover_h=obs.changeover_h, market=obs.running.market if obs.running else None,
             spot_available=False, preempted=obs.preempted, tick_h=obs.tick_h, on_demand_price=od.price)
-        best = self._find(obs, market, self.worth_now(obs, single, self.ranked(obs, od.price)))
+        best = self._find(obs, market, self.worth_now(obs, single, self.ranked(obs, od.price, untried_as_prior=True)))
         single = replace(single, spot_available=best is not None, spot_price=best.price if best else None)
         if obs.preempted:  # the job's spot run ended here, even if another zone has spot right now
             self.inner.observe(replace(single, spot_available=False))

@@ -304,6 +304,24 @@ def test_default_runs_a_dearer_zone_in_the_outages_when_the_slack_is_scarce():
     assert dear_ticks > 0 and not run.missed
 
 
+def test_default_tries_a_zone_it_has_not_seen_lose_after_a_bad_start_elsewhere():
+    """The two us-east4 zones flicker (20-minute runs) from the start; europe-west1-c has no capacity for
+    3 h, then all of it. The pooled mean run of the flickering zones made europe-west1-c look dearer
+    than on-demand (egress spread over short runs), so it was never tried: 95 launches, 0.84 of
+    on-demand (opt 0.25). An offer never seen to lose keeps the prior run in the ranking."""
+    n = 600
+    flicker_a = zone_trace("us-east4-a", ([2, 2, 0, 0] * n)[:n])
+    flicker_b = zone_trace("us-east4-b", ([0, 0, 2, 2] * n)[:n])
+    late = zone_trace("europe-west1-c", [0] * 18 + [2] * (n - 18))
+    params = Params(nodes=2, job_h=20, deadline_h=40, changeover_h=0.2, starts=1)
+    market = market_of([flicker_a, flicker_b, late], params)
+    run = replay(market, 0, params, MOVES, ZoneDefault(market.offers, MOVES, seed=0), record=True)
+    in_europe = sum(1 for r in run.timeline if r["offer"] and r["offer"].startswith("europe-west1-c/"))
+    opt = simulate_opt_zones(market, 0, params, MOVES)
+    assert in_europe > 60 and not run.missed, (in_europe, run.launches)
+    assert run.cost_vs_on_demand <= 1.3 * opt.cost_vs_on_demand, (run.cost_vs_on_demand, opt.cost_vs_on_demand)
+
+
 def test_outages_are_counted_only_when_watched_without_a_gap():
     from kit.policy.zones import OutageLog
 
