@@ -136,6 +136,17 @@ def mean_runs(hours: Mapping[Offer, float], losses: Mapping[Offer, int], *, prio
             for offer, held_h in hours.items()}
 
 
+def probing_runs(runs: Mapping[Offer, float], losses: Mapping[Offer, float], *,
+                 prior_run_h: float = DEFAULT_PRIOR_RUN_H) -> dict[Offer, float]:
+    """The mean runs of :func:`mean_runs` as a search for capacity ranks them: an offer the job has never
+    seen lose keeps at least the prior run. Its pooled estimate is only the other offers' record, and
+    after a bad start in a few zones it ranked an untried zone below every other (and, in the
+    simulator, below on-demand, so it was never tried); optimistic initial values, Sutton and Barto,
+    "Reinforcement Learning", 2nd ed., 2018, section 2.6. Moves between running offers keep the pooled
+    means."""
+    return {o: max(m, prior_run_h) if losses.get(o, 0) == 0 else m for o, m in runs.items()}
+
+
 def progress_price(offer: Offer, m: float, *, changeover_h: float, moves: Moves, checkpoint_zone: str | None) -> float:
     """$ per hour of progress on ``offer`` with mean run ``m``, moving there from ``checkpoint_zone``: a run
     that first loses c = d + T makes E[(L - c)+] = m exp(-c/m) hours of progress for m hours paid
@@ -161,7 +172,8 @@ def learned_order(offers: tuple[Offer, ...], market: str, rng: random.Random, *,
     zones = sorted({o.zone for o in mine})
     rng.shuffle(zones)
     tie = {z: i for i, z in enumerate(zones)}
-    runs = mean_runs({o: hours.get(o, 0.0) for o in mine}, {o: losses.get(o, 0) for o in mine})
+    runs = probing_runs(mean_runs({o: hours.get(o, 0.0) for o in mine}, {o: losses.get(o, 0) for o in mine}),
+                        losses)
     here = current.zone if current is not None else None
     price = {o: progress_price(o, runs[o], changeover_h=changeover_h, moves=moves, checkpoint_zone=here) for o in mine}
     stay = here if here != preempted_zone else None  # the zone it runs in, unless it just preempted
@@ -400,16 +412,13 @@ class ZoneDefault(NettedZonePolicy):
         return progress_price(offer, m, changeover_h=obs.changeover_h, moves=self.moves,
                               checkpoint_zone=obs.checkpoint_zone)
 
-    def ranked(self, obs: ZoneObservation, ceiling: float, *, untried_as_prior: bool = False) -> list[Offer]:
-        """Spot offers cheaper per hour of progress than ``ceiling``, best first. With ``untried_as_prior``,
-        an offer the job has never seen lose is ranked with at least the prior mean run: its pooled
-        estimate is only the other offers' record, and after a bad start in a few zones it ranked an
-        untried zone below on-demand for good (optimistic initial values, Sutton and Barto,
-        "Reinforcement Learning", 2nd ed., 2018, section 2.6). The move rule keeps the pooled means."""
-        def length(o: Offer, m: float) -> float:
-            return max(m, self.prior_run_h) if untried_as_prior and self.losses[o] == 0 else m
-
-        rated = [(self.rate(o, obs, length(o, m)), self.tie[o.zone], o) for o, m in self.mean_runs(obs.now_h).items()]
+    def ranked(self, obs: ZoneObservation, ceiling: float, *, probing: bool = False) -> list[Offer]:
+        """Spot offers cheaper per hour of progress than ``ceiling``, best first; for ``probing`` (where
+        to look for capacity), with the mean runs of :func:`probing_runs`."""
+        runs = self.mean_runs(obs.now_h)
+        if probing:
+            runs = probing_runs(runs, self.losses, prior_run_h=self.prior_run_h)
+        rated = [(self.rate(o, obs, m), self.tie[o.zone], o) for o, m in runs.items()]
         return [o for r, _, o in sorted(rated, key=lambda x: x[:2]) if r < ceiling]
 
     def _find(self, obs: ZoneObservation, market: Market, ranked: list[Offer]) -> Offer | None:
@@ -477,7 +486,7 @@ class ZoneDefault(NettedZonePolicy):
             now_h=obs.now_h, progress_h=obs.progress_h, job_h=obs.job_h, deadline_h=obs.deadline_h,
             changeover_h=obs.changeover_h, market=obs.running.market if obs.running else None,
             spot_available=False, preempted=obs.preempted, tick_h=obs.tick_h, on_demand_price=od.price)
-        best = self._find(obs, market, self.worth_now(obs, single, self.ranked(obs, od.price, untried_as_prior=True)))
+        best = self._find(obs, market, self.worth_now(obs, single, self.ranked(obs, od.price, probing=True)))
         single = replace(single, spot_available=best is not None, spot_price=best.price if best else None)
         if obs.preempted:  # the job's spot run ended here, even if another zone has spot right now
             self.inner.observe(replace(single, spot_available=False))
@@ -500,4 +509,5 @@ def make_zone_policy(name: str, offers: tuple[Offer, ...], moves: Moves, seed: i
 
 
 __all__ = ["ZONE_POLICY_NAMES", "Failover", "Market", "NettedZonePolicy", "Pinned", "ZoneDefault", "ZoneObservation", "ZonePolicy",
-           "finishing_offer", "learned_order", "make_zone_policy", "mean_runs", "progress_price", "search_order"]
+           "finishing_offer", "learned_order", "make_zone_policy", "mean_runs", "probing_runs", "progress_price",
+           "search_order"]

@@ -63,3 +63,19 @@ def test_default_ranks_the_other_zones_by_what_their_spot_runs_were_worth():
     zones = {tuple(o.zone for o in learned_order(market, "spot", random.Random(s), **same)) for s in range(20)}
     assert len(zones) > 3, "no history: the shuffle decides, as failover"
     assert learned_order(market, "on-demand", random.Random(1), **kw) == search_order(market, "on-demand", random.Random(1))
+
+
+def test_the_capacity_search_tries_a_zone_it_has_not_seen_lose_before_known_short_ones():
+    """a and c lost three 12-minute runs each, b one 1-h run: the pooled mean is under an hour. d has no
+    run of its own, so it keeps the prior (4 h) and is tried first, not ranked as the pool's record."""
+    from kit.policy.offers import Moves
+    from kit.policy.zones import learned_order
+
+    market = offers(["a", "b", "c", "d"], shapes=(WIDE,))
+    spot = {o.zone: o for o in market if o.market == "spot"}
+    hours = {spot["a"]: 0.6, spot["b"]: 1.0, spot["c"]: 0.6}
+    losses = {spot["a"]: 3, spot["b"]: 1, spot["c"]: 3}
+    for seed in range(10):
+        order = learned_order(market, "spot", random.Random(seed), hours=hours, losses=losses, changeover_h=0.2,
+                              moves=Moves())
+        assert order[0].zone == "d" and order[1].zone == "b", (seed, [o.zone for o in order])
