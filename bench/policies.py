@@ -142,6 +142,12 @@ def markov(seed: int, share: float, mean_run_h: float, ratio: float, n_ticks: in
     return Trace(path=Path(meta["zone"] + ".json"), gap_seconds=gap, data=tuple(data), metadata=meta)
 
 
+def markov_set(ratio: float, seeds: range) -> list[Trace]:
+    """The single-node synthetic markets: availability 0.2/0.5/0.8 x mean run 20 min/1 h/4 h x ``seeds``."""
+    return [markov(seed, share, run_h, ratio) for share in (0.2, 0.5, 0.8) for run_h in (1 / 3, 1.0, 4.0)
+            for seed in seeds]
+
+
 def review_markov(seed: int, n: int, p_up: float, mean_up: float, nodes: int = 4, gap: int = 600) -> Trace:
     """The review grid's market (same generator as tests/unit/kit/simulate/test_single.py::markov_trace): on/off
     capacity, spot runs geometric with mean ``mean_up`` ticks, availability ``p_up``, price 1 vs 3."""
@@ -264,8 +270,7 @@ def changeover_ticks(md: list[str], out: dict) -> None:
             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     wins = total = 0
     for ratio in (2.5, 4.3):
-        ts = [markov(20 + seed, share, run_h, ratio) for share in (0.2, 0.5, 0.8) for run_h in (1 / 3, 1.0, 4.0)
-              for seed in range(2)]
+        ts = markov_set(ratio, range(20, 22))
         for ticks in (1, 2, 3, 4):
             for deadline in (60.0, 72.0):
                 params = Params(nodes=1, job_h=48.0, deadline_h=deadline, changeover_h=ticks * ts[0].tick_h, starts=8)
@@ -322,8 +327,7 @@ def main() -> int:
     if not args.skip_synthetic:
         synth = {}
         for ratio in (2.5, 4.3):
-            ts = [markov(seed, share, run_h, ratio) for share in (0.2, 0.5, 0.8) for run_h in (1 / 3, 1.0, 4.0)
-                  for seed in range(2)]
+            ts = markov_set(ratio, range(2))
             for r in (53.3, 60.0, 72.0):
                 synth[f"k={ratio}, R0={r:g}"] = run(f"synthetic-k{ratio}-{r:g}", ts, 1, r)
         md.append(table("Synthetic on/off markets (single node; availability 0.2/0.5/0.8 x mean run 20 min/1 h/4 h "

@@ -195,6 +195,13 @@ class UniformProgressPolicy(Policy):
         return WAIT
 
 
+def censored_mean(lengths: list[float], prior_h: float, weight: float, age: float = 0.0) -> float:
+    """Mean length (of outages, here) with a prior of ``prior_h`` at ``weight``; with ``age``, the mean
+    rest of one going on for that long (the maximum-likelihood mean of an exponential from the ended
+    lengths and the censored one: all time over the ended ones)."""
+    return (sum(lengths) + age + weight * prior_h) / (len(lengths) + weight)
+
+
 def _since(start: float | None, now_h: float) -> float:
     """Hours from ``start`` to ``now_h``; zero for a period that has not begun."""
     return 0.0 if start is None else now_h - start
@@ -331,7 +338,7 @@ class DefaultPolicy(Policy):
 
     def _rest_of_outage(self, age: float, d: float) -> float:
         """E[(rest of the current outage - d)+] given its age (censored-exponential beyond the data)."""
-        tail = (sum(self.outages) + age + self.w * self.prior_down) / (len(self.outages) + self.w)
+        tail = censored_mean(self.outages, self.prior_down, self.w, age)
         num, den = self.w * max(0.0, tail - d), self.w
         for x in self.outages:
             if x > age + EPS:
@@ -350,11 +357,11 @@ class DefaultPolicy(Policy):
         rate = min(progress / time, 1 - 1e-6) if time > 0 else 0.0
         cost = held / progress if progress > EPS else math.inf
         lam = 0.0 if cost >= k else min(self.LAMBDA_CAP, rate * (k - cost) / (1 - rate))
-        n_up, n_down = len(self.runs) + w, len(self.outages) + w
+        n_up = len(self.runs) + w
         return {
             "rate": rate, "cost": cost, "lambda": lam,
             "run_h": (sum(self.runs) + w * self.prior_up) / n_up,
-            "outage_h": (sum(self.outages) + w * self.prior_down) / n_down,
+            "outage_h": censored_mean(self.outages, self.prior_down, w),
             "run_waste_h": (sum(min(r, d) for r in self.runs) + w * min(self.prior_up, d)) / n_up,
         }
 
@@ -454,6 +461,7 @@ __all__ = [
     "DefaultPolicy",
     "Observation",
     "Policy",
+    "censored_mean",
     "make_policy",
     "safety_net",
 ]

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from kit.policy.market import EPS, ON_DEMAND, SPOT, WAIT, DefaultPolicy, Observation, Policy
+from kit.policy.market import EPS, ON_DEMAND, SPOT, WAIT, DefaultPolicy, Observation, Policy, censored_mean
 from kit.policy.offers import Moves, Offer
 
 ZONE_POLICY_NAMES = ("failover", "default")
@@ -206,15 +206,13 @@ class OutageLog:
             self.since[offer] = since if since is not None and watched else now_h
 
     def rest(self, offer: Offer, now_h: float, prior_h: float, weight: float) -> float:
-        """E[rest of the offer's outage now]: censored exponential over its outages seen and the one going
-        on (with its age), with a prior outage of ``prior_h`` at ``weight``; the mean when it is up."""
+        """E[rest of the offer's outage now] (:func:`censored_mean` with the age of the one going on);
+        the mean when it is up."""
         age = now_h - self.since[offer] if offer in self.since else 0.0
-        seen = self.ended[offer]
-        return (sum(seen) + age + weight * prior_h) / (len(seen) + weight)
+        return censored_mean(self.ended[offer], prior_h, weight, age)
 
     def mean(self, offer: Offer, prior_h: float, weight: float) -> float:
-        seen = self.ended[offer]
-        return (sum(seen) + weight * prior_h) / (len(seen) + weight)
+        return censored_mean(self.ended[offer], prior_h, weight)
 
 
 def zone_slack(obs: ZoneObservation, hours: float) -> float | None:
