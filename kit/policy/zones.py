@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import random
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -123,6 +124,31 @@ DEFAULT_PRIOR_RUN_H = 4.0  # a spot offer without history is assumed to run this
 # "Finite-time analysis of the multiarmed bandit problem", Machine Learning 47, 2002). One standard
 # error, the textbook choice, not tuned.
 CONFIDENCE_SE = 1.0
+# How many of an offer's latest spot runs its estimates use. Spot markets change regime: on the bundled
+# GCP traces us-east4-a gives runs of hours for days, then capacity that comes and goes every other tick;
+# over the whole history its mean run fell only from 1.6 to 1.1 h after 44 such losses, and the job kept
+# launching into it. A sliding window forgets the old regime after this many runs (sliding-window UCB:
+# Garivier and Moulines, "On Upper-Confidence Bound Policies for Switching Bandit Problems", ALT 2011).
+# Chosen on the development markets (docs/benchmarks.md, "Many zones"): 6 to 16 all fix the us-east4 rows;
+# 12 changes no stationary synthetic market measurably.
+RUN_WINDOW = 12
+
+
+class RunRecord:
+    """The job's spot runs on each offer, the latest :data:`RUN_WINDOW` of each: ``hours`` held on them and
+    ``losses``, how many a preemption ended (a run the job left is censored, not a loss). The multi-zone
+    ``default`` and the watcher's capacity search learn from the same record."""
+
+    def __init__(self, offers) -> None:
+        self.runs: dict[Offer, deque[tuple[float, bool]]] = {o: deque(maxlen=RUN_WINDOW) for o in offers}
+        self.hours: dict[Offer, float] = {o: 0.0 for o in offers}
+        self.losses: dict[Offer, int] = {o: 0 for o in offers}
+
+    def add(self, offer: Offer, hours: float, *, lost: bool) -> None:
+        runs = self.runs.setdefault(offer, deque(maxlen=RUN_WINDOW))
+        runs.append((hours, lost))
+        self.hours[offer] = sum(h for h, _ in runs)
+        self.losses[offer] = sum(1 for _, lost_ in runs if lost_)
 
 
 def mean_runs(hours: Mapping[Offer, float], losses: Mapping[Offer, int], *, prior_run_h: float = DEFAULT_PRIOR_RUN_H,
@@ -364,8 +390,8 @@ class ZoneDefault(NettedZonePolicy):
         self.move_margin = move_margin
         self.inner = DefaultPolicy(prior_spot_run_h=prior_run_h, prior_weight=prior_weight)
         self.prior_run_h, self.w = prior_run_h, prior_weight
-        self.hours: dict[Offer, float] = {o: 0.0 for o in self.spot_offers()}  # held on each spot offer
-        self.losses: dict[Offer, int] = {o: 0 for o in self.spot_offers()}  # preemptions there
+        self.record = RunRecord(self.spot_offers())
+        self.hours, self.losses = self.record.hours, self.record.losses  # the latest runs on each spot offer
         self.launched_at: float | None = None
         self.held: Offer | None = None
         self.asked: tuple[Offer, ...] = ()  # spot offers the last plan would launch, in order
@@ -397,8 +423,7 @@ class ZoneDefault(NettedZonePolicy):
             self.held, self.launched_at = obs.running, obs.now_h - obs.tick_h  # launched in the last tick
 
     def _ended(self, offer: Offer, hours: float, *, lost: bool) -> None:
-        self.hours[offer] += hours
-        self.losses[offer] += 1 if lost else 0
+        self.record.add(offer, hours, lost=lost)
 
     def mean_runs(self, now_h: float) -> dict[Offer, float]:
         """Mean spot run on each spot offer (:func:`mean_runs`), the run going on now with its age."""
@@ -506,6 +531,6 @@ def make_zone_policy(name: str, offers: tuple[Offer, ...], moves: Moves, seed: i
     return _ZONE_POLICIES[name](offers, moves, seed=seed, **params)
 
 
-__all__ = ["ZONE_POLICY_NAMES", "Failover", "Market", "NettedZonePolicy", "Pinned", "ZoneDefault", "ZoneObservation", "ZonePolicy",
+__all__ = ["RUN_WINDOW", "ZONE_POLICY_NAMES", "Failover", "Market", "NettedZonePolicy", "Pinned", "RunRecord", "ZoneDefault", "ZoneObservation", "ZonePolicy",
            "finishing_offer", "learned_order", "make_zone_policy", "mean_runs", "probing_runs", "progress_price",
            "search_order"]

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
 from kit.policy.offers import Moves
-from kit.policy.zones import learned_order, search_order
+from kit.policy.zones import RunRecord, learned_order, search_order
 from kit.watch.events import CAPACITY_ERROR, PREEMPTION, Event
 from kit.watch.ledger import Apply, Decision, Ledger
 from kit.watch.sources.base import EventSource, SourceError
@@ -195,17 +195,16 @@ class Actor:
         for node in self.ledger.all_nodes():
             if node.apply_id is not None and node.market == SPOT:
                 runs.setdefault(node.apply_id, []).append(node)
-        hours: dict = {}
-        losses: dict = {}
+        record = RunRecord(offers.values())
         now = self.clock()
-        for nodes in runs.values():
+        for _, nodes in sorted(runs.items()):  # oldest apply first: the record keeps the latest runs
             offer = offers.get(f"{nodes[0].zone}/{nodes[0].shape}/{SPOT}")
             if offer is None:
                 continue
             ended = max(now if n.until is None else n.until for n in nodes)
-            hours[offer] = hours.get(offer, 0.0) + max(0.0, ended - min(n.since for n in nodes)) / 3600.0
-            losses[offer] = losses.get(offer, 0) + any(n.lost_kind == PREEMPTION for n in nodes)
-        return hours, losses
+            record.add(offer, max(0.0, ended - min(n.since for n in nodes)) / 3600.0,
+                       lost=any(n.lost_kind == PREEMPTION for n in nodes))
+        return record.hours, record.losses
 
     def _launch(self, decision: Decision, attempt_id: int, market: str) -> list[Node]:
         """Apply the first offer of the capacity search that has capacity; its nodes carry their shape

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
+from kit.policy.market import SPOT
 from kit.policy.offers import Offer, Shape
 
 WIDE, TALL = Shape("local", 2, 1), Shape("local", 1, 2)
@@ -79,3 +82,17 @@ def test_the_capacity_search_tries_a_zone_it_has_not_seen_lose_before_known_shor
         order = learned_order(market, "spot", random.Random(seed), hours=hours, losses=losses, changeover_h=0.2,
                               moves=Moves())
         assert order[0].zone == "d" and order[1].zone == "b", (seed, [o.zone for o in order])
+
+
+def test_the_run_record_keeps_the_latest_runs_of_each_offer():
+    from kit.policy.zones import RUN_WINDOW, RunRecord
+
+    a, b = (Offer(z, Shape("t", 2), SPOT, 1.0) for z in ("a", "b"))
+    record = RunRecord([a, b])
+    record.add(a, 20.0, lost=True)  # the old regime: one long run
+    for _ in range(RUN_WINDOW - 1):
+        record.add(a, 0.5, lost=True)
+    assert record.hours[a] == pytest.approx(20.0 + 0.5 * (RUN_WINDOW - 1)) and record.losses[a] == RUN_WINDOW
+    record.add(a, 0.5, lost=False)  # one more: the long run leaves the window; a left run is no loss
+    assert record.hours[a] == pytest.approx(0.5 * RUN_WINDOW) and record.losses[a] == RUN_WINDOW - 1
+    assert record.hours[b] == 0.0 and record.losses[b] == 0

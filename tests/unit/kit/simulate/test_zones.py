@@ -277,6 +277,22 @@ def test_default_learns_from_a_spot_run_lost_in_the_tick_it_was_launched():
     assert not run.missed and run.launches <= 6, run.launches  # before: 16, 15 of them into us-east4-a
 
 
+def test_default_forgets_a_zone_whose_runs_turned_into_flicker():
+    """us-east4-a (0.8) gives 2-h runs for 26 h, then capacity every other tick; us-central1-a (1.0) 5-h runs
+    and 1-h outages. Over its whole history us-east4-a's mean run stayed above an hour long after the change,
+    and the job launched into its flicker 51 times (0.306 of on-demand, opt 0.236); its latest runs
+    (RUN_WINDOW) show the change, and the job runs us-central1-a."""
+    a = zone_trace("us-east4-a", ([2] * 12 + [0]) * 12 + [2, 0] * 150, spot=0.8)
+    b = zone_trace("us-central1-a", (([2] * 30 + [0] * 6) * 13)[:456], spot=1.0)
+    params = Params(nodes=2, job_h=30, deadline_h=60, changeover_h=0.2, starts=1)
+    market = market_of([a, b], params)
+    run = replay(market, 0, params, MOVES, ZoneDefault(market.offers, MOVES, seed=0), record=True)
+    into_flicker = sum(1 for r in run.timeline[156:] if r["offer"] and r["offer"].startswith("us-east4-a/"))
+    opt = simulate_opt_zones(market, 0, params, MOVES)
+    assert into_flicker <= 15 and not run.missed, into_flicker
+    assert run.cost_vs_on_demand <= 1.2 * opt.cost_vs_on_demand, (run.cost_vs_on_demand, opt.cost_vs_on_demand)
+
+
 def _one_cheap_zone_with_outages(deadline_h: float):
     """us-east4-a: spot at 0.8, 5-h runs and 1-h outages; us-central1-a: spot at 1.3, always up."""
     good = zone_trace("us-east4-a", ([2] * 30 + [0] * 6) * 12, spot=0.8)

@@ -671,3 +671,13 @@ def test_with_the_default_policy_the_capacity_search_ranks_zones_by_the_jobs_run
     other = Actor(RecordingBackend(), ledger, spec_with("threshold"), clock=clock)
     orders = {tuple(o.zone for o in other.search(SimpleNamespace(id=k), "spot")) for k in range(20)}
     assert orders == {("b", "c", "a"), ("c", "b", "a")}, "failover: shuffled, the preempting zone last"
+
+    # b's 20-h run was before its latest RUN_WINDOW runs (each 6 minutes): the ranking forgets it
+    from kit.policy.zones import RUN_WINDOW
+
+    for k in range(RUN_WINDOW):
+        run("b", 26.0 + k, 26.1 + k, 100 + 10 * k)
+    later = Actor(RecordingBackend(), ledger, spec_with("default"), clock=Clock(t0 + 40 * hour))
+    hours, losses = later.spot_runs()
+    assert {o.zone: (round(h, 3), losses[o]) for o, h in hours.items()} == {
+        "a": (5.0, 1), "b": (round(0.1 * RUN_WINDOW, 3), RUN_WINDOW), "c": (0.2, 1)}
