@@ -388,6 +388,8 @@ class ZoneDefault(NettedZonePolicy):
                  prior_weight: float = 1.0, move_margin: float = 0.3) -> None:
         super().__init__(offers, moves, seed)
         self.move_margin = move_margin
+        import os
+        self.pool_all = bool(os.environ.get("POOLALL"))
         self.inner = DefaultPolicy(prior_spot_run_h=prior_run_h, prior_weight=prior_weight)
         self.prior_run_h, self.w = prior_run_h, prior_weight
         self.record = RunRecord(self.spot_offers())
@@ -460,40 +462,52 @@ class ZoneDefault(NettedZonePolicy):
         and the prior's weight: the standard error of such a mean is the mean / sqrt(n)."""
         return CONFIDENCE_SE / math.sqrt(n + self.w)
 
-    def waiting_fits(self, obs: ZoneObservation, offer: Offer, m: float) -> bool:
-        """Would the job finish by the deadline on ``offer`` alone, waiting out the rest of its outage now
-        and each later one? Its mean run ``m`` and its outages as the job has seen them, both taken one
-        confidence width on the cautious side, a changeover (and the transfer there) per run, exponential
-        runs: E[(L - c)+] = m exp(-c/m)."""
+    def waiting_fits(self, obs: ZoneObservation, pool: list[Offer], runs: Mapping[Offer, float]) -> bool:
+        """Would the job finish by the deadline running only on the offers of ``pool``: waiting out the rest
+        of the outage now (until the first of them is back) and each later one, then a run on the one that
+        came back? Each offer's mean run (``runs``) and outages as the job has seen them, each taken one
+        confidence width on the cautious side. Outages of different offers are taken as independent
+        exponentials, so the first of them ends at the sum of their rates, and it is offer i's with
+        probability a_i / sum(a) (a_i: 1 / its mean outage). A changeover (and the transfer there) per run;
+        exponential runs: E[(L - c)+] = m exp(-c/m). With one offer: its own outages and runs."""
         if obs.deadline_h is None:
             return True
-        prior, seen = self.inner.prior_down, len(self.outages.ended[offer])
-        longer = 1 + self._error(seen)
-        left = obs.deadline_h - obs.now_h - longer * self.outages.rest(offer, obs.now_h, prior, self.w)
-        c = obs.changeover_h + self.moves.transfer_h(obs.checkpoint_zone, offer.zone)
-        m = max(EPS, m * (1 - self._error(self.losses[offer])))
-        cycles = left / (m + longer * self.outages.mean(offer, prior, self.w))
-        return cycles * m * math.exp(-c / m) >= obs.remaining_h
+        prior, back, rate, held, useful = self.inner.prior_down, 0.0, 0.0, 0.0, 0.0
+        for offer in pool:
+            longer = 1 + self._error(len(self.outages.ended[offer]))
+            a = 1 / max(EPS, longer * self.outages.mean(offer, prior, self.w))
+            back += 1 / max(EPS, longer * self.outages.rest(offer, obs.now_h, prior, self.w))
+            m = max(EPS, runs[offer] * (1 - self._error(self.losses[offer])))
+            c = obs.changeover_h + self.moves.transfer_h(obs.checkpoint_zone, offer.zone)
+            rate, held, useful = rate + a, held + a * m, useful + a * m * math.exp(-c / m)
+        cycles = (obs.deadline_h - obs.now_h - 1 / back) / ((1 + held) / rate)  # a cycle: an outage, a run
+        return cycles * useful / rate >= obs.remaining_h
 
     def worth_now(self, obs: ZoneObservation, single: Observation, ranked: list[Offer]) -> list[Offer]:
-        """The ranked offers worth launching now rather than waiting for the best one the job has run on.
+        """The ranked offers worth launching now rather than waiting for a better one.
 
-        Running a dearer offer B now instead of waiting for the best offer A the job knows makes progress
-        that would otherwise be bought on A later, at (rate B - rate A) more per hour of it, and saves as
-        many hours of slack. So B is worth it when its extra price per hour of progress is below the
-        value of an hour of slack, lambda (the inner policy's, in A's price). lambda counts as 0 only when
-        the slack is abundant for the job *and* waiting for A alone would finish in time; else the wait
-        is priced. Being wrong about A is what makes waiting costly, so A's rate is taken one confidence
-        width high (its mean run low) and B's low (UCB): an offer seen to lose once or twice is not ruled
-        out, and a zone looks better than another only once the difference is larger than the noise."""
+        Running a dearer offer B now instead of waiting for the best offer A the job has run on makes
+        progress that would otherwise be bought on A later, at (rate B - rate A) more per hour of it, and
+        saves as many hours of slack. So B is worth it when its extra price per hour of progress is below the
+        value of an hour of slack, lambda (the inner policy's, in A's price). When the slack is abundant for
+        the job, the wait is bounded by a reservation rate as well: the best offers the job has run on, as
+        few as will finish the job in time waiting only for them (:meth:`waiting_fits`), are worth it, and
+        a dearer one is not. So lambda counts as 0 when A alone would finish in time, and a pricey offer is
+        not run just because A alone would not, while a few good zones together would. Being wrong about
+        the better offers is what makes waiting costly, so their rates are taken one confidence width high
+        (mean runs low) and B's low (UCB): an offer seen to lose once or twice is not ruled out, and a zone
+        looks better than another only once the difference is larger than the noise."""
         known = [o for o in ranked if self.hours[o] > 0]
         if not known:
             return ranked
-        top, runs = known[0], self.mean_runs(obs.now_h)
-        lam, abundant = self.inner.slack_value(replace(single, spot_price=top.price))
-        if abundant and self.waiting_fits(obs, top, runs[top]):
-            lam = 0.0
-        ceiling = self.rate(top, obs, max(EPS, runs[top] * (1 - self._error(self.losses[top])))) + lam * top.price
+        runs = self.mean_runs(obs.now_h)
+        high = {o: self.rate(o, obs, max(EPS, runs[o] * (1 - self._error(self.losses[o])))) for o in known}
+        lam, abundant = self.inner.slack_value(replace(single, spot_price=known[0].price))
+        ceiling = high[known[0]] + lam * known[0].price
+        if abundant:
+            fits = next((k for k in range(1, len(known) + 1) if self.waiting_fits(obs, known[:k], runs)), None)
+            if fits is not None:
+                ceiling = min(ceiling, max(high[o] for o in known[:fits]))
         return [o for o in ranked
                 if self.rate(o, obs, runs[o] * (1 + self._error(self.losses[o]))) <= ceiling + EPS]
 
