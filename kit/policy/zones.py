@@ -24,7 +24,7 @@ import math
 import random
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -139,7 +139,8 @@ class RunRecord:
     ``losses``, how many a preemption ended (a run the job left is censored, not a loss). The multi-zone
     ``default`` and the watcher's capacity search learn from the same record."""
 
-    def __init__(self, offers) -> None:
+    def __init__(self, offers: Iterable[Offer]) -> None:
+        offers = list(offers)
         self.runs: dict[Offer, deque[tuple[float, bool]]] = {o: deque(maxlen=RUN_WINDOW) for o in offers}
         self.hours: dict[Offer, float] = {o: 0.0 for o in offers}
         self.losses: dict[Offer, int] = {o: 0 for o in offers}
@@ -388,8 +389,6 @@ class ZoneDefault(NettedZonePolicy):
                  prior_weight: float = 1.0, move_margin: float = 0.3) -> None:
         super().__init__(offers, moves, seed)
         self.move_margin = move_margin
-        import os
-        self.pool_all = bool(os.environ.get("POOLALL"))
         self.inner = DefaultPolicy(prior_spot_run_h=prior_run_h, prior_weight=prior_weight)
         self.prior_run_h, self.w = prior_run_h, prior_weight
         self.record = RunRecord(self.spot_offers())

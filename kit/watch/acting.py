@@ -188,8 +188,9 @@ class Actor:
                              preempted_zone=preempted, changeover_h=self.spec.policy.changeover_hours, moves=Moves())
 
     def spot_runs(self) -> tuple[dict, dict]:
-        """The job's spot runs so far, per offer: hours held (each apply's nodes, from their start until
-        the last one ended, or now) and how many of those runs a preemption ended."""
+        """The job's latest spot runs per offer (``RunRecord``: the last ``RUN_WINDOW`` on each): hours held
+        (each apply's nodes, from their start until the last one ended, or now) and how many of those runs
+        a preemption ended."""
         offers = {o.name: o for o in self.spec.offers() if o.spot}
         runs: dict[int, list] = {}
         for node in self.ledger.all_nodes():
