@@ -461,6 +461,11 @@ class ZoneDefault(NettedZonePolicy):
         and the prior's weight: the standard error of such a mean is the mean / sqrt(n)."""
         return CONFIDENCE_SE / math.sqrt(n + self.w)
 
+    def run_bounds(self, offer: Offer, m: float) -> tuple[float, float]:
+        """The mean run ``m`` on ``offer`` one confidence width short (kept above 0) and one long."""
+        error = self._error(self.losses[offer])
+        return max(EPS, m * (1 - error)), m * (1 + error)
+
     def waiting_fits(self, obs: ZoneObservation, pool: list[Offer], runs: Mapping[Offer, float]) -> bool:
         """Would the job finish by the deadline running only on the offers of ``pool``: waiting out the rest
         of the outage now (until the first of them is back) and each later one, then a run on the one that
@@ -476,7 +481,7 @@ class ZoneDefault(NettedZonePolicy):
             longer = 1 + self._error(len(self.outages.ended[offer]))
             a = 1 / max(EPS, longer * self.outages.mean(offer, prior, self.w))
             back += 1 / max(EPS, longer * self.outages.rest(offer, obs.now_h, prior, self.w))
-            m = max(EPS, runs[offer] * (1 - self._error(self.losses[offer])))
+            m = self.run_bounds(offer, runs[offer])[0]
             c = obs.changeover_h + self.moves.transfer_h(obs.checkpoint_zone, offer.zone)
             rate, held, useful = rate + a, held + a * m, useful + a * m * math.exp(-c / m)
         cycles = (obs.deadline_h - obs.now_h - 1 / back) / ((1 + held) / rate)  # a cycle: an outage, a run
@@ -500,15 +505,14 @@ class ZoneDefault(NettedZonePolicy):
         if not known:
             return ranked
         runs = self.mean_runs(obs.now_h)
-        high = {o: self.rate(o, obs, max(EPS, runs[o] * (1 - self._error(self.losses[o])))) for o in known}
+        high = {o: self.rate(o, obs, self.run_bounds(o, runs[o])[0]) for o in known}
         lam, abundant = self.inner.slack_value(replace(single, spot_price=known[0].price))
         ceiling = high[known[0]] + lam * known[0].price
         if abundant:
             fits = next((k for k in range(1, len(known) + 1) if self.waiting_fits(obs, known[:k], runs)), None)
             if fits is not None:
                 ceiling = min(ceiling, max(high[o] for o in known[:fits]))
-        return [o for o in ranked
-                if self.rate(o, obs, runs[o] * (1 + self._error(self.losses[o]))) <= ceiling + EPS]
+        return [o for o in ranked if self.rate(o, obs, self.run_bounds(o, runs[o])[1]) <= ceiling + EPS]
 
     def _decide(self, obs: ZoneObservation, market: Market) -> list[Offer]:
         od, _ = finishing_offer(obs, self.offers, self.moves)
