@@ -105,14 +105,19 @@ def synthetic_set(seed: int, n: int = 2016) -> list[Trace]:
     return out
 
 
+def synthetic_run(seed: int, d_ticks: int, deadline: float) -> dict:
+    """Every policy on the synthetic market of ``seed``: 2 nodes, C0 = 48 h, d in 10-min ticks, 8 starts."""
+    params = Params(nodes=2, job_h=48.0, deadline_h=deadline, changeover_h=d_ticks / 6, starts=8)
+    return simulate_zones(synthetic_set(seed), list(ZONE_ALL), params, Moves())
+
+
 def synthetic(md: list[str], out: dict) -> None:
     md += [("**Synthetic 5-zone markets** (2 nodes, each zone its own Markov availability and run length; "
            "C0 = 48 h, 3 seeds x 8 starts per row)"), "", *header("d, R0, seed")]
     for d_ticks in (1, 2, 4):
         for deadline in (60.0, 72.0):
             for seed in (11, 12, 13):
-                params = Params(nodes=2, job_h=48.0, deadline_h=deadline, changeover_h=d_ticks / 6, starts=8)
-                summary = simulate_zones(synthetic_set(seed), list(ZONE_ALL), params, Moves())
+                summary = synthetic_run(seed, d_ticks, deadline)
                 line, verdict = row(f"d={d_ticks} ticks, R0={deadline:g}, seed {seed}", summary)
                 md.append(line)
                 out[f"synthetic/d{d_ticks}/R{deadline:g}/s{seed}"] = {"summary": summary, "verdict": verdict}
@@ -134,9 +139,7 @@ def held_out_seeds(md: list[str], out: dict) -> None:
         verdicts = []
         for seed in HELD_OUT_SEEDS:
             for deadline in (60.0, 72.0):
-                params = Params(nodes=2, job_h=48.0, deadline_h=deadline, changeover_h=d_ticks / 6, starts=8)
-                summary = simulate_zones(synthetic_set(seed), list(ZONE_ALL), params,
-                                         Moves())
+                summary = synthetic_run(seed, d_ticks, deadline)
                 verdict = row("", summary)[1]
                 verdict["misses"] = summary["deadline_misses"]["default"]
                 out[f"synthetic-held-out/d{d_ticks}/R{deadline:g}/s{seed}"] = {"summary": summary, "verdict": verdict}
