@@ -236,9 +236,10 @@ class DefaultPolicy(Policy):
     * idle, spot available: take it if a run is worth its changeover, E[(k + lambda)(L - d)+ - L] > 0
       over the learned lengths L of runs at least as old as the current one (Can't Be Late's
       break-even kd/(k - 1) for lambda = 0, generalised to a distribution), unless deciding later is
-      worth more: waiting s and launching if the run still goes on, for s in whole ticks up to one
-      changeover (optimal stopping over a horizon that is a time, so the rule does not change with
-      the tick; where many runs are short, a run must first prove itself);
+      worth more: waiting s and launching if the run still goes on, for s in whole ticks up to two
+      changeovers (optimal stopping over a horizon that is a time, so the rule does not change with
+      the tick; where many runs are short, a run must first prove itself, over the round trip of a
+      launch to spot and one back);
     * on on-demand, spot available: switch if E[k(L - d)+ - L] > lambda d + min(kd, lambda E[outage])
       (the slack of a spot changeover now, and at the next outage either a new on-demand launch or a
       wait: the paper's 2kd/(k - 1) when slack is dear, kd/(k - 1) when it is free), with the same
@@ -265,15 +266,18 @@ class DefaultPolicy(Policy):
     name = "default"
     sticky_net = False
     LAMBDA_CAP = 100.0
-    LOOKAHEAD_D = 1.0  # how far ahead (in changeovers) a launch is compared with launching later
 
     def __init__(self, price_ratio: float = 4.0, prior_spot_run_h: float = 4.0, prior_outage_h: float = 0.25,
-                 prior_weight: float = 1.0) -> None:
+                 prior_weight: float = 1.0, lookahead_changeovers: float = 2.0) -> None:
         super().__init__()
-        if not (price_ratio > 1 and prior_spot_run_h > 0 and prior_outage_h > 0 and prior_weight > 0):
-            raise InputError(f"default needs price_ratio > 1 and prior_spot_run_h, prior_outage_h, prior_weight > 0 "
-                             f"(got {price_ratio}, {prior_spot_run_h}, {prior_outage_h}, {prior_weight})",
-                             where="policy")
+        if not (price_ratio > 1 and min(prior_spot_run_h, prior_outage_h, prior_weight, lookahead_changeovers) > 0):
+            raise InputError(f"default needs price_ratio > 1 and prior_spot_run_h, prior_outage_h, prior_weight, "
+                             f"lookahead_changeovers > 0 (got {price_ratio}, {prior_spot_run_h}, {prior_outage_h}, "
+                             f"{prior_weight}, {lookahead_changeovers})", where="policy")
+        # How far ahead (in changeovers) a launch is compared with launching later. Two by default: a
+        # short run taken from on-demand costs two launches (to spot, and back when it ends), so a run
+        # must be able to prove itself over that round trip; ``_later`` picks the best wait within it.
+        self.lookahead_d = float(lookahead_changeovers)
         self.k = float(price_ratio)
         self.prior_up = float(prior_spot_run_h)
         self.prior_down = float(prior_outage_h)
@@ -330,9 +334,9 @@ class DefaultPolicy(Policy):
 
     def _later(self, age: float, value, tick: float, d: float) -> float:
         """The best value of deciding later instead: waiting s hours, then launching if the run still
-        goes on, for every s in whole ticks up to ``LOOKAHEAD_D`` changeovers (at least one tick).
+        goes on, for every s in whole ticks up to ``lookahead_d`` changeovers (at least one tick).
         The horizon is a time, not a number of ticks, so the rule does not change with the tick."""
-        horizon = max(tick, self.LOOKAHEAD_D * d)
+        horizon = max(tick, self.lookahead_d * d)
         steps = max(1, math.floor(horizon / tick + 1e-9))
         return max(self._run_mean(age, value, shift=j * tick) for j in range(1, steps + 1))
 

@@ -389,7 +389,11 @@ class ZoneDefault(NettedZonePolicy):
                  prior_weight: float = 1.0, move_margin: float = 0.3) -> None:
         super().__init__(offers, moves, seed)
         self.move_margin = move_margin
-        self.inner = DefaultPolicy(prior_spot_run_h=prior_run_h, prior_weight=prior_weight)
+        # One changeover of lookahead, not the one-zone policy's two: when a run ends here the job mostly
+        # launches another zone's spot, not on-demand, so a short run costs one launch more, not a round
+        # trip; with two, the job waited out the tail of short runs and spent the slack that kept it off
+        # a pricey zone (the pricey-zone test in tests/unit/kit/simulate/test_zones.py).
+        self.inner = DefaultPolicy(prior_spot_run_h=prior_run_h, prior_weight=prior_weight, lookahead_changeovers=1.0)
         self.prior_run_h, self.w = prior_run_h, prior_weight
         self.record = RunRecord(self.spot_offers())
         self.hours, self.losses = self.record.hours, self.record.losses  # the latest runs on each spot offer
