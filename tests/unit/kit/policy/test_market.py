@@ -138,6 +138,8 @@ def test_default_takes_the_price_ratio_from_the_observation():
                        spot_available=True, preempted=False, tick_h=1).spot_price is None  # old callers still work
     with pytest.raises(InputError):
         make_policy("default", price_ratio=1.0)
+    with pytest.raises(InputError, match="lookahead_changeovers"):
+        make_policy("default", lookahead_changeovers=0.0)
 
 
 def test_default_learns_which_spot_runs_pay():
