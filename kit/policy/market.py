@@ -71,6 +71,14 @@ def safety_net(obs: Observation) -> bool:
     return slack is not None and slack <= obs.tick_h + EPS
 
 
+def launch_can_progress(slack_h: float | None, changeover_h: float, tick_h: float) -> bool:
+    """Whether a launch now could make progress before the safety net fires. Its changeover spends d of
+    the slack; with at most one tick left after it, the net moves the job to on-demand as soon as the
+    changeover ends, so the launch would only pay for its changeover (and an on-demand job loses nothing
+    by waiting for the net instead: it pays the same changeover and compute then)."""
+    return slack_h is None or slack_h - changeover_h > tick_h + EPS
+
+
 class Policy(ABC):
     """Base class: subclasses implement ``_decide``; the safety net is applied around it."""
 
@@ -400,6 +408,13 @@ class DefaultPolicy(Policy):
         return m["lambda"], self._abundant(obs, m)
 
     def _decide(self, obs: Observation) -> str:
+        answer = self._choose(obs)
+        if answer == SPOT and obs.market != SPOT and not launch_can_progress(obs.slack_h(), obs.changeover_h,
+                                                                           obs.tick_h):
+            return ON_DEMAND if obs.market == ON_DEMAND else WAIT
+        return answer
+
+    def _choose(self, obs: Observation) -> str:
         if obs.deadline_h is None:
             return SPOT if obs.spot_available else WAIT
         d, k, tick = obs.changeover_h, self.price_ratio(obs), obs.tick_h
@@ -466,6 +481,7 @@ __all__ = [
     "Observation",
     "Policy",
     "censored_mean",
+    "launch_can_progress",
     "make_policy",
     "safety_net",
 ]

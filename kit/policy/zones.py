@@ -28,7 +28,17 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from kit.policy.market import EPS, ON_DEMAND, SPOT, WAIT, DefaultPolicy, Observation, Policy, censored_mean
+from kit.policy.market import (
+    EPS,
+    ON_DEMAND,
+    SPOT,
+    WAIT,
+    DefaultPolicy,
+    Observation,
+    Policy,
+    censored_mean,
+    launch_can_progress,
+)
 from kit.policy.offers import Moves, Offer
 
 ZONE_POLICY_NAMES = ("failover", "default")
@@ -519,10 +529,14 @@ class ZoneDefault(NettedZonePolicy):
         return [o for o in ranked if self.rate(o, obs, self.run_bounds(o, runs[o])[1]) <= ceiling + EPS]
 
     def _decide(self, obs: ZoneObservation, market: Market) -> list[Offer]:
-        od, _ = finishing_offer(obs, self.offers, self.moves)
+        od, hours = finishing_offer(obs, self.offers, self.moves)
         if obs.running is not None and obs.running.spot:
             # Stay, unless an offer is cheaper per hour of progress (its changeover, transfer and
             # short runs included) than this one's bare price: try those first (a failed try is free).
+            # No move once its changeover would end at the safety net.
+            if not launch_can_progress(zone_slack(obs, hours), obs.changeover_h, obs.tick_h):
+                self.asked = ()
+                return [obs.running]
             better = [o for o in self.ranked(obs, obs.running.price * (1 - self.move_margin)) if o != obs.running]
             self.asked = tuple(better)
             return [*better, obs.running]

@@ -182,6 +182,19 @@ def test_default_goes_on_demand_only_through_long_outages_when_slack_is_scarce()
     assert next_outage(2.0, 1 / 6, 3, 48.0, 60.0) == "w" * 18
 
 
+def test_default_launches_no_spot_whose_changeover_would_end_at_the_safety_net():
+    """With slack s, a launch leaves s - d once its changeover is over; with at most one tick left the net
+    sends the job to on-demand right then, so the launch pays its changeover for nothing. A fresh default
+    (which assumes 4-h runs) launches spot from idle or on-demand while s - d is above one tick, not once
+    it is not (the net itself fires only at s <= one tick)."""
+    tick, d = 1 / 6, 0.2
+    for slack, launches in ((0.6, True), (0.3, False)):
+        for market, otherwise in ((None, WAIT), (ON_DEMAND, ON_DEMAND)):
+            o = obs(10.0, 40.0, job=48.0, deadline=10.0 + 8.0 + d + slack, d=d, market=market, tick=tick)
+            assert o.slack_h() == pytest.approx(slack) and not safety_net(o)
+            assert make_policy("default").decide(o) == (SPOT if launches else otherwise), (slack, market)
+
+
 def test_default_tells_what_an_hour_of_slack_is_worth():
     """(lambda, abundant) for a multi-zone policy: the same market as above, abundant for a small job,
     not for a big one; without a deadline slack is worth nothing."""

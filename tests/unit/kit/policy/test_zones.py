@@ -96,3 +96,22 @@ def test_the_run_record_keeps_the_latest_runs_of_each_offer():
     record.add(a, 0.5, lost=False)  # one more: the long run leaves the window; a left run is no loss
     assert record.hours[a] == pytest.approx(0.5 * RUN_WINDOW) and record.losses[a] == RUN_WINDOW - 1
     assert record.hours[b] == 0.0 and record.losses[b] == 0
+
+
+def test_default_makes_no_move_whose_changeover_would_end_at_the_safety_net():
+    """Running spot at 3.0 with the same shape at 1.0 in another zone: the multi-zone default tries the
+    cheaper zone while the slack left after a changeover is above one tick, and stays once it is not (the
+    move would pay its changeover and transfer, and the net would then send the job to on-demand)."""
+    from kit.policy.offers import Moves
+    from kit.policy.zones import ZoneDefault, ZoneObservation
+
+    shape = Shape("t", 2)
+    dear, cheap, od = Offer("a", shape, "spot", 3.0), Offer("b", shape, "spot", 1.0), Offer("a", shape, "on-demand", 4.0)
+    moves = Moves()
+    tick, d = 1 / 6, 0.2
+    for slack, moved in ((0.9, True), (0.3, False)):
+        policy = ZoneDefault((dear, cheap, od), moves)
+        seen = ZoneObservation(now_h=10.0, progress_h=40.0, job_h=48.0, deadline_h=10.0 + 8.0 + d + slack,
+                               changeover_h=d, tick_h=tick, running=dear, zone="a", checkpoint_zone="a")
+        plan = policy.decide(seen, market=None)  # type: ignore[arg-type]  # a running job probes nothing
+        assert plan[0] == (cheap if moved else dear), (slack, plan)
