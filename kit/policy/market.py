@@ -240,6 +240,8 @@ class DefaultPolicy(Policy):
 
     Decisions (the safety net, slack <= one tick, always wins, every tick):
 
+    * no spot launch once the slack left after its changeover would be one tick or less: the net would
+      send the job to on-demand as soon as the changeover ends (``launch_can_progress``);
     * on spot: stay (a changeover is already paid);
     * idle, spot available: take it if a run is worth its changeover, E[(k + lambda)(L - d)+ - L] > 0
       over the learned lengths L of runs at least as old as the current one (Can't Be Late's
