@@ -533,11 +533,11 @@ class ZoneDefault(NettedZonePolicy):
         if obs.running is not None and obs.running.spot:
             # Stay, unless an offer is cheaper per hour of progress (its changeover, transfer and
             # short runs included) than this one's bare price: try those first (a failed try is free).
-            # No move once its changeover would end at the safety net.
-            if not launch_can_progress(zone_slack(obs, hours), obs.changeover_h, obs.tick_h):
-                self.asked = ()
-                return [obs.running]
-            better = [o for o in self.ranked(obs, obs.running.price * (1 - self.move_margin)) if o != obs.running]
+            # No move whose changeover and transfer would end at the safety net.
+            slack = zone_slack(obs, hours)
+            better = [o for o in self.ranked(obs, obs.running.price * (1 - self.move_margin)) if o != obs.running
+                      and launch_can_progress(slack, obs.changeover_h + self.moves.transfer_h(obs.checkpoint_zone,
+                                                                                            o.zone), obs.tick_h)]
             self.asked = tuple(better)
             return [*better, obs.running]
         single = Observation(

@@ -99,19 +99,22 @@ def test_the_run_record_keeps_the_latest_runs_of_each_offer():
 
 
 def test_default_makes_no_move_whose_changeover_would_end_at_the_safety_net():
-    """Running spot at 3.0 with the same shape at 1.0 in another zone: the multi-zone default tries the
-    cheaper zone while the slack left after a changeover is above one tick, and stays once it is not (the
-    move would pay its changeover and transfer, and the net would then send the job to on-demand)."""
+    """Running spot at 3.0 with the same shape at 1.0 in the other zone of the region: the multi-zone default
+    tries the cheaper zone while the slack left after the move's changeover and checkpoint transfer is above
+    one tick, and stays once it is not (it would pay them, and the net would then send the job to
+    on-demand). A 500 GB checkpoint at 1 Gbit/s takes 1.1 h to move."""
     from kit.policy.offers import Moves
     from kit.policy.zones import ZoneDefault, ZoneObservation
 
     shape = Shape("t", 2)
-    dear, cheap, od = Offer("a", shape, "spot", 3.0), Offer("b", shape, "spot", 1.0), Offer("a", shape, "on-demand", 4.0)
-    moves = Moves()
+    dear, cheap = Offer("us-east4-a", shape, "spot", 3.0), Offer("us-east4-b", shape, "spot", 1.0)
+    od = Offer("us-east4-a", shape, "on-demand", 4.0)
+    fast, slow = Moves(), Moves(checkpoint_gb=500, transfer_gbps=1)
     tick, d = 1 / 6, 0.2
-    for slack, moved in ((0.9, True), (0.3, False)):
+    for moves, slack, moved in ((fast, 0.9, True), (fast, 0.3, False), (slow, 2.0, True), (slow, 1.4, False)):
         policy = ZoneDefault((dear, cheap, od), moves)
         seen = ZoneObservation(now_h=10.0, progress_h=40.0, job_h=48.0, deadline_h=10.0 + 8.0 + d + slack,
-                               changeover_h=d, tick_h=tick, running=dear, zone="a", checkpoint_zone="a")
+                               changeover_h=d, tick_h=tick, running=dear, zone="us-east4-a",
+                               checkpoint_zone="us-east4-a")
         plan = policy.decide(seen, market=None)  # type: ignore[arg-type]  # a running job probes nothing
-        assert plan[0] == (cheap if moved else dear), (slack, plan)
+        assert plan[0] == (cheap if moved else dear), (moves, slack, plan)
