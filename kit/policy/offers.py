@@ -137,6 +137,11 @@ class Moves:
             return 0.0
         return self.checkpoint_gb * 8 / self.transfer_gbps / 3600
 
+    def launch_h(self, changeover_h: float, src: str | None, dst: str) -> float:
+        """Hours a launch in zone ``dst`` is billed without progress: the changeover d, and the checkpoint's
+        transfer when it lies in another zone ``src``."""
+        return changeover_h + self.transfer_h(src, dst)
+
     def rate(self, src_region: str, dst_region: str) -> float:
         """$/GB from one region to another (0 within a region)."""
         if src_region == dst_region:

@@ -188,7 +188,7 @@ def progress_price(offer: Offer, m: float, *, changeover_h: float, moves: Moves,
     """$ per hour of progress on ``offer`` with mean run ``m``, moving there from ``checkpoint_zone``: a run
     that first loses c = d + T makes E[(L - c)+] = m exp(-c/m) hours of progress for m hours paid
     (exponential runs), so the price is multiplied by exp(c/m), and the egress is spread over the progress."""
-    lost = changeover_h + moves.transfer_h(checkpoint_zone, offer.zone)
+    lost = moves.launch_h(changeover_h, checkpoint_zone, offer.zone)
     if lost / m > 50:
         return float("inf")
     useful = m * math.exp(-lost / m)
@@ -496,7 +496,7 @@ class ZoneDefault(NettedZonePolicy):
             a = 1 / max(EPS, longer * self.outages.mean(offer, prior, self.w))
             back += 1 / max(EPS, longer * self.outages.rest(offer, obs.now_h, prior, self.w))
             m = self.run_bounds(offer, runs[offer])[0]
-            c = obs.changeover_h + self.moves.transfer_h(obs.checkpoint_zone, offer.zone)
+            c = self.moves.launch_h(obs.changeover_h, obs.checkpoint_zone, offer.zone)
             rate, held, useful = rate + a, held + a * m, useful + a * m * math.exp(-c / m)
         cycles = (obs.deadline_h - obs.now_h - 1 / back) / ((1 + held) / rate)  # a cycle: an outage, a run
         return cycles * useful / rate >= obs.remaining_h
@@ -536,8 +536,8 @@ class ZoneDefault(NettedZonePolicy):
             # No move whose changeover and transfer would end at the safety net.
             slack = zone_slack(obs, hours)
             better = [o for o in self.ranked(obs, obs.running.price * (1 - self.move_margin)) if o != obs.running
-                      and launch_can_progress(slack, obs.changeover_h + self.moves.transfer_h(obs.checkpoint_zone,
-                                                                                            o.zone), obs.tick_h)]
+                      and launch_can_progress(slack, self.moves.launch_h(obs.changeover_h, obs.checkpoint_zone, o.zone),
+                                              obs.tick_h)]
             self.asked = tuple(better)
             return [*better, obs.running]
         single = Observation(

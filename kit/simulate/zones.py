@@ -234,7 +234,7 @@ class _ZoneReplay:
         self.failed = tuple(failed)
 
     def launch(self, offer: Offer) -> None:
-        self.setup_left = self.p.changeover_h + self.moves.transfer_h(self.checkpoint_zone, offer.zone)
+        self.setup_left = self.moves.launch_h(self.p.changeover_h, self.checkpoint_zone, offer.zone)
         egress = self.moves.egress(self.checkpoint_zone, offer.zone)
         self.cost += egress
         self.run_.egress += egress
