@@ -203,6 +203,16 @@ class UniformProgressPolicy(Policy):
         return WAIT
 
 
+def uniform_slack(obs: Observation) -> float | None:
+    """The slack a job on Uniform Progress's schedule (progress C0 t / R0, t from the job's start) has at
+    ``obs.now_h``: the starting slack R0 - C0 - d shrunk in proportion to the time left, (R0 - C0 - d)
+    (R0 - t) / R0. None without a deadline."""
+    if not obs.deadline_h or obs.deadline_h <= 0:
+        return None
+    start = obs.deadline_h - obs.job_h - obs.changeover_h
+    return max(0.0, start) * max(0.0, obs.deadline_h - obs.now_h) / obs.deadline_h
+
+
 def censored_mean(lengths: list[float], prior_h: float, weight: float, age: float = 0.0) -> float:
     """Mean length (of outages, here) with a prior of ``prior_h`` at ``weight``; with ``age``, the mean
     rest of one going on for that long (the maximum-likelihood mean of an exponential from the ended
@@ -260,7 +270,10 @@ class DefaultPolicy(Policy):
       of the learned outages longer than its age; beyond them it is a censored-exponential estimate
       (all outage time, including this one's age, over the outages seen), so a long outage is
       expected to go on;
-    * on on-demand in an outage: stay (it never releases on-demand to go idle, like ``up``).
+    * on on-demand in an outage: stay (it never releases on-demand to go idle, like ``up``);
+    * with ``pace`` > 0 (the multi-zone policy's inner one, not the one-zone ``default``): idle, it runs
+      on-demand instead of waiting once the slack is below ``pace`` x the slack Uniform Progress would
+      keep now (``uniform_slack``), so waiting never spends the slack much faster than ``up`` would.
 
     So the policy is Greedy on markets where on-demand excursions cannot pay (short outages,
     spot worth little, slack to spare) and moves to on-demand during long outages, one outage at
@@ -278,12 +291,19 @@ class DefaultPolicy(Policy):
     LAMBDA_CAP = 100.0
 
     def __init__(self, price_ratio: float = 4.0, prior_spot_run_h: float = 4.0, prior_outage_h: float = 0.25,
-                 prior_weight: float = 1.0, lookahead_changeovers: float = 2.0) -> None:
+                 prior_weight: float = 1.0, lookahead_changeovers: float = 2.0, pace: float = 0.0) -> None:
         super().__init__()
         if not (price_ratio > 1 and min(prior_spot_run_h, prior_outage_h, prior_weight, lookahead_changeovers) > 0):
             raise InputError(f"default needs price_ratio > 1 and prior_spot_run_h, prior_outage_h, prior_weight, "
                              f"lookahead_changeovers > 0 (got {price_ratio}, {prior_spot_run_h}, {prior_outage_h}, "
                              f"{prior_weight}, {lookahead_changeovers})", where="policy")
+        if not 0.0 <= pace <= 1.0:
+            raise InputError(f"default needs 0 <= pace <= 1 (got {pace})", where="policy",
+                             fix="pace is the share of Uniform Progress's slack that waiting may not go below")
+        # The share of Uniform Progress's slack (``uniform_slack``) that waiting idle may not spend: below
+        # pace x that line the job runs on-demand instead of waiting. 0 (off) in one zone, where the
+        # learned market is the market; the multi-zone policy sets it (kit/policy/zones.py, PACE).
+        self.pace = float(pace)
         # How far ahead (in changeovers) a launch is compared with launching later. Two by default: a
         # short run taken from on-demand costs two launches (to spot, and back when it ends), so a run
         # must be able to prove itself over that round trip; ``_later`` picks the best wait within it.
@@ -411,10 +431,17 @@ class DefaultPolicy(Policy):
 
     def _decide(self, obs: Observation) -> str:
         answer = self._choose(obs)
+        if answer == WAIT and obs.market is None and self._below_pace(obs):
+            return ON_DEMAND
         if answer == SPOT and obs.market != SPOT and not launch_can_progress(obs.slack_h(), obs.changeover_h,
                                                                            obs.tick_h):
             return ON_DEMAND if obs.market == ON_DEMAND else WAIT
         return answer
+
+    def _below_pace(self, obs: Observation) -> bool:
+        """Is the slack below ``pace`` x the slack Uniform Progress would keep now?"""
+        slack, line = obs.slack_h(), uniform_slack(obs)
+        return self.pace > 0 and slack is not None and line is not None and slack < self.pace * line
 
     def _choose(self, obs: Observation) -> str:
         if obs.deadline_h is None:
@@ -486,4 +513,5 @@ __all__ = [
     "launch_can_progress",
     "make_policy",
     "safety_net",
+    "uniform_slack",
 ]

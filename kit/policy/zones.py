@@ -142,6 +142,16 @@ CONFIDENCE_SE = 1.0
 # Chosen on the development markets (docs/benchmarks.md, "Many zones"): 6 to 16 all fix the us-east4 rows;
 # 12 changes no stationary synthetic market measurably.
 RUN_WINDOW = 12
+# How much of Uniform Progress's slack the multi-zone ``default`` keeps from waiting: idle, it runs
+# on-demand rather than wait once its slack is below PACE x the slack ``up`` would have now
+# (``uniform_slack``). What the job has learned of "the best spot offer it can find" says little about
+# the zones it has not yet seen up: on the synthetic markets the zone with long runs is often down for
+# the first 10-20 hours, and a job that had spent its slack waiting through flicker elsewhere could not
+# use it (Uniform Progress rations slack over the deadline for the same reason: Wu et al., "Can't Be
+# Late", NSDI 2024). Not in the one-zone ``default``, whose learned market is the market (there it lost
+# synthetic rows). Chosen on the development markets (docs/benchmarks.md, "Many zones"): 0.4 to 0.75
+# all helped; 1 (``up``'s own line) lost rows.
+PACE = 0.5
 
 
 class RunRecord:
@@ -396,14 +406,15 @@ class ZoneDefault(NettedZonePolicy):
     sticky_net = False
 
     def __init__(self, offers: tuple[Offer, ...], moves: Moves, seed: int = 0, prior_run_h: float = DEFAULT_PRIOR_RUN_H,
-                 prior_weight: float = 1.0, move_margin: float = 0.3) -> None:
+                 prior_weight: float = 1.0, move_margin: float = 0.3, pace: float = PACE) -> None:
         super().__init__(offers, moves, seed)
         self.move_margin = move_margin
         # One changeover of lookahead, not the one-zone policy's two: when a run ends here the job mostly
         # launches another zone's spot, not on-demand, so a short run costs one launch more, not a round
         # trip; with two, the job waited out the tail of short runs and spent the slack that kept it off
         # a pricey zone (the pricey-zone test in tests/unit/kit/simulate/test_zones.py).
-        self.inner = DefaultPolicy(prior_spot_run_h=prior_run_h, prior_weight=prior_weight, lookahead_changeovers=1.0)
+        self.inner = DefaultPolicy(prior_spot_run_h=prior_run_h, prior_weight=prior_weight, lookahead_changeovers=1.0,
+                                   pace=pace)
         self.prior_run_h, self.w = prior_run_h, prior_weight
         self.record = RunRecord(self.spot_offers())
         self.hours, self.losses = self.record.hours, self.record.losses  # the latest runs on each spot offer

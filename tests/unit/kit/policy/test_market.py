@@ -142,6 +142,25 @@ def test_default_takes_the_price_ratio_from_the_observation():
         make_policy("default", lookahead_changeovers=0.0)
 
 
+def test_default_with_pace_runs_on_demand_instead_of_waiting_below_the_uniform_line():
+    from kit.policy.market import uniform_slack
+
+    # R0 = 60, C0 = 48, d = 0.2: Uniform Progress keeps 11.8 (60 - t) / 60 hours of slack
+    assert uniform_slack(obs(0.0, job=48.0, deadline=60.0)) == pytest.approx(11.8)
+    assert uniform_slack(obs(30.0, job=48.0, deadline=60.0)) == pytest.approx(5.9)
+    assert uniform_slack(obs(1.0, deadline=None)) is None
+    # at t = 30 h half the line is 2.95 h: with 20 h done the slack is 30 - (28 + 0.2) = 1.8 h, below it;
+    # with 23 h done, 4.8 h, above it. Idle in an outage, only the paced policy leaves waiting for on-demand
+    behind, ahead = (obs(30.0, p, job=48.0, deadline=60.0, spot=False, tick=1 / 6) for p in (20.0, 23.0))
+    for paced, expected in ((0.0, WAIT), (0.5, ON_DEMAND)):
+        policy = make_policy("default", pace=paced)
+        policy.decide(obs(0.0, 0.0, job=48.0, deadline=60.0, spot=True, market=SPOT, tick=1 / 6))
+        assert policy.decide(behind) == expected, paced
+    assert make_policy("default", pace=0.5).decide(ahead) == WAIT
+    with pytest.raises(InputError, match="pace"):
+        make_policy("default", pace=1.5)
+
+
 def test_default_learns_which_spot_runs_pay():
     tick = 1 / 6
     # always-spot market, slack to spare: it waits out an outage instead of paying on-demand (Greedy)

@@ -357,6 +357,25 @@ def test_default_tries_a_zone_it_has_not_seen_lose_after_a_bad_start_elsewhere()
     assert run.cost_vs_on_demand <= 1.3 * opt.cost_vs_on_demand, (run.cost_vs_on_demand, opt.cost_vs_on_demand)
 
 
+def test_default_keeps_slack_for_a_zone_that_comes_up_late():
+    """us-east4-a and -b (spot 0.8) give 20-minute runs, an hour apart; europe-west1-c (spot 1.0) has no
+    capacity for 18 h, then all of it. With 12 h of slack, waiting through the flicker spent the slack
+    before europe-west1-c came up, and the net kept the job on on-demand to the end (0.960 of on-demand,
+    opt 0.415). The multi-zone ``default`` runs on-demand instead of waiting below half of Uniform
+    Progress's slack, and still has slack to move when the long run comes."""
+    n = 600
+    a = zone_trace("us-east4-a", ([2, 2, 0, 0, 0, 0, 0, 0] * n)[:n], spot=0.8)
+    b = zone_trace("us-east4-b", ([0, 0, 0, 0, 2, 2, 0, 0] * n)[:n], spot=0.8)
+    late = zone_trace("europe-west1-c", [0] * 108 + [2] * (n - 108))
+    params = Params(nodes=2, job_h=24, deadline_h=36, changeover_h=0.2, starts=1)
+    market = market_of([a, b, late], params)
+    run = replay(market, 0, params, MOVES, ZoneDefault(market.offers, MOVES, seed=0), record=True)
+    in_europe = sum(1 for r in run.timeline if r["offer"] and r["offer"].startswith("europe-west1-c/")) / 6
+    opt = simulate_opt_zones(market, 0, params, MOVES)
+    assert in_europe > 12 and not run.missed, (in_europe, run.launches)
+    assert run.cost_vs_on_demand <= 1.3 * opt.cost_vs_on_demand, (run.cost_vs_on_demand, opt.cost_vs_on_demand)
+
+
 def test_outages_are_counted_only_when_watched_without_a_gap():
     from kit.policy.zones import OutageLog
 
