@@ -271,9 +271,10 @@ class DefaultPolicy(Policy):
       (all outage time, including this one's age, over the outages seen), so a long outage is
       expected to go on;
     * on on-demand in an outage: stay (it never releases on-demand to go idle, like ``up``);
-    * with ``pace`` > 0 (the multi-zone policy's inner one, not the one-zone ``default``): idle, it runs
-      on-demand instead of waiting once the slack is below ``pace`` x the slack Uniform Progress would
-      keep now (``uniform_slack``), so waiting never spends the slack much faster than ``up`` would.
+    * with ``pace`` > 0 (the multi-zone policy's inner one, not the one-zone ``default``): idle in an
+      outage, it runs on-demand instead of waiting once the slack is below ``pace`` x the slack Uniform
+      Progress would keep now (``uniform_slack``), so waiting out outages never spends the slack much
+      faster than ``up`` would (a wait for a run to prove itself is not an outage, and stays a wait).
 
     So the policy is Greedy on markets where on-demand excursions cannot pay (short outages,
     spot worth little, slack to spare) and moves to on-demand during long outages, one outage at
@@ -300,8 +301,8 @@ class DefaultPolicy(Policy):
         if not 0.0 <= pace <= 1.0:
             raise InputError(f"default needs 0 <= pace <= 1 (got {pace})", where="policy",
                              fix="pace is the share of Uniform Progress's slack that waiting may not go below")
-        # The share of Uniform Progress's slack (``uniform_slack``) that waiting idle may not spend: below
-        # pace x that line the job runs on-demand instead of waiting. 0 (off) in one zone, where the
+        # The share of Uniform Progress's slack (``uniform_slack``) that waiting out outages may not spend:
+        # below pace x that line the job runs on-demand instead of waiting. 0 (off) in one zone, where the
         # learned market is the market; the multi-zone policy sets it (kit/policy/zones.py, PACE).
         self.pace = float(pace)
         # How far ahead (in changeovers) a launch is compared with launching later. Two by default: a
@@ -431,7 +432,7 @@ class DefaultPolicy(Policy):
 
     def _decide(self, obs: Observation) -> str:
         answer = self._choose(obs)
-        if answer == WAIT and obs.market is None and self._below_pace(obs):
+        if answer == WAIT and obs.market is None and not obs.spot_available and self._below_pace(obs):
             return ON_DEMAND
         if answer == SPOT and obs.market != SPOT and not launch_can_progress(obs.slack_h(), obs.changeover_h,
                                                                            obs.tick_h):

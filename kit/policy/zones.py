@@ -142,8 +142,8 @@ CONFIDENCE_SE = 1.0
 # Chosen on the development markets (docs/benchmarks.md, "Many zones"): 6 to 16 all fix the us-east4 rows;
 # 12 changes no stationary synthetic market measurably.
 RUN_WINDOW = 12
-# How much of Uniform Progress's slack the multi-zone ``default`` keeps from waiting: idle, it runs
-# on-demand rather than wait once its slack is below PACE x the slack ``up`` would have now
+# How much of Uniform Progress's slack the multi-zone ``default`` keeps from waiting: idle in an outage,
+# it runs on-demand rather than wait once its slack is below PACE x the slack ``up`` would have now
 # (``uniform_slack``). What the job has learned of "the best spot offer it can find" says little about
 # the zones it has not yet seen up: on the synthetic markets the zone with long runs is often down for
 # the first 10-20 hours, and a job that had spent its slack waiting through flicker elsewhere could not
