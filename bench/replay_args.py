@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from kit.paths import SPOT_TRACES_DIR
@@ -10,9 +11,12 @@ from kit.paths import SPOT_TRACES_DIR
 GCP = "gcp-a3-h100-2025-10"
 
 
-def parse(doc: str | None) -> argparse.Namespace:
+def parse(doc: str | None, extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """The shared flags, and ``extra``'s (a benchmark's own) added to them."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--traces", type=Path, default=SPOT_TRACES_DIR / GCP)
     ap.add_argument("--out", type=Path, default=None, help="write every summary as JSON here")
     ap.add_argument("--skip-synthetic", action="store_true")
+    if extra is not None:
+        extra(ap)
     return ap.parse_args()
