@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kit.errors import InputError
@@ -157,6 +159,11 @@ def test_default_with_pace_runs_on_demand_instead_of_waiting_below_the_uniform_l
         policy.decide(obs(0.0, 0.0, job=48.0, deadline=60.0, spot=True, market=SPOT, tick=1 / 6))
         assert policy.decide(behind) == expected, paced
     assert make_policy("default", pace=0.5).decide(ahead) == WAIT
+    # a wait with spot available (a fresh run proving itself) is not an outage: pacing leaves it a wait
+    waiting = make_policy("default", pace=0.5)
+    waiting._choose = lambda o: WAIT
+    assert waiting.decide(replace(behind, spot_available=True)) == WAIT
+    assert waiting.decide(behind) == ON_DEMAND
     with pytest.raises(InputError, match="pace"):
         make_policy("default", pace=1.5)
 
