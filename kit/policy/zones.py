@@ -154,6 +154,17 @@ RUN_WINDOW = 12
 PACE = 0.5
 
 
+def moving_market_policy(**params) -> DefaultPolicy:
+    """The market decision (spot, on-demand or wait) of a job that may move between offers: the one-zone
+    ``default`` on the market "the best spot offer the job can get now", with one changeover of lookahead,
+    not the one-zone policy's two (when a run ends the job mostly launches another zone's spot, not
+    on-demand, so a short run costs one launch more, not a round trip; with two, the job waited out the
+    tail of short runs and spent the slack that kept it off a pricey zone: the pricey-zone test in
+    tests/unit/kit/simulate/test_zones.py), and pacing (:data:`PACE`). :class:`ZoneDefault` decides with
+    it, and so does the watcher for a spec with several zones or shapes (``kit.watch.session``)."""
+    return DefaultPolicy(**{"lookahead_changeovers": 1.0, "pace": PACE, **params})
+
+
 class RunRecord:
     """The job's spot runs on each offer, the latest :data:`RUN_WINDOW` of each: ``hours`` held on them and
     ``losses``, how many a preemption ended (a run the job left is censored, not a loss). The multi-zone
@@ -412,12 +423,7 @@ class ZoneDefault(NettedZonePolicy):
                  prior_weight: float = 1.0, move_margin: float = 0.3, pace: float = PACE) -> None:
         super().__init__(offers, moves, seed)
         self.move_margin = move_margin
-        # One changeover of lookahead, not the one-zone policy's two: when a run ends here the job mostly
-        # launches another zone's spot, not on-demand, so a short run costs one launch more, not a round
-        # trip; with two, the job waited out the tail of short runs and spent the slack that kept it off
-        # a pricey zone (the pricey-zone test in tests/unit/kit/simulate/test_zones.py).
-        self.inner = DefaultPolicy(prior_spot_run_h=prior_run_h, prior_weight=prior_weight, lookahead_changeovers=1.0,
-                                   pace=pace)
+        self.inner = moving_market_policy(prior_spot_run_h=prior_run_h, prior_weight=prior_weight, pace=pace)
         self.prior_run_h, self.w = prior_run_h, prior_weight
         self.record = RunRecord(self.spot_offers())
         self.hours, self.losses = self.record.hours, self.record.losses  # the latest runs on each spot offer
@@ -580,6 +586,6 @@ def make_zone_policy(name: str, offers: tuple[Offer, ...], moves: Moves, seed: i
     return _ZONE_POLICIES[name](offers, moves, seed=seed, **params)
 
 
-__all__ = ["RUN_WINDOW", "ZONE_POLICY_NAMES", "Failover", "Market", "NettedZonePolicy", "Pinned", "RunRecord", "ZoneDefault", "ZoneObservation", "ZonePolicy",
-           "finishing_offer", "learned_order", "make_zone_policy", "mean_runs", "probing_runs", "progress_price",
+__all__ = ["PACE", "RUN_WINDOW", "ZONE_POLICY_NAMES", "Failover", "Market", "NettedZonePolicy", "Pinned", "RunRecord", "ZoneDefault", "ZoneObservation", "ZonePolicy",
+           "finishing_offer", "learned_order", "make_zone_policy", "mean_runs", "moving_market_policy", "probing_runs", "progress_price",
            "search_order"]

@@ -35,10 +35,15 @@ def parse_listen(listen: str) -> tuple[str, int]:
 
 
 def make_policy_for(spec: SpecBase):
-    """The spec's ``policy`` section -> a kit.policy Policy."""
+    """The spec's ``policy`` section -> a kit.policy Policy. A ``default`` job that may move (several zones or
+    shapes) decides its market as the simulator's multi-zone ``default`` does (its market is "the best spot
+    offer the capacity search finds"): ``kit.policy.zones.moving_market_policy``."""
     from kit.policy import make_policy
+    from kit.policy.zones import moving_market_policy
 
     section = spec.policy
+    if section.name == "default" and spec.can_move:
+        return moving_market_policy()
     params = {}
     if section.name == "threshold":
         t = section.threshold

@@ -232,15 +232,6 @@ def test_default_tells_what_an_hour_of_slack_is_worth():
     assert make_policy("default").slack_value(obs(0, deadline=None)) == (0.0, True)
 
 
-def test_the_specs_policy_section_builds_the_policy():
-    from kit.watch.session import make_policy_for
-    from tests.support.watch import local_spec
-
-    spec = local_spec(policy={"name": "threshold", "threshold": {"k": 2, "window_hours": 1.0, "cooldown_hours": 0.5}})
-    policy = make_policy_for(spec)
-    assert policy.name == "threshold" and (policy.k, policy.window_h, policy.cooldown_h) == (2, 1.0, 0.5)
-
-
 def test_replaying_the_same_ticks_gives_the_same_decisions():
     # the watcher rebuilds a policy's memory on restart by replaying recorded observations
     import random
