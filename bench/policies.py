@@ -24,6 +24,7 @@ Prints Markdown tables (pasted into docs/benchmarks.md, section "Policies").
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -157,11 +158,10 @@ def review_markov(seed: int, n: int, p_up: float, mean_up: float, nodes: int = 4
     return Trace(path=Path(meta["zone"] + ".json"), gap_seconds=gap, data=tuple(data), metadata=meta)
 
 
-def known_market_policy(leave_up: float, leave_down: float, tick_h: float, params: Params, k: float):
-    """A factory of the cheapest policy *in expectation* for a known on/off Markov market (spot 1, on-demand k):
-    backward dynamic programming over (tick, market and ticks since its launch, spot up, compute),
-    with the simulator's model. No online policy can do better on average; opt (which knows the
-    trace) can."""
+def _known_market_table(leave_up: float, leave_down: float, tick_h: float, params: Params, k: float):
+    """Backward dynamic programming over (tick, market and ticks since its launch, spot up, compute) for a
+    known on/off Markov market (spot 1, on-demand k), with the simulator's model: the best action of each
+    state (0 wait, 1 on-demand, 2 spot), and the grid's compute unit, phases and target."""
     C0, R0, d, N = params.job_h, params.deadline_h, params.changeover_h, params.nodes
     unit, per_phase, target = _grid(tick_h, d, C0)
     P = len(per_phase)
@@ -170,7 +170,7 @@ def known_market_policy(leave_up: float, leave_down: float, tick_h: float, param
     inf = 1e18
     idx = np.arange(target)
     value = np.full((M, 2, target), inf)  # after the window: missed
-    act = np.zeros((span, M, 2, target), dtype=np.int8)  # 0 wait, 1 on-demand, 2 spot
+    act = np.zeros((span, M, 2, target), dtype=np.int8)
     for i in range(span - 1, -1, -1):
         now = i * tick_h
         expect = np.empty_like(value)  # E[value next tick | spot up now]
@@ -203,26 +203,35 @@ def known_market_policy(leave_up: float, leave_down: float, tick_h: float, param
         for m in range(1, 1 + P):  # a spot cluster without capacity is lost: idle
             new[m, 0], act[i, m, 0] = new[0, 0], act[i, 0, 0]
         value = new
+    return act, unit, P, target
 
-    class Known:
-        """Plays the dynamic program's table, which is the whole policy (no safety net of its own
-        around it), so it is no ``Policy`` subclass: the replay only needs ``decide``."""
 
-        name = "known"
+class _Known:
+    """Plays the dynamic program's table, which is the whole policy (no safety net of its own around it),
+    so it is no ``Policy`` subclass: the replay only needs ``decide``."""
 
-        def __init__(self) -> None:
-            self.phase = 0
+    name = "known"
 
-        def decide(self, obs) -> str:
-            if obs.remaining_h <= 1e-9:
-                return WAIT
-            m = 0 if obs.market is None else (1 if obs.market == SPOT else 1 + P) + min(self.phase, P - 1)
-            c = min(round(obs.progress_h / unit), target - 1)
-            choice = (WAIT, ON_DEMAND, SPOT)[act[round(obs.now_h / tick_h), m, int(obs.spot_available), c]]
-            self.phase = 0 if choice == WAIT else (self.phase + 1 if choice == obs.market else 1)
-            return choice
+    def __init__(self, act: np.ndarray, unit: float, phases: int, target: int, tick_h: float) -> None:
+        self.act, self.unit, self.P, self.target, self.tick_h = act, unit, phases, target, tick_h
+        self.phase = 0
 
-    return Known
+    def decide(self, obs) -> str:
+        if obs.remaining_h <= 1e-9:
+            return WAIT
+        P = self.P
+        m = 0 if obs.market is None else (1 if obs.market == SPOT else 1 + P) + min(self.phase, P - 1)
+        c = min(round(obs.progress_h / self.unit), self.target - 1)
+        choice = (WAIT, ON_DEMAND, SPOT)[self.act[round(obs.now_h / self.tick_h), m, int(obs.spot_available), c]]
+        self.phase = 0 if choice == WAIT else (self.phase + 1 if choice == obs.market else 1)
+        return choice
+
+
+def known_market_policy(leave_up: float, leave_down: float, tick_h: float, params: Params, k: float):
+    """A factory of the cheapest policy *in expectation* for a known on/off Markov market (spot 1, on-demand k)
+    (:func:`_known_market_table`). No online policy can do better on average; opt (which knows the trace) can."""
+    act, unit, phases, target = _known_market_table(leave_up, leave_down, tick_h, params, k)
+    return functools.partial(_Known, act, unit, phases, target, tick_h)
 
 
 def review_grid(md: list[str], out: dict) -> None:
