@@ -18,14 +18,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import replay_args
+
 from kit.paths import SPOT_TRACES_DIR
 from kit.policy import Observation, make_policy, safety_net
 from kit.simulate.single import Params, simulate_policy, start_ticks
 from kit.traces import load_traces
 
 SETS = {  # name: (trace set, (R0, d) cells, nodes)
-    "gcp": ("gcp-a3-h100-2025-10", ((60.0, 0.2), (72.0, 0.2)), 16),
-    "aws": ("aws-p3-v100-2023-02", ((53.3, 0.2), (60.0, 0.2), (72.0, 0.2), (53.3, 0.1), (60.0, 0.1), (72.0, 0.1)), 1),
+    "gcp": (replay_args.GCP, ((60.0, 0.2), (72.0, 0.2)), 16),
+    "aws": (replay_args.AWS, replay_args.AWS_CELLS, 1),
 }
 POLICIES = ("default", "up")
 SHARES = (0.3, 0.5)

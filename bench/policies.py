@@ -107,21 +107,20 @@ def finer(t: Trace, k: int) -> Trace:
 def held_out_aws(out: dict) -> str:
     """Per-zone cells on the bundled AWS V100 set (195-s ticks, per-tick prices), where ``default``
     was never tuned: is it <= min(greedy, up) in each zone?"""
-    traces = load_traces([SPOT_TRACES_DIR / "aws-p3-v100-2023-02"])
+    traces = load_traces([SPOT_TRACES_DIR / replay_args.AWS])
     lines = ["**Held out: AWS p3.2xlarge (V100), 9 zones, 195-s ticks, 1 node, C0 = 48 h, 8 starts**", "",
              "| R0 | d | greedy | up | default | opt | zones where default <= min(greedy, up) |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
     wins = cells = 0
-    for deadline in (53.3, 60.0, 72.0):
-        for d in (0.2, 0.1):
-            s = simulate(traces, ["greedy", "up", "default", OPT], Params(nodes=1, job_h=48.0, deadline_h=deadline,
-                                                                          changeover_h=d, starts=8))
-            out[f"aws-{deadline:g}-{d}"] = s
-            won = [z for z, v in s["per_trace"].items() if v["default"] <= min(v["greedy"], v["up"]) + 1e-12]
-            wins, cells = wins + len(won), cells + len(s["per_trace"])
-            c = s["cost_vs_on_demand"]
-            lines.append(f"| {deadline:g} h | {d} h | {c['greedy']:.4f} | {c['up']:.4f} | {c['default']:.4f} | "
-                         f"{c[OPT]:.4f} | {len(won)} of {len(s['per_trace'])} |")
+    for deadline, d in replay_args.AWS_CELLS:
+        s = simulate(traces, ["greedy", "up", "default", OPT], Params(nodes=1, job_h=48.0, deadline_h=deadline,
+                                                                      changeover_h=d, starts=8))
+        out[f"aws-{deadline:g}-{d}"] = s
+        won = [z for z, v in s["per_trace"].items() if v["default"] <= min(v["greedy"], v["up"]) + 1e-12]
+        wins, cells = wins + len(won), cells + len(s["per_trace"])
+        c = s["cost_vs_on_demand"]
+        lines.append(f"| {deadline:g} h | {d} h | {c['greedy']:.4f} | {c['up']:.4f} | {c['default']:.4f} | "
+                     f"{c[OPT]:.4f} | {len(won)} of {len(s['per_trace'])} |")
     misses = sum(sum(v["deadline_misses"].values()) for k, v in out.items() if k.startswith("aws-"))
     lines += ["", f"`default` <= min(greedy, up) in {wins} of {cells} zone cells; deadline misses, all policies: {misses}.",
               ""]

@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import replay_args
-from zones import synthetic_set
+from zones import MARKETS, synthetic_params, synthetic_set
 
 from kit.policy.offers import Moves, Offer
 from kit.policy.zones import ZoneDefault, ZoneObservation, finishing_offer
@@ -131,14 +131,13 @@ def settings(traces) -> list[tuple[str, list, Params]]:
     """The GCP rows of bench/zones.py that miss 1.10 x opt, and its two reported synthetic rows that lose to
     the best zone's ``up`` (5 zones, 2 nodes, d = 4 ticks, R0 = 60 h)."""
     out = []
-    for label, prefix in (("13 zones", None), ("us-central1 (3 zones)", "us-central1-"), ("us-east4 (2 zones)", "us-east4-")):
+    for label, prefix in MARKETS:
         ts = [t for t in traces if prefix is None or t.name.startswith(prefix)]
         for deadline in (60.0, 72.0):
             out.append((f"{label}, N=16, R0={deadline:g}", ts,
                         Params(nodes=16, job_h=48.0, deadline_h=deadline, changeover_h=0.2, starts=8)))
     for seed in (11, 13):
-        out.append((f"synthetic seed {seed}, d=4 ticks, R0=60", synthetic_set(seed),
-                    Params(nodes=2, job_h=48.0, deadline_h=60.0, changeover_h=4 / 6, starts=8)))
+        out.append((f"synthetic seed {seed}, d=4 ticks, R0=60", synthetic_set(seed), synthetic_params(4, 60.0)))
     return out
 
 

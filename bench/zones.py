@@ -44,7 +44,8 @@ from kit.simulate.zones import (
 )
 from kit.traces import Trace, load_traces, markov_availability
 
-AWS = "aws-p3-v100-2023-02"
+# The GCP markets: all 13 zones, and the zones of one region (label, trace-name prefix)
+MARKETS = (("13 zones", None), ("us-central1 (3 zones)", "us-central1-"), ("us-east4 (2 zones)", "us-east4-"))
 SHOWN = ("opt", "default", "failover", "up@best-zone", "up@mean-zone", "default@best-zone")
 
 
@@ -66,8 +67,7 @@ def header(first: str) -> list[str]:
 def gcp(md: list[str], out: dict, traces: list[Trace]) -> None:
     md += [("**GCP H100, 13 zones and one region at a time** (mean cost vs on-demand in the cheapest zone, "
            "(deadline misses); 8 starts)"), "", *header("setting")]
-    settings = [("13 zones", None), ("us-central1 (3 zones)", "us-central1-"), ("us-east4 (2 zones)", "us-east4-")]
-    for label, prefix in settings:
+    for label, prefix in MARKETS:
         ts = [t for t in traces if prefix is None or t.name.startswith(prefix)]
         for nodes in (16, 4, 1):
             if prefix is not None and nodes != 16:
@@ -109,8 +109,12 @@ def synthetic_set(seed: int, n: int = 2016) -> list[Trace]:
 
 def synthetic_run(seed: int, d_ticks: int, deadline: float) -> dict:
     """Every policy on the synthetic market of ``seed``: 2 nodes, C0 = 48 h, d in 10-min ticks, 8 starts."""
-    params = Params(nodes=2, job_h=48.0, deadline_h=deadline, changeover_h=d_ticks / 6, starts=8)
-    return simulate_zones(synthetic_set(seed), list(ZONE_ALL), params, Moves())
+    return simulate_zones(synthetic_set(seed), list(ZONE_ALL), synthetic_params(d_ticks, deadline), Moves())
+
+
+def synthetic_params(d_ticks: int, deadline: float) -> Params:
+    """The job of the synthetic rows: 2 nodes, C0 = 48 h, d in 10-minute ticks, 8 starts."""
+    return Params(nodes=2, job_h=48.0, deadline_h=deadline, changeover_h=d_ticks / 6, starts=8)
 
 
 def synthetic(md: list[str], out: dict) -> None:
@@ -191,7 +195,7 @@ def main() -> int:
     out: dict = {}
     t0 = time.perf_counter()
     gcp(md, out, traces)
-    aws(md, out, load_traces([SPOT_TRACES_DIR / AWS]))
+    aws(md, out, load_traces([SPOT_TRACES_DIR / replay_args.AWS]))
     if not args.skip_synthetic:
         synthetic(md, out)
         if args.development:
