@@ -412,7 +412,7 @@ class ZoneDefault(NettedZonePolicy):
       sees spot as available when a ranked offer was found; its spot runs are the job's runs wherever
       they were. The deadline net includes the transfer to the on-demand zone.
     * Pacing (:data:`PACE`): idle in an outage, the job runs on-demand instead of waiting once its slack
-      is below half of what Uniform Progress would keep, so a zone that comes up late with long runs
+      is below ``pace`` x what Uniform Progress would keep, so a zone that comes up late with long runs
       still finds slack to use.
     """
 
