@@ -218,12 +218,14 @@ def progress_price(offer: Offer, m: float, *, changeover_h: float, moves: Moves,
 
 def learned_order(offers: tuple[Offer, ...], market: str, rng: random.Random, *, hours: Mapping[Offer, float],
                   losses: Mapping[Offer, int], changeover_h: float, moves: Moves, current: Offer | None = None,
-                  preempted_zone: str | None = None) -> list[Offer]:
+                  preempted_zone: str | None = None, ceiling: float | None = None) -> list[Offer]:
     """:func:`search_order` with the spot offers ranked as ``default`` ranks them: by price per hour of
     progress (:func:`progress_price`) over the runs the job has had on each (``hours`` held, ``losses``),
     changeover, transfer and egress from the checkpoint's zone included; ties in shuffled zone order. The
-    zone the job runs in still comes first and the one that just preempted last. On-demand: as
-    :func:`search_order` (cheapest first)."""
+    zone the job runs in still comes first and the one that just preempted last. With a ``ceiling`` ($ per
+    hour of progress; :func:`spot_ceiling`), the spot offers at or above it are left out, as the multi-zone
+    ``default`` never launches them (:meth:`ZoneDefault.ranked`). On-demand: as :func:`search_order`
+    (cheapest first)."""
     if market != SPOT:
         return search_order(offers, market, rng, current=current, preempted_zone=preempted_zone)
     mine = [o for o in offers if o.market == market]
@@ -240,7 +242,16 @@ def learned_order(offers: tuple[Offer, ...], market: str, rng: random.Random, *,
         as_now = current is not None and o.zone == stay and o.shape == current.shape  # nothing changes
         return (o.zone == preempted_zone, o.zone != stay, not as_now, price[o], tie[o.zone])
 
-    return sorted(mine, key=key)
+    return sorted((o for o in mine if ceiling is None or price[o] < ceiling), key=key)
+
+
+def spot_ceiling(offers: Iterable[Offer]) -> float | None:
+    """What an hour of progress on spot may cost at most: an hour on the cheapest on-demand offer (None
+    without one). A spot offer whose runs are so short that, changeovers included, its progress costs more
+    is not worth launching: the multi-zone ``default`` ranks only the offers below it. An on-demand price
+    not known (0: a type the catalog does not price and the spec does not either) sets no ceiling."""
+    prices = [o.price for o in offers if o.market == ON_DEMAND and o.price > 0]
+    return min(prices) if prices else None
 
 
 class OutageLog:
@@ -588,4 +599,4 @@ def make_zone_policy(name: str, offers: tuple[Offer, ...], moves: Moves, seed: i
 
 __all__ = ["PACE", "RUN_WINDOW", "ZONE_POLICY_NAMES", "Failover", "Market", "NettedZonePolicy", "Pinned", "RunRecord", "ZoneDefault", "ZoneObservation", "ZonePolicy",
            "finishing_offer", "learned_order", "make_zone_policy", "mean_runs", "moving_market_policy", "probing_runs", "progress_price",
-           "search_order"]
+           "search_order", "spot_ceiling"]

@@ -11,7 +11,8 @@ Where: a spec with several zones or shapes has several offers on the decided mar
 switch or recover tries them in the capacity search's order (``kit.policy.zones.search_order``:
 the running zone and shape first unless that zone just preempted, the other zones shuffled, the
 preempting zone last; with the ``default`` policy the other spot offers are ranked instead by what
-the job's runs on them were worth, ``kit.policy.zones.learned_order``) until one has capacity; each
+the job's runs on them were worth, ``kit.policy.zones.learned_order``, and those dearer per hour of
+progress than on-demand are left out) until one has capacity; each
 offer without capacity is recorded as a capacity error. Landing elsewhere is a move (another zone: the checkpoint comes from the bucket)
 or a shape switch (the same GPUs in other instances: torchrun's nnodes x nproc-per-node change,
 the world size does not).
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
 from kit.policy.offers import Moves
-from kit.policy.zones import RunRecord, learned_order, search_order
+from kit.policy.zones import RunRecord, learned_order, search_order, spot_ceiling
 from kit.watch.events import CAPACITY_ERROR, PREEMPTION, Event
 from kit.watch.ledger import Apply, Decision, Ledger
 from kit.watch.sources.base import EventSource, SourceError
@@ -175,17 +176,35 @@ class Actor:
         offer = self.current_offer()
         return self.spec.with_offer(offer) if offer is not None else self.spec
 
-    def search(self, decision: Decision, market: str) -> list:
-        """The offers a launch on ``market`` tries, in order (module docstring)."""
+    def search(self, decision: Decision | None, market: str) -> list:
+        """The offers a launch on ``market`` tries, in order (module docstring); ``decision`` seeds the shuffle."""
         lost = [n.zone for n in self.ledger.nodes(("lost",)) if n.zone]
         current = self.current_offer() or self.spec.own_offer(market)  # a first launch: the spec's own
-        rng = random.Random(f"{self.spec.name}:{decision.id}")
+        rng = random.Random(f"{self.spec.name}:{decision.id if decision is not None else 0}")
         preempted = lost[-1] if lost else None
-        if self.spec.policy.name != LEARNING_POLICY:
+        if not self.learns():
             return search_order(self.spec.offers(), market, rng, current=current, preempted_zone=preempted)
         hours, losses = self.spot_runs()
         return learned_order(self.spec.offers(), market, rng, hours=hours, losses=losses, current=current,
-                             preempted_zone=preempted, changeover_h=self.spec.policy.changeover_hours, moves=Moves())
+                             preempted_zone=preempted, changeover_h=self.spec.policy.changeover_hours, moves=Moves(),
+                             ceiling=self.ceiling())
+
+    def learns(self) -> bool:
+        """Whether the capacity search ranks the spot offers by the job's runs (``learned_order``)."""
+        return self.spec.policy.name == LEARNING_POLICY
+
+    def ceiling(self) -> float | None:
+        """The most an hour of progress on spot may cost for the search to try the offer: for a job that may
+        move (the simulator's multi-zone ``default``), an hour on the cheapest on-demand offer; none for a job
+        in one zone on one shape, whose market policy weighs its one spot offer against on-demand itself."""
+        return spot_ceiling(self.spec.offers()) if self.spec.can_move else None
+
+    def spot_worth_trying(self) -> bool:
+        """Whether the capacity search would try any spot offer (:meth:`ceiling`): when none is worth its price,
+        the market policy sees spot as unavailable, as the simulator's multi-zone ``default`` does."""
+        if not self.learns() or self.ceiling() is None:
+            return True
+        return bool(self.search(None, SPOT))
 
     def spot_runs(self) -> tuple[dict, dict]:
         """The job's latest spot runs per offer (``RunRecord``: the last ``RUN_WINDOW`` on each): hours held
@@ -211,6 +230,12 @@ class Actor:
         """Apply the first offer of the capacity search that has capacity; its nodes carry their shape
         and price. Raises CapacityError when none has (each one recorded), KitError otherwise."""
         order = self.search(decision, market)
+        if not order and market == SPOT and self.ceiling() is not None and any(o.spot for o in self.spec.offers()):
+            # every spot offer's runs were too short to pay for their changeovers: as no capacity (the
+            # policy then sees spot unavailable and backs off), not an error in the spec
+            raise CapacityError(f"no spot offer is worth trying: each costs more per hour of progress than "
+                                f"on-demand ({self.ceiling():.2f} $/h), its runs were too short",
+                                where="offers on spot", fix="kit watch tries spot again when the policy does")
         if not order:
             self.spec.with_market(market)  # raises the spec's own reason (e.g. a type sold only as spot)
             raise KitError(f"no offer of the spec is on {market}", where="shapes", fix="add a shape sold on it")

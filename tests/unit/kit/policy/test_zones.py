@@ -84,6 +84,24 @@ def test_the_capacity_search_tries_a_zone_it_has_not_seen_lose_before_known_shor
         assert order[0].zone == "d" and order[1].zone == "b", (seed, [o.zone for o in order])
 
 
+def test_the_capacity_search_leaves_out_spot_offers_dearer_per_hour_of_progress_than_on_demand():
+    """a lost twelve 3-minute runs: with a 0.2-h changeover an hour of progress there costs far more than on
+    the cheapest on-demand offer (the ceiling), so the search leaves it out, as the multi-zone ``default``
+    never launches it; b, never seen to lose, stays. An on-demand price that is not known sets no ceiling."""
+    from kit.policy.offers import Moves
+    from kit.policy.zones import learned_order, spot_ceiling
+
+    market = offers(["a", "b"], shapes=(WIDE,))
+    spot = {o.zone: o for o in market if o.market == "spot"}
+    kw = {"hours": {spot["a"]: 0.6}, "losses": {spot["a"]: 12}, "changeover_h": 0.2, "moves": Moves()}
+    ceiling = spot_ceiling(market)
+    assert ceiling == min(o.price for o in market if o.market == "on-demand")
+    assert [o.zone for o in learned_order(market, "spot", random.Random(0), ceiling=ceiling, **kw)] == ["b"]
+    assert {o.zone for o in learned_order(market, "spot", random.Random(0), **kw)} == {"a", "b"}
+    assert spot_ceiling(tuple(Offer(o.zone, o.shape, o.market, 0.0 if o.market == "on-demand" else o.price)
+                              for o in market)) is None
+
+
 def test_the_run_record_keeps_the_latest_runs_of_each_offer():
     from kit.policy.zones import RUN_WINDOW, RunRecord
 

@@ -634,6 +634,19 @@ def test_only_the_other_shape_fits_a_shape_switch_keeps_the_gpus(tmp_path):
     assert backend.spec.nodes == 1 and backend.spec.gpus_per_node == 2
 
 
+def spot_run(ledger: Ledger, zone: str, start: float, end: float, first: int) -> None:
+    """A spot run of two nodes in ``zone`` from ``start`` to ``end`` (clock seconds), ended by a preemption."""
+    nodes = [{"instance_id": f"i-{first + r}", "name": f"node-{r}", "rank": r, "market": "spot", "zone": zone,
+              "disk_id": f"{zone}-{r}", "shape": "2xlocal"} for r in range(2)]
+    decision = ledger.begin_decision(policy="default", decision="spot", action="recover", market_before="spot",
+                                     market_after="spot", reason="test", now=start)
+    attempt = ledger.start_apply(decision, "spot", start)
+    ledger.mark_applied(attempt, nodes, market="spot", now=start)
+    ledger.finish_apply(attempt, decision, nodes, "spot", start)
+    for n in nodes:
+        ledger.mark_lost(n["instance_id"], end, "preemption")
+
+
 def test_with_the_default_policy_the_capacity_search_ranks_zones_by_the_jobs_runs_there(tmp_path):
     """The job ran 12 minutes in c, 20 hours in b and 5 in a, each run ended by a preemption; a
     preempted now: with ``default`` the recovery tries b, then c, then a, whatever the shuffle;
@@ -649,14 +662,7 @@ def test_with_the_default_policy_the_capacity_search_ranks_zones_by_the_jobs_run
     ledger, t0, hour = Ledger(tmp_path / "ledger.sqlite"), 1_000_000.0, 3600.0
 
     def run(zone: str, start_h: float, end_h: float, first: int) -> None:
-        nodes = [{"instance_id": f"i-{first + r}", "name": f"node-{r}", "rank": r, "market": "spot", "zone": zone,
-                  "disk_id": f"{zone}-{r}", "shape": "2xlocal"} for r in range(2)]
-        decision = ledger.begin_decision(policy="default", decision="spot", action="recover", market_before="spot",
-                                         market_after="spot", reason="test", now=t0 + start_h * hour)
-        ledger.mark_applied(ledger.start_apply(decision, "spot", t0 + start_h * hour), nodes, market="spot",
-                            now=t0 + start_h * hour)
-        for n in nodes:
-            ledger.mark_lost(n["instance_id"], t0 + end_h * hour, "preemption")
+        spot_run(ledger, zone, t0 + start_h * hour, t0 + end_h * hour, first)
 
     run("c", 0.0, 0.2, 0)
     run("b", 0.3, 20.3, 10)
@@ -681,3 +687,51 @@ def test_with_the_default_policy_the_capacity_search_ranks_zones_by_the_jobs_run
     hours, losses = later.spot_runs()
     assert {o.zone: (round(h, 3), losses[o]) for o, h in hours.items()} == {
         "a": (5.0, 1), "b": (round(0.1 * RUN_WINDOW, 3), RUN_WINDOW), "c": (0.2, 1)}
+
+
+def test_a_job_that_may_move_sees_no_spot_while_no_spot_offer_is_worth_its_price(tmp_path):
+    """Every spot run in zones a and b lasted 3 minutes (the latest RUN_WINDOW of each, all preempted), with a
+    changeover of 0.2 h: an hour of progress there costs more than an hour on-demand, so the simulator's
+    multi-zone ``default`` ranks neither (its ceiling). The watcher's policy sees spot unavailable and a spot
+    launch tries no offer (a capacity error that says why). A zone not tried yet (c) is worth trying again;
+    a job in one zone keeps weighing its one spot offer itself (no ceiling)."""
+    from kit.policy.zones import RUN_WINDOW
+    from kit.spec import parse_spec
+
+    def spec_with(zones: list[str]):
+        return parse_spec({"name": "demo", "cloud": "local", "zones": zones, "market": "spot", "nodes": 2,
+                           "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0},
+                           "policy": {"name": "default", "changeover_hours": 0.2}})
+
+    clock, ledger = Clock(), Ledger(tmp_path / "ledger.sqlite")
+    t = clock.t - 10 * 3600.0
+    for k in range(RUN_WINDOW):
+        for i, zone in enumerate(("a", "b")):
+            spot_run(ledger, zone, t, t + 180.0, 100 * k + 10 * i)
+            t += 600.0
+
+    def watched(zones: list[str]) -> tuple[ScriptedPolicy, Actor]:
+        spec, backend = spec_with(zones), ZonedBackend(full=set())
+        actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1)), clock=clock)
+        policy = ScriptedPolicy(["wait"])
+        watcher = Watcher(spec, ledger, actor, policy, source=BackendSource(backend), interval_s=15, clock=clock)
+        watcher.start()  # nothing deployed: a launch is pending; the policy's wait supersedes it
+        ledger.record(heartbeat(10, 100_000, 1.0, written=clock.t))
+        watcher.tick()
+        clock.t += 15
+        return policy, actor
+
+    policy, actor = watched(["a", "b"])
+    hours, losses = actor.spot_runs()
+    assert {o.zone: (round(h, 2), losses[o]) for o, h in hours.items()} == {z: (round(0.05 * RUN_WINDOW, 2), RUN_WINDOW)
+                                                                            for z in ("a", "b")}
+    assert policy.seen[-1].spot_available is False
+    assert actor.search(None, "spot") == []
+    with pytest.raises(CapacityError, match="no spot offer is worth trying"):
+        actor._launch(ledger.decision(ledger.begin_decision(
+            policy="default", decision="spot", action="launch", market_before=None, market_after="spot", reason="test",
+            now=clock.t)), 0, "spot")
+    policy, actor = watched(["a", "b", "c"])
+    assert policy.seen[-1].spot_available is True and [o.zone for o in actor.search(None, "spot")] == ["c"]
+    policy, actor = watched(["a"])
+    assert policy.seen[-1].spot_available is True and [o.zone for o in actor.search(None, "spot")] == ["a"]
