@@ -25,6 +25,7 @@ import json
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -94,16 +95,49 @@ def aws(md: list[str], out: dict, traces: list[Trace]) -> None:
     md.append("")
 
 
-def synthetic_set(seed: int, n: int = 2016) -> list[Trace]:
+SYNTHETIC_ZONES = ("us-east4-a", "us-east4-b", "us-central1-a", "europe-west1-c", "asia-southeast1-b")
+SYNTHETIC_NODES = 2  # a zone is up when it has room for both nodes (markov_availability: fewer while down)
+
+
+@dataclass(frozen=True)
+class SyntheticZone:
+    """One zone of a synthetic market: an on/off Markov chain of capacity (``kit.traces.markov_availability``)."""
+
+    zone: str
+    share: float  # long-run share of up ticks
+    run_h: float  # mean spot run
+    spot_price: float  # per node-hour (on-demand: 4.0)
+    seed: int
+
+    @property
+    def leave_up(self) -> float:
+        """P(down next tick | up), 10-minute ticks (as ``markov_availability``)."""
+        return min(1.0, 1 / (self.run_h * 6))
+
+    @property
+    def leave_down(self) -> float:
+        """P(up next tick | down): a zone whose ``share`` asks for more than 1 comes back every next tick (so its
+        true share is below ``share``), as ``markov_availability`` draws it."""
+        return min(1.0, self.leave_up * self.share / (1 - self.share))
+
+
+def synthetic_zones(seed: int) -> list[SyntheticZone]:
+    """The five zones of the synthetic market of ``seed``: availability 0.2-0.9, mean run 20 min to 12 h."""
     rng = random.Random(seed)
-    zones = ["us-east4-a", "us-east4-b", "us-central1-a", "europe-west1-c", "asia-southeast1-b"]
     out = []
-    for i, zone in enumerate(zones):
+    for i, zone in enumerate(SYNTHETIC_ZONES):
         share, run_h = rng.uniform(0.2, 0.9), rng.choice([0.33, 1.0, 3.0, 12.0])
-        data = markov_availability(seed * 101 + i, n, share, run_h * 6, 2)
-        meta = {"gap_seconds": 600, "zone": zone, "spot_price_per_hour": round(rng.uniform(0.8, 1.3), 3),
+        out.append(SyntheticZone(zone, share, run_h, round(rng.uniform(0.8, 1.3), 3), seed * 101 + i))
+    return out
+
+
+def synthetic_set(seed: int, n: int = 2016) -> list[Trace]:
+    out = []
+    for z in synthetic_zones(seed):
+        data = markov_availability(z.seed, n, z.share, z.run_h * 6, SYNTHETIC_NODES)
+        meta = {"gap_seconds": 600, "zone": z.zone, "spot_price_per_hour": z.spot_price,
                 "on_demand_price_per_hour": 4.0}
-        out.append(Trace(path=Path(f"{zone}.json"), gap_seconds=600, data=tuple(data), metadata=meta))
+        out.append(Trace(path=Path(f"{z.zone}.json"), gap_seconds=600, data=tuple(data), metadata=meta))
     return out
 
 
@@ -114,7 +148,7 @@ def synthetic_run(seed: int, d_ticks: int, deadline: float) -> dict:
 
 def synthetic_params(d_ticks: int, deadline: float) -> Params:
     """The job of the synthetic rows: 2 nodes, C0 = 48 h, d in 10-minute ticks, 8 starts."""
-    return Params(nodes=2, job_h=48.0, deadline_h=deadline, changeover_h=d_ticks / 6, starts=8)
+    return Params(nodes=SYNTHETIC_NODES, job_h=48.0, deadline_h=deadline, changeover_h=d_ticks / 6, starts=8)
 
 
 def synthetic(md: list[str], out: dict) -> None:
