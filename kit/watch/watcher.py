@@ -9,7 +9,7 @@ reports a preemption notice, one ``tick``:
    heartbeats (step / total and the measured step time), preemptions since the last tick, and
    whether spot is usable (not in a tick where a spot node was lost, as in the simulator's
    model, not while a spot launch is backing off after a capacity error, and, for a job that may
-   move, not while every spot offer's runs were too short to be worth their price);
+   move and is not on spot, not while every spot offer's runs were too short to be worth their price);
 3. asks the policy, turns its answer into an action (``launch``/``switch``/``recover``/
    ``release``) and commits it as a pending decision;
 4. carries out the pending decision when its backoff allows (``acting.Actor``).
@@ -133,9 +133,11 @@ class Watcher:
         markets = {n.instance_id: n.market for n in self.ledger.all_nodes()}  # newest incarnation last
         spot_lost = any(markets.get(e["instance"]) == SPOT for e in losses)
         capacity_blocked = now < self.ledger.spot_blocked_until()
+        # A spot run that holds goes on whatever its zone's record (the simulated default never leaves one
+        # for the ceiling); only a launch needs an offer worth trying.
+        worth = result.market == SPOT or self.actor.spot_worth_trying()
         observation = self._observation(now, progress, result.market, preempted,
-                                        spot_available=not capacity_blocked and not spot_lost
-                                        and self.actor.spot_worth_trying())
+                                        spot_available=not capacity_blocked and not spot_lost and worth)
         observed = max([cursor] + [e["id"] for e in fresh])
         if observation is not None:
             decision = self.policy.decide(Observation(**observation))
@@ -204,7 +206,7 @@ class Watcher:
             # False in the tick a spot node was lost (the simulator's model: a spot cluster is
             # lost in a tick where spot is not usable; the policies learn spot's run lengths from
             # this), while a spot launch backs off after a capacity error, and, for a job that may
-            # move, while no spot offer is worth its price (Actor.spot_worth_trying).
+            # move and is not on spot, while no spot offer is worth its price (Actor.spot_worth_trying).
             "spot_available": spot_available,
             "preempted": preempted,
             "tick_h": self.tick_hours(changeover_h),

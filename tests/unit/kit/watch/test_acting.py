@@ -693,8 +693,9 @@ def test_a_job_that_may_move_sees_no_spot_while_no_spot_offer_is_worth_its_price
     """Every spot run in zones a and b lasted 3 minutes (the latest RUN_WINDOW of each, all preempted), with a
     changeover of 0.2 h: an hour of progress there costs more than an hour on-demand, so the simulator's
     multi-zone ``default`` ranks neither (its ceiling). The watcher's policy sees spot unavailable and a spot
-    launch tries no offer (a capacity error that says why). A zone not tried yet (c) is worth trying again;
-    a job in one zone keeps weighing its one spot offer itself (no ceiling)."""
+    launch tries no offer (a capacity error that says why); a spot run that holds there goes on. A zone not
+    tried yet (c) is worth trying again; a job in one zone keeps weighing its one spot offer itself (no
+    ceiling)."""
     from kit.policy.zones import RUN_WINDOW
     from kit.spec import parse_spec
 
@@ -710,8 +711,8 @@ def test_a_job_that_may_move_sees_no_spot_while_no_spot_offer_is_worth_its_price
             spot_run(ledger, zone, t, t + 180.0, 100 * k + 10 * i)
             t += 600.0
 
-    def watched(zones: list[str]) -> tuple[ScriptedPolicy, Actor]:
-        spec, backend = spec_with(zones), ZonedBackend(full=set())
+    def watched(zones: list[str], backend: ZonedBackend | None = None) -> tuple[ScriptedPolicy, Actor]:
+        spec, backend = spec_with(zones), backend or ZonedBackend(full=set())
         actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1)), clock=clock)
         policy = ScriptedPolicy(["wait"])
         watcher = Watcher(spec, ledger, actor, policy, source=BackendSource(backend), interval_s=15, clock=clock)
@@ -731,6 +732,22 @@ def test_a_job_that_may_move_sees_no_spot_while_no_spot_offer_is_worth_its_price
         actor._launch(ledger.decision(ledger.begin_decision(
             policy="default", decision="spot", action="launch", market_before=None, market_after="spot", reason="test",
             now=clock.t)), 0, "spot")
+    # a spot run in a that holds goes on: the simulated default never leaves a run for the ceiling
+    spec, backend = spec_with(["a", "b"]), ZonedBackend(full=set())
+    offer = next(o for o in spec.offers() if o.zone == "a" and o.spot)
+    nodes = [n.to_dict() for n in backend.apply(spec.with_offer(offer), "spot")]
+    decision = ledger.begin_decision(policy="default", decision="spot", action="launch", market_before=None,
+                                     market_after="spot", reason="test", now=clock.t)
+    attempt = ledger.start_apply(decision, "spot", clock.t)
+    ledger.mark_applied(attempt, nodes, market="spot", now=clock.t)
+    ledger.set_apply_offer(attempt, offer.name)
+    ledger.finish_apply(attempt, decision, nodes, "spot", clock.t)
+    policy, actor = watched(["a", "b"], backend)
+    assert policy.seen[-1].market == "spot" and policy.seen[-1].spot_available is True
+    backend.deployed = []  # that run ends: no spot offer is worth a launch again
+    clock.t += 60
+    policy, actor = watched(["a", "b"], backend)
+    assert policy.seen[-1].spot_available is False
     policy, actor = watched(["a", "b", "c"])
     assert policy.seen[-1].spot_available is True and [o.zone for o in actor.search(None, "spot")] == ["c"]
     policy, actor = watched(["a"])
