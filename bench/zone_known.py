@@ -1,6 +1,6 @@
 """What an online policy could do on the synthetic multi-zone markets if it knew the market: ``known``.
 
-    .venv/bin/python bench/zone_known.py [--gcp] [--out bench-zone-known.json] [--seeds 11,12,13]   # ~6 min
+    .venv/bin/python bench/zone_known.py [--gcp] [--out bench-zone-known.json] [--seeds 11,12,13]   # ~10 min
 
 The synthetic markets of bench/zones.py are five independent on/off Markov chains of capacity whose
 transition probabilities are known (``SyntheticZone``). ``known`` is the policy that minimises the
