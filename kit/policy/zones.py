@@ -105,10 +105,21 @@ def search_order(offers: tuple[Offer, ...], market: str, rng: random.Random, *, 
     (sky/jobs/recovery_strategy.py) with the Spell seed's "shuffle the zones and try each in turn": the
     zones in shuffled order, the one that just preempted last; the zone the job runs in first unless
     it is that one (no checkpoint to move). Within a zone, the running shape first, then the given
-    order (on-demand: cheapest first). The watcher's capacity search and ``failover`` both use it."""
+    order. The watcher's capacity search and ``failover`` both use it.
+
+    On-demand: the zone the job is in first (its running shape, then the cheapest) even if its spot
+    capacity was just lost: a spot preemption says nothing about on-demand capacity, and a launch
+    elsewhere would move the checkpoint (transfer, egress, new disks) for nothing, which the simulated
+    policies' on-demand choice (:func:`finishing_offer`, the checkpoint's zone at equal prices) does not
+    do. Then the other zones' offers, the running shape first, then the cheapest."""
     mine = [o for o in offers if o.market == market]
     zones = sorted({o.zone for o in mine})
     rng.shuffle(zones)
+    if market == ON_DEMAND:
+        here = current.zone if current is not None else None
+        tie = {z: i for i, z in enumerate(zones)}
+        return sorted(mine, key=lambda o: (o.zone != here, current is not None and o.shape != current.shape,
+                                           o.price, tie[o.zone]))
     if preempted_zone in zones:
         zones.remove(preempted_zone)
         zones.append(preempted_zone)
@@ -119,8 +130,6 @@ def search_order(offers: tuple[Offer, ...], market: str, rng: random.Random, *, 
     out: list[Offer] = []
     for zone in zones:
         in_zone = [o for o in mine if o.zone == zone]
-        if market == ON_DEMAND:
-            in_zone.sort(key=lambda o: o.price)
         if current is not None:
             in_zone.sort(key=lambda o: o.shape != current.shape)
         out += in_zone

@@ -9,8 +9,8 @@ A decision's action is one of:
 
 Where: a spec with several zones or shapes has several offers on the decided market. A launch,
 switch or recover tries them in the capacity search's order (``kit.policy.zones.search_order``:
-the running zone and shape first unless that zone just preempted, the other zones shuffled, the
-preempting zone last; with the ``default`` policy the other spot offers are ranked instead by what
+the running zone and shape first unless that zone just preempted (on-demand: even then), the other
+zones shuffled, the preempting zone last; with the ``default`` policy the other spot offers are ranked instead by what
 the job's runs on them were worth, ``kit.policy.zones.learned_order``, and those dearer per hour of
 progress than on-demand are left out) until one has capacity; each
 offer without capacity is recorded as a capacity error. Landing elsewhere is a move (another zone: the checkpoint comes from the bucket)

@@ -45,6 +45,21 @@ def test_on_demand_cheapest_first_within_a_zone_and_only_offers_of_the_market():
     assert search_order((), "spot", random.Random(0)) == []
 
 
+def test_an_on_demand_launch_stays_in_the_zone_whose_spot_was_just_lost():
+    """A spot preemption in a says nothing about on-demand capacity there: the on-demand search starts in a
+    (no checkpoint to move, no new disks) on the running shape, whatever the shuffle; then the other zones,
+    the running shape first. A spot search still leaves a for last."""
+    from kit.policy.zones import search_order
+
+    market = offers(["a", "b", "c"])
+    running = Offer("a", TALL, "spot", 2.0)
+    for seed in range(20):
+        order = search_order(market, "on-demand", random.Random(seed), current=running, preempted_zone="a")
+        assert [(o.zone, o.shape) for o in order[:2]] == [("a", TALL), ("a", WIDE)], (seed, order)
+        assert {o.zone for o in order[2:]} == {"b", "c"} and [o.shape for o in order[2:4]] == [TALL, TALL]
+        assert search_order(market, "spot", random.Random(seed), current=running, preempted_zone="a")[-1].zone == "a"
+
+
 def test_default_ranks_the_other_zones_by_what_their_spot_runs_were_worth():
     """After a preemption in a, the zones that held long runs come before those that preempted quickly,
     whatever the shuffle; a zone no run has been seen in is assumed good (the prior), the preempting zone
