@@ -234,7 +234,7 @@ def learned_order(offers: tuple[Offer, ...], market: str, rng: random.Random, *,
     zone the job runs in still comes first and the one that just preempted last. With a ``ceiling`` ($ per
     hour of progress; :func:`spot_ceiling`), the spot offers at or above it are left out, as the multi-zone
     ``default`` never launches them (:meth:`ZoneDefault.ranked`). On-demand: as :func:`search_order`
-    (cheapest first)."""
+    (the zone the job is in first)."""
     if market != SPOT:
         return search_order(offers, market, rng, current=current, preempted_zone=preempted_zone)
     mine = [o for o in offers if o.market == market]

@@ -230,11 +230,12 @@ class Actor:
         """Apply the first offer of the capacity search that has capacity; its nodes carry their shape
         and price. Raises CapacityError when none has (each one recorded), KitError otherwise."""
         order = self.search(decision, market)
-        if not order and market == SPOT and self.ceiling() is not None and any(o.spot for o in self.spec.offers()):
+        ceiling = self.ceiling() if not order and market == SPOT else None
+        if ceiling is not None and any(o.spot for o in self.spec.offers()):
             # every spot offer's runs were too short to pay for their changeovers: as no capacity (the
             # policy then sees spot unavailable and backs off), not an error in the spec
             raise CapacityError(f"no spot offer is worth trying: each costs more per hour of progress than "
-                                f"on-demand ({self.ceiling():.2f} $/h), its runs were too short",
+                                f"on-demand ({ceiling:.2f} $/h), its runs were too short",
                                 where="offers on spot", fix="kit watch tries spot again when the policy does")
         if not order:
             self.spec.with_market(market)  # raises the spec's own reason (e.g. a type sold only as spot)

@@ -134,10 +134,10 @@ class Watcher:
         spot_lost = any(markets.get(e["instance"]) == SPOT for e in losses)
         capacity_blocked = now < self.ledger.spot_blocked_until()
         # A spot run that holds goes on whatever its zone's record (the simulated default never leaves one
-        # for the ceiling); only a launch needs an offer worth trying.
-        worth = result.market == SPOT or self.actor.spot_worth_trying()
+        # for the ceiling); only a launch needs an offer worth trying (asked last: it reads the ledger).
         observation = self._observation(now, progress, result.market, preempted,
-                                        spot_available=not capacity_blocked and not spot_lost and worth)
+                                        spot_available=not capacity_blocked and not spot_lost
+                                        and (result.market == SPOT or self.actor.spot_worth_trying()))
         observed = max([cursor] + [e["id"] for e in fresh])
         if observation is not None:
             decision = self.policy.decide(Observation(**observation))
