@@ -130,6 +130,11 @@ class KnownTable:
         self.span = int(np.ceil(self.deadline / G - 1e-9))
         Z = len(self.zones)
         self.up = np.array([[bool(s >> z & 1) for z in range(Z)] for s in range(2 ** Z)])  # (states, zones)
+        # (holdings, states): the holding is a spot offer whose zone has no capacity (cannot be held or launched)
+        self.down = np.zeros((self.hold.H, 2 ** Z), dtype=bool)
+        for h, o in enumerate(self.hold.offer):
+            if o >= 0 and self.offers[o].spot:
+                self.down[h] = ~self.up[:, self.zones.index(self.offers[o].zone)]
         self.mix = [np.array([[1 - chains[z][1], chains[z][1]], [chains[z][0], 1 - chains[z][0]]]) for z in self.zones]
         start = market.ticks // 2  # constant spot prices (the synthetic and the GCP sets)
         self.price = np.array([market.prices[o][start] if o.spot else o.price for o in market.offers])
@@ -166,24 +171,13 @@ class KnownTable:
                 early = (c + step - C) * u
                 if now + G - early <= self.deadline + 1e-9:
                     out[these, :, c] = (self.price[hs.offer[these]] * (G - early))[:, None]
-        spot = np.array([o.spot for o in self.offers])
-        zone = np.array([self.zones.index(o.zone) for o in self.offers])
-        for h in held:
-            o = hs.offer[h]
-            if spot[o]:
-                out[h, ~self.up[:, zone[o]]] = BIG  # no capacity: cannot be held (or launched)
+        out[self.down] = BIG
         return np.minimum(out, BIG)
 
     def _solve(self) -> None:
         hs, C = self.hold, self.target
         value = np.full((hs.H, 2 ** len(self.zones), C), BIG)  # past the deadline: missed
-        O = len(self.offers)
-        zone = np.array([self.zones.index(o.zone) for o in self.offers])
-        lost = np.zeros((hs.H, 2 ** len(self.zones)), dtype=bool)
-        for h in range(hs.H):
-            o = hs.offer[h]
-            if o >= 0 and self.offers[o].spot:
-                lost[h] = ~self.up[:, zone[o]]
+        O, lost = len(self.offers), self.down  # a spot run whose zone is down is lost at the tick's start
         for i in range(self.span - 1, -1, -1):
             nxt = self._expect(value)
             held = self._held(nxt, i * self.G)
