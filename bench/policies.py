@@ -50,7 +50,7 @@ from kit.simulate import (
     span_ticks,
     start_ticks,
 )
-from kit.traces import Trace, load_traces, markov_availability
+from kit.traces import Trace, load_traces, markov_availability, markov_rates
 
 
 def _grid(G: float, d: float, C0: float, *, round_up: bool = False) -> tuple[float, list[int], int]:
@@ -245,9 +245,7 @@ def review_grid(md: list[str], out: dict) -> None:
                 params = Params(nodes=4, job_h=48.0, deadline_h=deadline, changeover_h=0.2, starts=6)
                 cost = {n: [] for n in names + ("known", "opt")}
                 missed = 0
-                leave_up = 1 / mean_up
-                known = known_market_policy(leave_up, min(1.0, leave_up * p_up / (1 - p_up)), traces[0].tick_h,
-                                            params, 3.0)
+                known = known_market_policy(*markov_rates(p_up, mean_up), traces[0].tick_h, params, 3.0)
                 for t in traces:
                     for s in start_ticks(t, params):
                         for n in names:

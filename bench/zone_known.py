@@ -262,7 +262,7 @@ def synthetic_row(seed: int, d_ticks: int, deadline: float) -> dict:
     """A reported synthetic setting of bench/zones.py, with the chains it was drawn from."""
     params, moves = synthetic_params(d_ticks, deadline), Moves()
     market = zone_market(synthetic_set(seed), params, moves)
-    return known_row(market, {z.zone: (z.leave_up, z.leave_down) for z in synthetic_zones(seed)}, params, moves)
+    return known_row(market, {z.zone: z.rates for z in synthetic_zones(seed)}, params, moves)
 
 
 def gcp_row(prefix: str, deadline: float) -> dict:

@@ -43,7 +43,7 @@ from kit.simulate.zones import (
     simulate_zones,
     zone_starts,
 )
-from kit.traces import Trace, load_traces, markov_availability
+from kit.traces import Trace, load_traces, markov_availability, markov_rates
 
 # The GCP markets: all 13 zones, and the zones of one region (label, trace-name prefix)
 MARKETS = (("13 zones", None), ("us-central1 (3 zones)", "us-central1-"), ("us-east4 (2 zones)", "us-east4-"))
@@ -110,15 +110,9 @@ class SyntheticZone:
     seed: int
 
     @property
-    def leave_up(self) -> float:
-        """P(down next tick | up), 10-minute ticks (as ``markov_availability``)."""
-        return min(1.0, 1 / (self.run_h * 6))
-
-    @property
-    def leave_down(self) -> float:
-        """P(up next tick | down): a zone whose ``share`` asks for more than 1 comes back every next tick (so its
-        true share is below ``share``), as ``markov_availability`` draws it."""
-        return min(1.0, self.leave_up * self.share / (1 - self.share))
+    def rates(self) -> tuple[float, float]:
+        """(P(down next tick | up), P(up next tick | down)) of its chain, 10-minute ticks (``markov_rates``)."""
+        return markov_rates(self.share, self.run_h * 6)
 
 
 def synthetic_zones(seed: int) -> list[SyntheticZone]:

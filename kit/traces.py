@@ -224,15 +224,21 @@ def load_traces(paths) -> list[Trace]:
     return [load_trace(f) for f in trace_files(paths)]
 
 
+def markov_rates(p_up: float, mean_up_ticks: float) -> tuple[float, float]:
+    """The chain of :func:`markov_availability`: (P(down next tick | up), P(up next tick | down)), each at most 1.
+    A ``p_up`` that asks for more than 1 comes back every next tick (its true share is then below ``p_up``)."""
+    leave_up = 1 / mean_up_ticks
+    return min(1.0, leave_up), min(1.0, leave_up * p_up / (1 - p_up))
+
+
 def markov_availability(seed: int, n: int, p_up: float, mean_up_ticks: float, nodes: int) -> list[int]:
     """A synthetic on/off spot market for tests and benchmarks: ``n`` ticks of capacity, ``nodes``
     while up and fewer (uniform) while down; up-runs are geometric with mean ``mean_up_ticks`` and
-    the long-run share of up ticks is ``p_up``."""
+    the long-run share of up ticks is ``p_up`` (:func:`markov_rates`)."""
     import random
 
     rng = random.Random(seed)
-    leave_up = 1 / mean_up_ticks
-    leave_down = leave_up * p_up / (1 - p_up)
+    leave_up, leave_down = markov_rates(p_up, mean_up_ticks)
     up, data = rng.random() < p_up, []
     for _ in range(n):
         data.append(nodes if up else rng.randrange(nodes))
