@@ -634,15 +634,22 @@ def test_only_the_other_shape_fits_a_shape_switch_keeps_the_gpus(tmp_path):
     assert backend.spec.nodes == 1 and backend.spec.gpus_per_node == 2
 
 
+def spot_applied(ledger: Ledger, nodes: list[dict], now: float, offer: str | None = None) -> None:
+    """A spot apply of ``nodes`` that succeeded at ``now`` (on ``offer``, when named), as the actor records one."""
+    decision = ledger.begin_decision(policy="default", decision="spot", action="recover", market_before="spot",
+                                     market_after="spot", reason="test", now=now)
+    attempt = ledger.start_apply(decision, "spot", now)
+    ledger.mark_applied(attempt, nodes, market="spot", now=now)
+    if offer is not None:
+        ledger.set_apply_offer(attempt, offer)
+    ledger.finish_apply(attempt, decision, nodes, "spot", now)
+
+
 def spot_run(ledger: Ledger, zone: str, start: float, end: float, first: int) -> None:
     """A spot run of two nodes in ``zone`` from ``start`` to ``end`` (clock seconds), ended by a preemption."""
     nodes = [{"instance_id": f"i-{first + r}", "name": f"node-{r}", "rank": r, "market": "spot", "zone": zone,
               "disk_id": f"{zone}-{r}", "shape": "2xlocal"} for r in range(2)]
-    decision = ledger.begin_decision(policy="default", decision="spot", action="recover", market_before="spot",
-                                     market_after="spot", reason="test", now=start)
-    attempt = ledger.start_apply(decision, "spot", start)
-    ledger.mark_applied(attempt, nodes, market="spot", now=start)
-    ledger.finish_apply(attempt, decision, nodes, "spot", start)
+    spot_applied(ledger, nodes, start)
     for n in nodes:
         ledger.mark_lost(n["instance_id"], end, "preemption")
 
@@ -735,13 +742,7 @@ def test_a_job_that_may_move_sees_no_spot_while_no_spot_offer_is_worth_its_price
     # a spot run in a that holds goes on: the simulated default never leaves a run for the ceiling
     spec, backend = spec_with(["a", "b"]), ZonedBackend(full=set())
     offer = next(o for o in spec.offers() if o.zone == "a" and o.spot)
-    nodes = [n.to_dict() for n in backend.apply(spec.with_offer(offer), "spot")]
-    decision = ledger.begin_decision(policy="default", decision="spot", action="launch", market_before=None,
-                                     market_after="spot", reason="test", now=clock.t)
-    attempt = ledger.start_apply(decision, "spot", clock.t)
-    ledger.mark_applied(attempt, nodes, market="spot", now=clock.t)
-    ledger.set_apply_offer(attempt, offer.name)
-    ledger.finish_apply(attempt, decision, nodes, "spot", clock.t)
+    spot_applied(ledger, [n.to_dict() for n in backend.apply(spec.with_offer(offer), "spot")], clock.t, offer.name)
     policy, actor = watched(["a", "b"], backend)
     assert policy.seen[-1].market == "spot" and policy.seen[-1].spot_available is True
     backend.deployed = []  # that run ends: no spot offer is worth a launch again
