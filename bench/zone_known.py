@@ -203,13 +203,11 @@ class Known(ZonePolicy):
         super().__init__(market.offers, Moves(), seed=start)
         self.t, self.avail, self.start = table, market.avail, start
         self.ticks_held, self.src = 0, 0
+        self.spot = [next(o for o in self.offers if o.spot and o.zone == zone) for zone in table.zones]  # by zone
 
     def _zone_state(self, i: int) -> int:
-        state = 0
-        for z, zone in enumerate(self.t.zones):
-            spot = next(o for o in self.offers if o.spot and o.zone == zone)
-            state |= int(bool(self.avail[spot][self.start + i])) << z
-        return state
+        """The program's index of which zones are up at tick ``i`` (zone z is bit z)."""
+        return sum(int(bool(self.avail[spot][self.start + i])) << z for z, spot in enumerate(self.spot))
 
     def decide(self, obs: ZoneObservation, market) -> list[Offer]:
         t, hs = self.t, self.t.hold
