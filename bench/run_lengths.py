@@ -1,0 +1,123 @@
+"""How long spot runs last once they have lasted a while, and what that does to ``default``'s launches.
+
+    .venv/bin/python bench/run_lengths.py            # GCP H100 set, 16 nodes (~15 s)
+    .venv/bin/python bench/run_lengths.py --nodes 1
+    .venv/bin/python bench/run_lengths.py --synthetic 11 --nodes 2   # a synthetic set of bench/zones.py
+
+Every policy of kit/policy prices a spot run as exponential (memoryless: a run that has held an hour is
+as likely to end in the next tick as one that just began). This measures that assumption on a trace set:
+
+1. the hazard of its runs (a run: consecutive ticks with capacity for the job's nodes), per zone and
+   pooled: of the runs that lasted k ticks, the share that ends at k, and the mean of the rest. Runs
+   with a constant chance of ending per tick (geometric, the exponential on ticks) have the same share
+   and the same rest at every k, so per zone "mean ticks beyond the first" equals the mean run; pooled
+   over zones a mixture of such zones already shows a falling share, so only the per-zone columns test
+   the assumption;
+2. the multi-zone ``default`` replayed on the set (13 zones at once, C0 = 48 h, d = 0.2 h, 8 starts):
+   its spot runs split by whether the launch landed on a *fresh* run (the zone had no capacity in the tick
+   before, so the run's age is under a tick) or an older one, and the share of each that ended after one
+   tick (a changeover of 0.2 h is longer than a 10-minute tick: those made no progress).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import replay_args
+from zones import synthetic_set
+
+from kit.policy.offers import Moves
+from kit.simulate.single import Params
+from kit.simulate.zones import ZoneSet, policies_for, replay, zone_market, zone_starts
+from kit.traces import load_traces
+
+AGES = (1, 2, 3, 6, 12, 36)  # ticks a run has lasted
+
+
+def runs_of(up) -> list[int]:
+    """Lengths (ticks) of the runs of True in ``up``; a run cut by either end of the trace is left out
+    (its length is not known)."""
+    a = np.concatenate(([False], np.asarray(up, dtype=bool), [False]))
+    starts, ends = np.flatnonzero(~a[:-1] & a[1:]), np.flatnonzero(a[:-1] & ~a[1:])
+    whole = (starts > 0) & (ends < len(a) - 2)
+    return [int(n) for n in (ends - starts)[whole]]
+
+
+def hazard(runs: list[int]) -> list[tuple[int, int, float, float]]:
+    """(k, runs that lasted k ticks, share of those that end at k, mean ticks beyond k) for each age in AGES."""
+    r = np.asarray(runs)
+    out = []
+    for k in AGES:
+        lasted = r[r >= k]
+        if len(lasted):
+            out.append((k, len(lasted), float(np.mean(lasted == k)), float(np.mean(lasted - k))))
+    return out
+
+
+def launches(market: ZoneSet, params: Params, moves: Moves) -> dict[str, list[int]]:
+    """``default``'s spot runs on ``market``, by the age of the capacity it launched on: fresh or older.
+    Each value: the lengths (ticks) the job held them."""
+    out: dict[str, list[int]] = {"fresh": [], "older": []}
+    offers = {o.name: o for o in market.offers}
+    for start in zone_starts(market, params):
+        run = replay(market, start, params, moves, policies_for("default", market, moves, start)[0], record=True)
+        held: list[list] = []  # [offer name, ticks, first tick]
+        for i, row in enumerate(run.timeline):
+            if held and held[-1][0] == row["offer"]:
+                held[-1][1] += 1
+            else:
+                held.append([row["offer"], 1, i])
+        for name, ticks, first in held:
+            offer = offers.get(name) if name else None
+            if offer is None or not offer.spot:
+                continue
+            before = start + first - 1
+            fresh = before >= 0 and not market.avail[offer][before]
+            out["fresh" if fresh else "older"].append(ticks)
+    return out
+
+
+def main() -> int:
+    def extra(ap):
+        ap.add_argument("--nodes", type=int, default=16)
+        ap.add_argument("--synthetic", type=int, default=None, metavar="SEED",
+                        help="bench/zones.py's synthetic Markov set of this seed instead of --traces")
+
+    args = replay_args.parse(__doc__, extra)
+    traces = load_traces([args.traces]) if args.synthetic is None else synthetic_set(args.synthetic)
+    name = args.traces.name if args.synthetic is None else f"synthetic set, seed {args.synthetic}"
+    params = Params(nodes=args.nodes, job_h=48.0, deadline_h=60.0, changeover_h=0.2, starts=8)
+    moves = Moves()
+    market = zone_market(traces, params, moves)
+    pooled: list[int] = []
+    print(f"{name}, {args.nodes} nodes, {market.G * 60:g}-minute ticks\n")
+    print("| zone | runs | mean run (ticks) | share of 1 tick | mean ticks beyond the first, when it outlasts it |\n|---|---:|---:|---:|---:|")
+    for offer in market.offers:
+        if not offer.spot:
+            continue
+        runs = runs_of(market.avail[offer])
+        pooled += runs
+        if len(runs) >= 3:
+            first = hazard(runs)
+            rest = next((h[3] for h in first if h[0] == 2), float("nan")) + 1
+            print(f"| {offer.zone} | {len(runs)} | {np.mean(runs):.1f} | {first[0][2]:.2f} | {rest:.1f} |")
+    print(f"\nAll zones' runs ({len(pooled)}): an exponential would end the same share at every age\n")
+    print("| lasted k ticks | runs | share ending at k | mean ticks beyond k |\n|---:|---:|---:|---:|")
+    for k, n, ends, beyond in hazard(pooled):
+        print(f"| {k} | {n} | {ends:.3f} | {beyond:.1f} |")
+    held = launches(market, params, moves)
+    print("\nThe multi-zone default's spot runs (R0 = 60 h, 8 starts)\n")
+    print("| launched on | runs | held 1 tick | held 2 ticks |\n|---|---:|---:|---:|")
+    for kind, ticks in held.items():
+        t = np.asarray(ticks)
+        print(f"| {kind} capacity | {len(t)} | {np.mean(t == 1):.2f} | {np.mean(t == 2):.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
