@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.policies import _grid
+from bench.zone_known import progress_grid
 from kit.paths import SPOT_TRACES_DIR
 from kit.simulate.single import Params, _Opt, _Window, start_ticks
 from kit.traces import Trace, load_traces
@@ -37,7 +37,7 @@ class GridOpt(_Opt):
 
     def __init__(self, w: _Window) -> None:  # its own state; run() is _Opt's
         self.w = w
-        self.u, self.prog_units, self.target = _grid(w.G, w.d, w.C0, round_up=True)
+        self.u, self.prog_units, self.target = progress_grid(w.G, w.d, w.C0, round_up=True)
         self.P = len(self.prog_units)
         self.idle = np.full(self.target, math.inf)
         self.idle[0] = 0.0

@@ -15,7 +15,8 @@ plus checks on traces the default policy was not tuned on.
    tests/unit/kit/simulate/test_single.py::markov_trace), availability 0.2/0.5/0.8 x mean spot run 15 min / 30 min /
    2 h / 6.7 h, on-demand/spot price 3, 4 traces x 6 starts per setting, R0 = 60 h and 72 h: every
    setting is a row, with the best policy that *knows* the market's transition probabilities
-   (``known``: a dynamic program over the Markov chain, an online lower bound) next to ``opt``;
+   (``known``: bench/zone_known.py's dynamic program over the Markov chain on this one-zone market, an
+   online lower bound) next to ``opt``;
 6. changeovers of 1 to 4 whole ticks on single-node synthetic markets of seeds no constant was
    chosen on (the "d from 1 to 4 ticks" target).
 
@@ -24,9 +25,7 @@ Prints Markdown tables (pasted into docs/benchmarks.md, section "Policies").
 
 from __future__ import annotations
 
-import functools
 import json
-import math
 import random
 import sys
 import time
@@ -37,9 +36,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import replay_args
+from zone_known import Known, KnownTable
 
 from kit.paths import SPOT_TRACES_DIR
-from kit.policy import ON_DEMAND, SPOT, WAIT
+from kit.policy.offers import Moves
 from kit.simulate import (
     ALL_POLICIES,
     OPT,
@@ -47,27 +47,10 @@ from kit.simulate import (
     simulate,
     simulate_opt,
     simulate_policy,
-    span_ticks,
     start_ticks,
 )
+from kit.simulate.zones import replay, zone_market
 from kit.traces import Trace, load_traces, markov_availability, markov_rates
-
-
-def _grid(G: float, d: float, C0: float, *, round_up: bool = False) -> tuple[float, list[int], int]:
-    """Compute unit u and per-phase progress in units (phase j = ticks held since launch), for the
-    grid dynamic programs of the benchmarks (the known-market policy below; bench/opt.py's baseline).
-    Without a unit of at least 1/240 tick it raises, or with ``round_up`` rounds progress up on
-    that finest grid (what the replaced ``opt`` did: optimistic, so no longer exact)."""
-    phases = max(1, math.ceil(d / G - 1e-9)) if d > 1e-9 else 0
-    progress = [G - min(G, max(0.0, d - j * G)) for j in range(phases + 1)]
-    for m in range(1, 241):
-        u = G / m
-        if all(abs(p / u - round(p / u)) < 1e-6 for p in progress) and abs(C0 / u - round(C0 / u)) < 1e-6:
-            return u, [round(p / u) for p in progress], round(C0 / u)
-    if not round_up:
-        raise ValueError(f"changeover {d} h and tick {G} h have no common unit of at least 1/240 tick")
-    u = G / 240
-    return u, [math.ceil(p / u - 1e-9) for p in progress], math.floor(C0 / u + 1e-9)
 
 
 def table(title: str, results: dict[str, dict], policies=ALL_POLICIES) -> str:
@@ -157,82 +140,6 @@ def review_markov(seed: int, n: int, p_up: float, mean_up: float, nodes: int = 4
     return Trace(path=Path(meta["zone"] + ".json"), gap_seconds=gap, data=tuple(data), metadata=meta)
 
 
-def _known_market_table(leave_up: float, leave_down: float, tick_h: float, params: Params, k: float):
-    """Backward dynamic programming over (tick, market and ticks since its launch, spot up, compute) for a
-    known on/off Markov market (spot 1, on-demand k), with the simulator's model: the best action of each
-    state (0 wait, 1 on-demand, 2 spot), and the grid's compute unit, phases and target."""
-    C0, R0, d, N = params.job_h, params.deadline_h, params.changeover_h, params.nodes
-    unit, per_phase, target = _grid(tick_h, d, C0)
-    P = len(per_phase)
-    M = 1 + 2 * P  # idle, spot phase 0..P-1, on-demand phase 0..P-1
-    span = span_ticks(params, tick_h)
-    inf = 1e18
-    idx = np.arange(target)
-    value = np.full((M, 2, target), inf)  # after the window: missed
-    act = np.zeros((span, M, 2, target), dtype=np.int8)
-    for i in range(span - 1, -1, -1):
-        now = i * tick_h
-        expect = np.empty_like(value)  # E[value next tick | spot up now]
-        expect[:, 1] = (1 - leave_up) * value[:, 1] + leave_up * value[:, 0]
-        expect[:, 0] = leave_down * value[:, 1] + (1 - leave_down) * value[:, 0]
-        new = np.full_like(value, inf)
-        for up in (0, 1):
-            def hold(phase: int, price: float, base: int, now=now, expect=expect, up=up) -> np.ndarray:
-                """Cost to go of holding a market in ``phase`` (ticks since its launch) this tick."""
-                setup = min(tick_h, max(0.0, d - phase * tick_h))
-                step = per_phase[phase]
-                out = np.full(target, inf)
-                finish = idx + step >= target
-                rest = C0 - idx * unit
-                ok = finish & (now + setup + rest <= R0 + 1e-7)
-                out[ok] = N * price * (setup + rest[ok])
-                go = ~finish
-                out[go] = N * price * tick_h + expect[base + min(phase + 1, P - 1), up, idx[go] + step]
-                return out
-
-            wait = expect[0, up].copy() if now + tick_h <= R0 + 1e-7 else np.full(target, inf)
-            fresh_od, fresh_spot = hold(0, k, 1 + P), (hold(0, 1.0, 1) if up else np.full(target, inf))
-            for m in range(M):
-                od = hold(m - 1 - P, k, 1 + P) if m >= 1 + P else fresh_od
-                spot = (hold(m - 1, 1.0, 1) if 1 <= m <= P else fresh_spot) if up else np.full(target, inf)
-                options = np.stack([wait, od, spot])
-                best = options.argmin(axis=0)
-                new[m, up] = options[best, idx]
-                act[i, m, up] = best
-        for m in range(1, 1 + P):  # a spot cluster without capacity is lost: idle
-            new[m, 0], act[i, m, 0] = new[0, 0], act[i, 0, 0]
-        value = new
-    return act, unit, P, target
-
-
-class _Known:
-    """Plays the dynamic program's table, which is the whole policy (no safety net of its own around it),
-    so it is no ``Policy`` subclass: the replay only needs ``decide``."""
-
-    name = "known"
-
-    def __init__(self, act: np.ndarray, unit: float, phases: int, target: int, tick_h: float) -> None:
-        self.act, self.unit, self.P, self.target, self.tick_h = act, unit, phases, target, tick_h
-        self.phase = 0
-
-    def decide(self, obs) -> str:
-        if obs.remaining_h <= 1e-9:
-            return WAIT
-        P = self.P
-        m = 0 if obs.market is None else (1 if obs.market == SPOT else 1 + P) + min(self.phase, P - 1)
-        c = min(round(obs.progress_h / self.unit), self.target - 1)
-        choice = (WAIT, ON_DEMAND, SPOT)[self.act[round(obs.now_h / self.tick_h), m, int(obs.spot_available), c]]
-        self.phase = 0 if choice == WAIT else (self.phase + 1 if choice == obs.market else 1)
-        return choice
-
-
-def known_market_policy(leave_up: float, leave_down: float, tick_h: float, params: Params, k: float):
-    """A factory of the cheapest policy *in expectation* for a known on/off Markov market (spot 1, on-demand k)
-    (:func:`_known_market_table`). No online policy can do better on average; opt (which knows the trace) can."""
-    act, unit, phases, target = _known_market_table(leave_up, leave_down, tick_h, params, k)
-    return functools.partial(_Known, act, unit, phases, target, tick_h)
-
-
 def review_grid(md: list[str], out: dict) -> None:
     rows = ["| availability | mean spot run | R0 | greedy | up | default | known | opt | default ≤ min(greedy, up) |",
             "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
@@ -245,14 +152,16 @@ def review_grid(md: list[str], out: dict) -> None:
                 params = Params(nodes=4, job_h=48.0, deadline_h=deadline, changeover_h=0.2, starts=6)
                 cost = {n: [] for n in names + ("known", "opt")}
                 missed = 0
-                known = known_market_policy(*markov_rates(p_up, mean_up), traces[0].tick_h, params, 3.0)
                 for t in traces:
+                    market = zone_market([t], params, Moves())  # one zone: what bench/zone_known.py plans on
+                    known = KnownTable(market, {t.name: markov_rates(p_up, mean_up)}, params, Moves())
                     for s in start_ticks(t, params):
                         for n in names:
                             run = simulate_policy(t, s, n, params)
                             cost[n].append(run.cost_vs_on_demand)
                             missed += run.missed and n == "default"
-                        cost["known"].append(simulate_policy(t, s, "known", params, policy=known()).cost_vs_on_demand)
+                        played = replay(market, s, params, Moves(), Known(known, market, s))
+                        cost["known"].append(played.cost_vs_on_demand)
                         cost["opt"].append(simulate_opt(t, s, params).cost_vs_on_demand)
                 mean = {n: float(np.mean(v)) for n, v in cost.items()}
                 ok = mean["default"] <= min(mean["greedy"], mean["up"]) + 1e-12

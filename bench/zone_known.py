@@ -8,7 +8,7 @@ transition probabilities are known (``SyntheticZone``). ``known`` is the policy 
 and since when, where its checkpoint is, which zones are up now, progress), and it sees every zone's
 capacity now for free (no probes). No online policy knows more without knowing the future, so, on
 average over the chains, none does better: it is the online counterpart of ``opt``, which knows the
-trace. The one-zone review grid of bench/policies.py has the same column. With ``--gcp``, also the
+trace. The one-zone review grid of bench/policies.py plays this program on its one-zone markets. With ``--gcp``, also the
 one-region GCP rows of bench/zones.py, with each zone's chain fitted to its whole trace (hindsight
 statistics; the real traces need not be Markov chains). What it shows: how much of
 ``default``'s gap to ``opt`` is learning the market (``default`` - ``known``) and how much is not knowing
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections.abc import Mapping
@@ -37,7 +38,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import replay_args
-from policies import _grid
 from zones import MARKETS, synthetic_params, synthetic_set, synthetic_zones
 
 from kit.paths import SPOT_TRACES_DIR
@@ -54,6 +54,25 @@ from kit.simulate.zones import (
     zone_starts,
 )
 from kit.traces import load_traces
+
+
+def progress_grid(G: float, d: float, C0: float, *, round_up: bool = False) -> tuple[float, list[int], int]:
+    """Compute unit u and per-phase progress in units (phase j = ticks held since launch), for the
+    grid dynamic programs of the benchmarks (:class:`KnownTable` below, for the multi-zone markets and the
+    review grid of bench/policies.py; bench/opt.py's baseline).
+    Without a unit of at least 1/240 tick it raises, or with ``round_up`` rounds progress up on
+    that finest grid (what the replaced ``opt`` did: optimistic, so no longer exact)."""
+    phases = max(1, math.ceil(d / G - 1e-9)) if d > 1e-9 else 0
+    progress = [G - min(G, max(0.0, d - j * G)) for j in range(phases + 1)]
+    for m in range(1, 241):
+        u = G / m
+        if all(abs(p / u - round(p / u)) < 1e-6 for p in progress) and abs(C0 / u - round(C0 / u)) < 1e-6:
+            return u, [round(p / u) for p in progress], round(C0 / u)
+    if not round_up:
+        raise ValueError(f"changeover {d} h and tick {G} h have no common unit of at least 1/240 tick")
+    u = G / 240
+    return u, [math.ceil(p / u - 1e-9) for p in progress], math.floor(C0 / u + 1e-9)
+
 
 BIG = 1e12  # "cannot finish in time" (not inf: expectations multiply it by probabilities that may be 0)
 STAY, WAIT, LAUNCH = 0, 1, 2
@@ -123,7 +142,7 @@ class KnownTable:
 
     def __init__(self, market: ZoneSet, chains: Chains, params: Params, moves: Moves) -> None:
         G = market.G
-        self.unit, per_phase, self.target = _grid(G, params.changeover_h, params.job_h)
+        self.unit, per_phase, self.target = progress_grid(G, params.changeover_h, params.job_h)
         self.G, self.zones, self.offers = G, market.zones, market.offers
         self.hold = Holdings(market.offers, market.zones, per_phase)
         self.deadline = params.deadline_h - G / 2  # half a tick short: the transfers the program leaves out
