@@ -145,13 +145,14 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Path | 
                f"{', '.join(p['shapes'])}; N={p['nodes']}, C0={p['job_hours']} h, R0={p['deadline_hours']} h, "
                f"d={p['changeover_hours']} h, checkpoint {p['checkpoint_gb']} GB at {p['transfer_gbps']} Gbit/s)")
     typer.echo(f"{'policy':<34} {'cost vs on-demand':>18} {'p75':>7} {'misses':>7} {'moves':>6} {'probes':>7} "
-               f"{'egress $':>9}")
+               f"{'egress $':>9} {'changeovers $':>14}")
     for name in summary["policies"]:
         best = summary["best_zone"].get(name)
         shown = f"{name} ({best})" if best else name
         typer.echo(f"{shown:<34} {summary['cost_vs_on_demand'][name]:>18.4f} "
                    f"{summary['cost_vs_on_demand_p75'][name]:>7.3f} {summary['deadline_misses'][name]:>7} "
-                   f"{summary['moves'][name]:>6.1f} {summary['probes'][name]:>7.1f} {summary['egress'][name]:>9.2f}")
+                   f"{summary['moves'][name]:>6.1f} {summary['probes'][name]:>7.1f} {summary['egress'][name]:>9.2f} "
+                   f"{summary['changeover_cost'][name]:>14.2f}")
 
 
 def _print_table(summary: dict, names: list[str]) -> None:

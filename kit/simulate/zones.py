@@ -158,6 +158,7 @@ class ZoneRun:
     moves: int = 0
     probes: int = 0
     egress: float = 0.0  # $
+    changeover_cost: float = 0.0  # $ billed in changeovers and checkpoint transfers, without progress
     timeline: list[dict] = field(default_factory=list)
     revealed: set[tuple[str, int]] = field(default_factory=set)  # (zone, tick) the policy learned about
 
@@ -255,6 +256,7 @@ class _ZoneReplay:
         if work > 0:
             self.checkpoint_zone = offer.zone
         self.cost += self.price(offer, i) * (setup + work)
+        self.run_.changeover_cost += self.price(offer, i) * setup
         if offer.spot:
             self.run_.spot_h += setup + work
         else:
@@ -395,6 +397,7 @@ def _stats(runs: list[ZoneRun]) -> dict:
             "deadline_misses": sum(r.missed for r in runs),
             "moves": float(np.mean([r.moves for r in runs])), "probes": float(np.mean([r.probes for r in runs])),
             "egress": float(np.mean([r.egress for r in runs])), "launches": float(np.mean([r.launches for r in runs])),
+            "changeover_cost": float(np.mean([r.changeover_cost for r in runs])),
             "spot_hours": float(np.mean([r.spot_h for r in runs])),
             "on_demand_hours": float(np.mean([r.on_demand_h for r in runs]))}
 
@@ -446,7 +449,7 @@ def simulate_market(market: ZoneSet, policies: list[str], params: Params, moves:
         "offers": [{"offer": o.name, "price_per_hour": round(o.price, 4)} for o in market.offers],
         **{key: {n: rows[n][key] for n in names} for key in (
             "cost_vs_on_demand", "deadline_misses", "cost_vs_on_demand_p75", "moves", "probes", "egress", "launches",
-            "spot_hours", "on_demand_hours")},
+            "changeover_cost", "spot_hours", "on_demand_hours")},
         "best_zone": {n: rows[n]["zone"] for n in names if "zone" in rows[n]},
         "per_zone": {n: rows[n]["per_zone"] for n in names if "per_zone" in rows[n]},
         "params": {"nodes": params.nodes, "job_hours": params.job_h, "deadline_hours": params.deadline_h,

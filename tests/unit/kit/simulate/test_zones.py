@@ -193,6 +193,7 @@ def test_a_move_pays_transfer_time_and_egress_across_regions_only():
     # both: 2 launches x 0.2 h + one 40-s transfer billed without progress, at 2 nodes x $1/h
     assert within.cost == pytest.approx(2 * (1.0 + 0.4 + 40 / 3600))
     assert across.cost == pytest.approx(within.cost + 2.5)
+    assert within.changeover_cost == across.changeover_cost == pytest.approx(2 * (0.4 + 40 / 3600))
 
 
 def test_a_run_lost_before_its_first_step_leaves_the_checkpoint_where_it_was():
@@ -439,7 +440,7 @@ def test_cli_zones_all_json_and_errors():
     assert set(summary["cost_vs_on_demand"]) == {"opt", "default", "failover", "up@mean-zone", "up@best-zone",
                                                  "default@mean-zone", "default@best-zone"}
     assert all(summary["cost_vs_on_demand"]["opt"] <= v + 1e-9 for v in summary["cost_vs_on_demand"].values())
-    assert {"moves", "probes", "egress", "deadline_misses"} <= set(summary)
+    assert {"moves", "probes", "egress", "changeover_cost", "deadline_misses"} <= set(summary)
     bad = runner.invoke(app, ["simulate", "gcp-a3-h100-2025-10", "--zones", "mars-1a"])
     assert bad.exit_code != 0 and "--zones" in bad.output and "us-central1-a" in bad.output
 
