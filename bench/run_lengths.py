@@ -1,7 +1,8 @@
 """How long spot runs last once they have lasted a while, and what that does to ``default``'s launches.
 
     .venv/bin/python bench/run_lengths.py            # GCP H100 set, 16 nodes (~15 s)
-    .venv/bin/python bench/run_lengths.py --nodes 1
+    .venv/bin/python bench/run_lengths.py --nodes 1 --deadline-hours 72
+    .venv/bin/python bench/run_lengths.py --region us-central1
     .venv/bin/python bench/run_lengths.py --synthetic 11 --nodes 2   # a synthetic set of bench/zones.py
 
 Every policy of kit/policy prices a spot run as exponential (memoryless: a run that has held an hour is
@@ -13,10 +14,12 @@ as likely to end in the next tick as one that just began). This measures that as
    and the same rest at every k, so per zone "mean ticks beyond the first" equals the mean run; pooled
    over zones a mixture of such zones already shows a falling share, so only the per-zone columns test
    the assumption;
-2. the multi-zone ``default`` replayed on the set (13 zones at once, C0 = 48 h, d = 0.2 h, 8 starts):
+2. the multi-zone ``default`` replayed on the set (every zone at once, C0 = 48 h, d = 0.2 h, R0 = 60 h
+   unless ``--deadline-hours``, 8 starts):
    its spot runs split by whether the launch landed on a *fresh* run (the zone had no capacity in the tick
    before, so the run's age is under a tick) or an older one, and the share of each that ended after one
-   tick (a changeover of 0.2 h is longer than a 10-minute tick: those made no progress).
+   tick (a changeover of 0.2 h is longer than a 10-minute tick: those made no progress); and what its
+   changeovers cost, beside its whole cost and ``opt``'s.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from zones import synthetic_set
 
 from kit.policy.offers import Moves
 from kit.simulate.single import Params
-from kit.simulate.zones import ZoneSet, policies_for, replay, zone_market, zone_starts
+from kit.simulate.zones import ZoneSet, policies_for, replay, simulate_opt_zones, zone_market, zone_starts
 from kit.traces import load_traces
 
 AGES = (1, 2, 3, 6, 12, 36)  # ticks a run has lasted
@@ -59,13 +62,20 @@ def hazard(runs: list[int]) -> list[tuple[int, int, float, float]]:
     return out
 
 
-def launches(market: ZoneSet, params: Params, moves: Moves) -> dict[str, list[int]]:
-    """``default``'s spot runs on ``market``, by the age of the capacity it launched on: fresh or older.
-    Each value: the lengths (ticks) the job held them."""
+def launches(market: ZoneSet, params: Params, moves: Moves) -> tuple[dict[str, list[int]], dict[str, float]]:
+    """``default``'s spot runs on ``market``, by the age of the capacity it launched on: fresh or older
+    (each value: the lengths in ticks the job held them), and its mean cost per start, of which
+    changeovers and egress, with ``opt``'s, all relative to the on-demand baseline."""
     out: dict[str, list[int]] = {"fresh": [], "older": []}
+    parts = {"default": 0.0, "changeovers": 0.0, "egress": 0.0, "opt": 0.0}
     offers = {o.name: o for o in market.offers}
-    for start in zone_starts(market, params):
+    starts = zone_starts(market, params)
+    baseline = market.q_min * (params.job_h + params.changeover_h) * len(starts)
+    for start in starts:
         run = replay(market, start, params, moves, policies_for("default", market, moves, start)[0], record=True)
+        for key, dollars in (("default", run.cost), ("changeovers", run.changeover_cost), ("egress", run.egress),
+                             ("opt", simulate_opt_zones(market, start, params, moves).cost)):
+            parts[key] += dollars / baseline
         held: list[list] = []  # [offer name, ticks, first tick]
         for i, row in enumerate(run.timeline):
             if held and held[-1][0] == row["offer"]:
@@ -79,19 +89,22 @@ def launches(market: ZoneSet, params: Params, moves: Moves) -> dict[str, list[in
             before = start + first - 1
             fresh = before >= 0 and not market.avail[offer][before]
             out["fresh" if fresh else "older"].append(ticks)
-    return out
+    return out, parts
 
 
 def main() -> int:
     def extra(ap):
         ap.add_argument("--nodes", type=int, default=16)
+        ap.add_argument("--deadline-hours", type=float, default=60.0)
+        ap.add_argument("--region", default="", help="only the zones whose names start with this (us-east4)")
         ap.add_argument("--synthetic", type=int, default=None, metavar="SEED",
                         help="bench/zones.py's synthetic Markov set of this seed instead of --traces")
 
     args = replay_args.parse(__doc__, extra)
     traces = load_traces([args.traces]) if args.synthetic is None else synthetic_set(args.synthetic)
+    traces = [t for t in traces if t.name.startswith(args.region)]
     name = args.traces.name if args.synthetic is None else f"synthetic set, seed {args.synthetic}"
-    params = Params(nodes=args.nodes, job_h=48.0, deadline_h=60.0, changeover_h=0.2, starts=8)
+    params = Params(nodes=args.nodes, job_h=48.0, deadline_h=args.deadline_hours, changeover_h=0.2, starts=8)
     moves = Moves()
     market = zone_market(traces, params, moves)
     pooled: list[int] = []
@@ -110,12 +123,14 @@ def main() -> int:
     print("| lasted k ticks | runs | share ending at k | mean ticks beyond k |\n|---:|---:|---:|---:|")
     for k, n, ends, beyond in hazard(pooled):
         print(f"| {k} | {n} | {ends:.3f} | {beyond:.1f} |")
-    held = launches(market, params, moves)
-    print("\nThe multi-zone default's spot runs (R0 = 60 h, 8 starts)\n")
+    held, parts = launches(market, params, moves)
+    print(f"\nThe multi-zone default's spot runs (R0 = {args.deadline_hours:g} h, 8 starts)\n")
     print("| launched on | runs | held 1 tick | held 2 ticks |\n|---|---:|---:|---:|")
     for kind, ticks in held.items():
         t = np.asarray(ticks)
         print(f"| {kind} capacity | {len(t)} | {np.mean(t == 1):.2f} | {np.mean(t == 2):.2f} |")
+    print(f"\nCost vs on-demand: default {parts['default']:.4f}, of which changeovers and transfers "
+          f"{parts['changeovers']:.4f} and egress {parts['egress']:.4f}; opt {parts['opt']:.4f}")
     return 0
 
 
