@@ -149,10 +149,14 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Path | 
     for name in summary["policies"]:
         best = summary["best_zone"].get(name)
         shown = f"{name} ({best})" if best else name
+
+        def cell(key: str, width: int, digits: int, name: str = name) -> str:
+            value = summary[key][name]  # None: opt's schedule is not rebuilt
+            return f"{'-' if value is None else format(value, f'.{digits}f'):>{width}}"
+
         typer.echo(f"{shown:<34} {summary['cost_vs_on_demand'][name]:>18.4f} "
                    f"{summary['cost_vs_on_demand_p75'][name]:>7.3f} {summary['deadline_misses'][name]:>7} "
-                   f"{summary['moves'][name]:>6.1f} {summary['probes'][name]:>7.1f} {summary['egress'][name]:>9.2f} "
-                   f"{summary['changeover_cost'][name]:>14.2f}")
+                   f"{cell('moves', 6, 1)} {cell('probes', 7, 1)} {cell('egress', 9, 2)} {cell('changeover_cost', 14, 2)}")
 
 
 def _print_table(summary: dict, names: list[str]) -> None:

@@ -402,10 +402,16 @@ def _stats(runs: list[ZoneRun]) -> dict:
             "on_demand_hours": float(np.mean([r.on_demand_h for r in runs]))}
 
 
+# What a replay counts of a policy's schedule; ``opt``'s program finds its cost without rebuilding its
+# schedule, so these are null (None) for it rather than zeros that read as "no launch".
+SCHEDULE_FIELDS = ("moves", "probes", "egress", "launches", "changeover_cost", "spot_hours", "on_demand_hours")
+
+
 def _rows(name: str, market: ZoneSet, starts: list[int], params: Params, moves: Moves) -> dict[str, dict]:
     """Summary rows of one policy name: one row, or for POLICY@each the mean over zones and the best zone."""
     if name == OPT:
-        return {OPT: _stats([simulate_opt_zones(market, s, params, moves) for s in starts])}
+        bound = _stats([simulate_opt_zones(market, s, params, moves) for s in starts])
+        return {OPT: {**bound, **dict.fromkeys(SCHEDULE_FIELDS)}}
     by: dict[str, list[ZoneRun]] = {}
     for s in starts:
         for policy in policies_for(name, market, moves, seed=s):
@@ -448,8 +454,7 @@ def simulate_market(market: ZoneSet, policies: list[str], params: Params, moves:
         "runs": len(starts), "policies": names, "zones": list(market.zones),
         "offers": [{"offer": o.name, "price_per_hour": round(o.price, 4)} for o in market.offers],
         **{key: {n: rows[n][key] for n in names} for key in (
-            "cost_vs_on_demand", "deadline_misses", "cost_vs_on_demand_p75", "moves", "probes", "egress", "launches",
-            "changeover_cost", "spot_hours", "on_demand_hours")},
+            "cost_vs_on_demand", "deadline_misses", "cost_vs_on_demand_p75", *SCHEDULE_FIELDS)},
         "best_zone": {n: rows[n]["zone"] for n in names if "zone" in rows[n]},
         "per_zone": {n: rows[n]["per_zone"] for n in names if "per_zone" in rows[n]},
         "params": {"nodes": params.nodes, "job_hours": params.job_h, "deadline_hours": params.deadline_h,

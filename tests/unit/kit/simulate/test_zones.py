@@ -441,6 +441,13 @@ def test_cli_zones_all_json_and_errors():
                                                  "default@mean-zone", "default@best-zone"}
     assert all(summary["cost_vs_on_demand"]["opt"] <= v + 1e-9 for v in summary["cost_vs_on_demand"].values())
     assert {"moves", "probes", "egress", "changeover_cost", "deadline_misses"} <= set(summary)
+    # opt's program does not rebuild its schedule: its schedule fields are null, not zeros
+    assert summary["moves"]["opt"] is None and summary["changeover_cost"]["opt"] is None
+    assert summary["changeover_cost"]["default"] > 0
+    table = runner.invoke(app, ["simulate", "gcp-a3-h100-2025-10", "--zones", "us-central1-a,us-east4-a", "--starts", "2"])
+    assert table.exit_code == 0, table.output
+    opt_row = next(line for line in table.output.splitlines() if line.startswith("opt "))
+    assert opt_row.split()[-4:] == ["-", "-", "-", "-"], opt_row
     bad = runner.invoke(app, ["simulate", "gcp-a3-h100-2025-10", "--zones", "mars-1a"])
     assert bad.exit_code != 0 and "--zones" in bad.output and "us-central1-a" in bad.output
 
