@@ -146,17 +146,18 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Path | 
                f"d={p['changeover_hours']} h, checkpoint {p['checkpoint_gb']} GB at {p['transfer_gbps']} Gbit/s)")
     typer.echo(f"{'policy':<34} {'cost vs on-demand':>18} {'p75':>7} {'misses':>7} {'moves':>6} {'probes':>7} "
                f"{'egress $':>9} {'changeovers $':>14}")
+
+    def cell(key: str, name: str, width: int, digits: int) -> str:
+        value = summary[key][name]  # None: opt's schedule is not rebuilt
+        return f"{'-' if value is None else format(value, f'.{digits}f'):>{width}}"
+
     for name in summary["policies"]:
         best = summary["best_zone"].get(name)
         shown = f"{name} ({best})" if best else name
-
-        def cell(key: str, width: int, digits: int, name: str = name) -> str:
-            value = summary[key][name]  # None: opt's schedule is not rebuilt
-            return f"{'-' if value is None else format(value, f'.{digits}f'):>{width}}"
-
         typer.echo(f"{shown:<34} {summary['cost_vs_on_demand'][name]:>18.4f} "
                    f"{summary['cost_vs_on_demand_p75'][name]:>7.3f} {summary['deadline_misses'][name]:>7} "
-                   f"{cell('moves', 6, 1)} {cell('probes', 7, 1)} {cell('egress', 9, 2)} {cell('changeover_cost', 14, 2)}")
+                   f"{cell('moves', name, 6, 1)} {cell('probes', name, 7, 1)} {cell('egress', name, 9, 2)} "
+                   f"{cell('changeover_cost', name, 14, 2)}")
 
 
 def _print_table(summary: dict, names: list[str]) -> None:
