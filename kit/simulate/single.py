@@ -218,11 +218,14 @@ class _Waste:
     When ``d`` (and the transfer time ``T``) are whole numbers of units ``u = G/m`` (m <= 240; every
     bundled trace, and the default 50 GB at 10 Gbit/s), states of equal waste are one state: one axis
     over ``k u``. Otherwise two axes (launches r, idle ticks W), waste ``W G + r d``: exact for any
-    ``d``, at ``(R0 - C0)/d`` times the states. A transfer time that fits neither is rounded down (to
-    the unit, or to whole ticks), which keeps the bound a lower bound."""
+    ``d``, at ``(R0 - C0)/d`` times the states. A transfer time that fits neither would be rounded down
+    (to the unit, or to whole ticks), which keeps the bound a lower bound but not exact: ``exact`` is
+    False then, and the multi-zone ``opt`` keeps its waste another way (kit.simulate.zones)."""
 
     def __init__(self, G: float, d: float, slack: float, move_h: float = 0.0) -> None:
-        units = _common_units(G, d, d + move_h) or _common_units(G, d)
+        exact_units = _common_units(G, d, d + move_h)
+        units = exact_units or _common_units(G, d)
+        self.exact = exact_units is not None or move_h == 0.0
         self.idle_step: tuple[int, ...]
         self.launch_step: tuple[int, ...]
         self.move_step: tuple[int, ...]

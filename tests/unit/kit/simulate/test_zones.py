@@ -21,7 +21,16 @@ from kit.policy import ON_DEMAND, SPOT, make_policy
 from kit.policy.offers import Moves, Offer, Shape, check_shapes, region_of
 from kit.policy.zones import Failover, NettedZonePolicy, Pinned, ZoneDefault, ZonePolicy
 from kit.simulate.single import Params, simulate_policy
-from kit.simulate.zones import ZoneSet, load_offers, replay, simulate_opt_zones, simulate_zones, zone_starts
+from kit.simulate.zones import (
+    ZoneSet,
+    _ZoneOpt,
+    _ZoneOptFront,
+    load_offers,
+    replay,
+    simulate_opt_zones,
+    simulate_zones,
+    zone_starts,
+)
 from kit.traces import Trace, markov_availability
 
 runner = CliRunner()
@@ -131,25 +140,53 @@ class Script(ZonePolicy):
         return [] if choice is None or obs.remaining_h <= 1e-9 else [choice]
 
 
+def brute_force(market, params, moves):
+    """The cheapest of all 5^7 schedules replayed on a 2-zone market (None: every one misses)."""
+    return min((r.cost for schedule in itertools.product((None, *market.offers), repeat=7)
+                if not (r := replay(market, 0, params, moves, Script(market.offers, moves, schedule))).missed),
+               default=None)
+
+
 @pytest.mark.parametrize(("d", "moves"), [(0.2, MOVES), (0.5, Moves(checkpoint_gb=225, transfer_gbps=1)),
                                           (0.2001, MOVES)])
 def test_opt_matches_brute_force_over_every_schedule(d, moves):
     """On a 2-zone market of 1-hour ticks, opt equals the cheapest of all 5^7 schedules replayed
-    (transfer 0.5 h with 225 GB at 1 Gbit/s; d = 0.2001 h has no common unit with the tick: the 2-D
-    waste, where the transfer is rounded down to whole ticks, so opt may only be lower)."""
+    (transfer 0.5 h with 225 GB at 1 Gbit/s; d = 0.2001 h has no common unit with the tick)."""
     traces = [zone_trace("us-east4-a", [2, 2, 0, 2, 0, 2, 2, 0, 0], gap_seconds=3600, spot=1.0, on_demand=4.0),
               zone_trace("europe-west1-c", [0, 2, 2, 2, 2, 0, 2, 2, 2], gap_seconds=3600, spot=1.3, on_demand=3.6)]
     params = Params(nodes=2, job_h=3.5, deadline_h=7, changeover_h=d, starts=1)
     market = market_of(traces, params)
-    best = min((r.cost for schedule in itertools.product((None, *market.offers), repeat=7)
-                if not (r := replay(market, 0, params, moves, Script(market.offers, moves, schedule))).missed),
-               default=None)
-    opt = simulate_opt_zones(market, 0, params, moves)
+    best = brute_force(market, params, moves)
     assert best is not None
-    if d == 0.2001:
-        assert opt.cost <= best + 1e-9
-    else:
-        assert opt.cost == pytest.approx(best, abs=1e-9)
+    assert simulate_opt_zones(market, 0, params, moves).cost == pytest.approx(best, abs=1e-9)
+
+
+@pytest.mark.parametrize(("d", "moves"), [(0.2001, MOVES), (0.5, Moves(checkpoint_gb=100, transfer_gbps=1.9)),
+                                          (0.2, Moves(checkpoint_gb=100, transfer_gbps=1.9))])
+def test_opt_is_exact_when_no_unit_makes_the_changeover_and_transfer_whole(d, moves):
+    """The cheapest schedule moves once (the first zone's spot ends after 3 h, the second's starts then), so
+    its waste holds a transfer T. With d = 0.2001 h (40-s transfer), or T = 100 GB at 1.9 Gbit/s (0.117 h),
+    no unit of the 1-hour tick up to 1/240 makes d and d + T whole; opt rounded T down to whole ticks
+    before and was below every schedule (12.680 vs 12.705; 16.500 vs 16.757; 15.180 vs 15.437)."""
+    traces = [zone_trace("us-east4-a", [2, 2, 2, 0, 0, 0, 0, 0, 0], gap_seconds=3600, spot=1.0, on_demand=4.0),
+              zone_trace("europe-west1-c", [0, 0, 0, 2, 2, 2, 2, 2, 2], gap_seconds=3600, spot=1.1, on_demand=4.2)]
+    params = Params(nodes=2, job_h=4.5, deadline_h=7, changeover_h=d, starts=1)
+    market = market_of(traces, params)
+    assert not _ZoneOpt(market, 0, params, moves).waste.exact
+    best = brute_force(market, params, moves)
+    assert best is not None
+    assert simulate_opt_zones(market, 0, params, moves).cost == pytest.approx(best, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_opt_over_waste_fronts_equals_opt_over_waste_units(seed):
+    """Where a unit of the tick makes d and T whole, both programs of opt run: the same cost, start by start."""
+    params = Params(nodes=2, job_h=20, deadline_h=28, changeover_h=0.2, starts=3)
+    market = market_of(markov_set(seed), params)
+    for start in zone_starts(market, params):
+        units = _ZoneOpt(market, start, params, MOVES)
+        assert units.waste.exact
+        assert _ZoneOptFront(market, start, params, MOVES).solve().cost == pytest.approx(units.solve().cost, abs=1e-9)
 
 
 @pytest.mark.parametrize("seed", [4, 5, 6])
