@@ -86,15 +86,16 @@ class GridOpt(_Opt):
         self.idle, self.spot, self.od = new_idle, new_spot, new_od
 
 
-def markov_32s(seed: int = 0, ticks: int = 12000) -> Trace:
+def markov_32s(seed: int = 0, ticks: int = 12000, zone: str = "markov-32s", spot_price: float = 1.0) -> Trace:
+    """An on/off market of 32-second ticks: 16 nodes up for ~5.3 h, down for ~1.8 h (geometric, seeded)."""
     rng = np.random.default_rng(seed)
     data: list[int] = []
     up = True
     while len(data) < ticks:
         data += [16 if up else 0] * int(rng.geometric(1 / (600 if up else 200)))
         up = not up
-    meta = {"gap_seconds": 32, "spot_price_per_hour": 1.0, "on_demand_price_per_hour": 3.0, "zone": "markov-32s"}
-    return Trace(path=Path("markov-32s.json"), gap_seconds=32, data=tuple(data[:ticks]), metadata=meta)
+    meta = {"gap_seconds": 32, "spot_price_per_hour": spot_price, "on_demand_price_per_hour": 3.0, "zone": zone}
+    return Trace(path=Path(f"{zone}.json"), gap_seconds=32, data=tuple(data[:ticks]), metadata=meta)
 
 
 def timed(cls, cases: list[tuple[Trace, int]], params: Params) -> tuple[float, float] | None:

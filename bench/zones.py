@@ -12,7 +12,8 @@
    and a summary of the same settings on ten more seeds (21-30) that no constant was chosen on;
    with ``--development``, the same summary on seeds 31-50, the development markets the multi-zone
    ``default``'s constants were compared on (about 4 min more);
-4. ``opt``'s runtime on 13 zones at R0 = 60 h, 8 starts (and at d = 0.2001 h, no common unit).
+4. ``opt``'s runtime on 13 zones at R0 = 60 h and 72 h, 8 starts, with d = 0.2 h and 0.2001 h (no common
+   unit with the tick: waste kept as exact Pareto fronts), and on 5 zones of 32-second ticks (one start).
 
 Prints Markdown tables (pasted into docs/benchmarks.md, section "Many zones"). Every row reports
 every policy; "ok" says whether ``default`` has no more misses than ``opt``, is below ``failover``
@@ -38,6 +39,7 @@ from kit.simulate.single import Params
 from kit.simulate.zones import (
     ZONE_ALL,
     ZoneSet,
+    _ZoneOpt,
     default_shapes,
     simulate_opt_zones,
     simulate_zones,
@@ -200,18 +202,32 @@ def seed_summary(md: list[str], out: dict, seeds: range, key: str) -> None:
     md.append("")
 
 
+def markets_32s() -> list[Trace]:
+    """Five zones of 32-second ticks (bench/opt.py's on/off market, one seed and price per zone)."""
+    from opt import markov_32s  # here, not at the top: bench/opt.py imports this module (via zone_known.py)
+
+    return [markov_32s(seed=i, zone=zone, spot_price=1.0 + 0.1 * i)
+            for i, zone in enumerate(("us-east4-a", "us-east4-b", "us-central1-a", "europe-west1-c", "asia-southeast1-b"))]
+
+
 def opt_runtime(md: list[str], out: dict, traces: list[Trace]) -> None:
-    md += ["**opt runtime**, 13 zones, N = 16, C0 = 48 h, R0 = 60 h, 8 starts", "",
-           "| d | seconds | mean opt |", "|---|---:|---:|"]
-    for d in (0.2, 0.2001):
-        params = Params(nodes=16, job_h=48.0, deadline_h=60.0, changeover_h=d, starts=8)
-        market = ZoneSet.of(traces, default_shapes(traces, 16), params)
+    """How long ``opt`` takes: waste over one axis of units where d and d + T have one, else exact fronts."""
+    md += ["**opt runtime**, N = 16, C0 = 48 h", "",
+           "| market | R0 | d | starts | program | seconds | mean opt |", "|---|---:|---:|---:|---|---:|---:|"]
+    for label, market_traces, deadline, d, starts in (
+            ("GCP, 13 zones, 10-min ticks", traces, 60.0, 0.2, 8), ("GCP, 13 zones, 10-min ticks", traces, 60.0, 0.2001, 8),
+            ("GCP, 13 zones, 10-min ticks", traces, 72.0, 0.2, 8), ("GCP, 13 zones, 10-min ticks", traces, 72.0, 0.2001, 8),
+            ("synthetic, 5 zones, 32-s ticks", markets_32s(), 72.0, 0.2, 1),
+            ("synthetic, 5 zones, 32-s ticks", markets_32s(), 72.0, 0.2001, 1)):
+        params = Params(nodes=16, job_h=48.0, deadline_h=deadline, changeover_h=d, starts=starts)
+        market = ZoneSet.of(market_traces, default_shapes(market_traces, 16), params)
         t0 = time.perf_counter()
         runs = [simulate_opt_zones(market, s, params, Moves()) for s in zone_starts(market, params)]
         seconds = time.perf_counter() - t0
         mean = sum(r.cost_vs_on_demand for r in runs) / len(runs)
-        md.append(f"| {d} h | {seconds:.1f} | {mean:.4f} |")
-        out[f"opt_runtime/d{d}"] = {"seconds": seconds, "mean": mean}
+        program = "units" if _ZoneOpt(market, zone_starts(market, params)[0], params, Moves()).waste.exact else "fronts"
+        md.append(f"| {label} | {deadline:g} h | {d} h | {len(runs)} | {program} | {seconds:.1f} | {mean:.6f} |")
+        out[f"opt_runtime/{label}/R{deadline:g}/d{d}"] = {"seconds": seconds, "mean": mean, "program": program}
     md.append("")
 
 
