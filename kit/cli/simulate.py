@@ -45,6 +45,9 @@ def simulate_command(
     zones: Annotated[str, typer.Option(help="'each': every trace as its own one-zone market; 'all': the traces as one "
                                             "multi-zone market (offers, probes, moves); or zones z1,z2 of the set")] = EACH,
     offers: Annotated[Path | None, typer.Option(help="YAML offers file: the instance shapes (multi-zone only)")] = None,
+    shape: Annotated[list[str] | None, typer.Option(help="an instance shape, TYPE:NODES[:GPUS_PER_NODE[:MARKETS]], "
+                                                         "MARKETS spot, on-demand or spot+on-demand; repeat for "
+                                                         "several (multi-zone only; instead of --offers)")] = None,
     checkpoint_gb: Annotated[float, typer.Option(help="checkpoint size moved with the job (GB)")] = DEFAULT_CHECKPOINT_GB,
     transfer_gbps: Annotated[float, typer.Option(help="checkpoint transfer rate between zones (Gbit/s)")] = DEFAULT_TRANSFER_GBPS,
     egress_per_gb: Annotated[float | None, typer.Option(help="$ per GB across regions (default: the clouds' list "
@@ -64,10 +67,11 @@ def simulate_command(
                     on_demand_price=on_demand_price if on_demand_price is not None else DEFAULT_ON_DEMAND_PRICE)
     if zones != EACH:
         moves = Moves(checkpoint_gb=checkpoint_gb, transfer_gbps=transfer_gbps, egress_per_gb=egress_per_gb)
-        _simulate_zones(traces, policy, zones, offers, json_out, plot_file, params, moves)
+        _simulate_zones(traces, policy, zones, _shapes(offers, shape), json_out, plot_file, params, moves)
         return
-    if offers is not None:
-        raise InputError("an offers file describes a multi-zone market", where="--offers", fix="add --zones all")
+    if offers is not None or shape:
+        raise InputError("instance shapes describe a multi-zone market", where="--shape" if shape else "--offers",
+                         fix="add --zones all")
     names = _policies(policy)
     if plot_file is not None:
         _check_png(plot_file)
@@ -101,6 +105,19 @@ def _check_png(plot_file: Path) -> None:
     check_output_file(plot_file, "--plot")
 
 
+def _shapes(offers: Path | None, shape: list[str] | None):
+    """The shapes of a multi-zone market: an offers file, ``--shape`` flags, or neither (None: one shape)."""
+    from kit.errors import InputError
+    from kit.simulate.zones import load_offers, shapes_from_flags
+
+    if offers is not None and shape:
+        raise InputError("give the shapes either in an offers file or as --shape flags, not both",
+                         where="--offers, --shape", fix="drop one of them")
+    if offers is not None:
+        return load_offers(offers)
+    return shapes_from_flags(shape) if shape else None
+
+
 def _zone_policies(policy: str) -> list[str]:
     from kit.simulate.zones import ZONE_ALL
 
@@ -109,13 +126,14 @@ def _zone_policies(policy: str) -> list[str]:
     return [p.strip() for p in policy.split(",") if p.strip()]
 
 
-def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Path | None, json_out: bool,
+def _simulate_zones(traces: list[Path], policy: str, zones: str, offers, json_out: bool,
                     plot_file: Path | None, params, moves: Moves) -> None:
-    """``kit simulate --zones all|z1,z2``: the traces as one multi-zone market."""
+    """``kit simulate --zones all|z1,z2``: the traces as one multi-zone market (``offers``: shapes and
+    prices from :func:`_shapes`, None for one shape)."""
     import json
 
     from kit.errors import InputError
-    from kit.simulate.zones import load_offers, simulate_market, zone_market
+    from kit.simulate.zones import simulate_market, zone_market
     from kit.traces import load_traces
 
     if plot_file is not None:
@@ -128,7 +146,7 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Path | 
             raise InputError(f"zone {', '.join(unknown) or zones!r} is not in the traces", where="--zones",
                              fix=f"use all, each, or zones of: {', '.join(t.name for t in loaded)}")
         loaded = [t for t in loaded if t.name in wanted]
-    shapes, prices = load_offers(offers) if offers is not None else (None, None)
+    shapes, prices = offers if offers is not None else (None, None)
     market = zone_market(loaded, params, moves, shapes, prices)
     summary = simulate_market(market, _zone_policies(policy), params, moves)
     _require_runs(summary, traces, params.deadline_h)

@@ -117,23 +117,57 @@ class _OffersFile(BaseModel):
     shapes: list[_ShapeFile] = Field(min_length=1)
 
 
-def load_offers(path: Path) -> tuple[list[Shape], dict[tuple[str, str, str], float]]:
+Offers = tuple[list[Shape], dict[tuple[str, str, str], float]]  # shapes, and list prices by (zone, type, market)
+
+
+def _validated(model: type[BaseModel], raw: object, where: str, fix: str):
+    """``raw`` as ``model``, or an InputError naming the first bad field at ``where``."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise InputError(first["msg"], where=f"{where}: {'.'.join(str(x) for x in first['loc'])}", fix=fix) from None
+
+
+def _offers(raw: object, where: str, fix: str) -> Offers:
+    """Shapes (and list prices) from the offers file's content, or from ``--shape`` flags: validated once."""
+    parsed = _validated(_OffersFile, raw, where, fix)
+    shapes = [Shape(s.instance_type, s.nodes, s.gpus_per_node, tuple(s.markets)) for s in parsed.shapes]
+    check_shapes(shapes, where=f"{where}: shapes")
+    prices = {("*", s.instance_type, m): p for s in parsed.shapes
+              for m, p in ((SPOT, s.spot_price), (ON_DEMAND, s.on_demand_price)) if p is not None}
+    return shapes, prices
+
+
+def load_offers(path: Path) -> Offers:
     """Shapes (and list prices) from an offers file: ``shapes: [{instance_type, nodes, gpus_per_node,
     markets, spot_price?, on_demand_price?}]``."""
     from kit.yamlfile import read_yaml
 
-    raw = read_yaml(path, what="offers file", fix=OFFERS_FIX)
-    try:
-        parsed = _OffersFile.model_validate(raw)
-    except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise InputError(first["msg"], where=f"{path}: {where}", fix=OFFERS_FIX) from None
-    shapes = [Shape(s.instance_type, s.nodes, s.gpus_per_node, tuple(s.markets)) for s in parsed.shapes]
-    check_shapes(shapes, where=f"{path}: shapes")
-    prices = {("*", s.instance_type, m): p for s in parsed.shapes
-              for m, p in ((SPOT, s.spot_price), (ON_DEMAND, s.on_demand_price)) if p is not None}
-    return shapes, prices
+    return _offers(read_yaml(path, what="offers file", fix=OFFERS_FIX), str(path), OFFERS_FIX)
+
+
+SHAPE_FLAG_FIX = ("--shape TYPE:NODES[:GPUS_PER_NODE[:MARKETS]], MARKETS spot, on-demand or spot+on-demand "
+                  "(e.g. --shape a3-highgpu-1g:16:1:spot --shape a3-highgpu-8g:2:8:on-demand)")
+
+
+def shapes_from_flags(values: list[str]) -> Offers:
+    """Shapes from ``--shape TYPE:NODES[:GPUS_PER_NODE[:MARKETS]]`` flags, in the order given (the order an
+    offers file's shapes are tried in within a zone), priced as without a file (the traces' prices,
+    scaled by GPUs per instance), and validated as an offers file is."""
+    shapes = []
+    for value in values:
+        parts = value.split(":")
+        if not 2 <= len(parts) <= 4:
+            raise InputError(f"--shape {value!r} is not TYPE:NODES[:GPUS_PER_NODE[:MARKETS]]", where="--shape",
+                             fix=SHAPE_FLAG_FIX)
+        shape: dict[str, object] = {"instance_type": parts[0], "nodes": parts[1]}
+        if len(parts) > 2:
+            shape["gpus_per_node"] = parts[2]
+        if len(parts) > 3:
+            shape["markets"] = parts[3].split("+")
+        shapes.append(_validated(_ShapeFile, shape, f"--shape {value}", SHAPE_FLAG_FIX).model_dump())
+    return _offers({"shapes": shapes}, "--shape", SHAPE_FLAG_FIX)
 
 
 def default_shapes(traces: list[Trace], nodes: int) -> list[Shape]:

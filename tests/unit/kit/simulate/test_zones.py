@@ -27,6 +27,7 @@ from kit.simulate.zones import (
     _ZoneOptFront,
     load_offers,
     replay,
+    shapes_from_flags,
     simulate_opt_zones,
     simulate_zones,
     zone_starts,
@@ -513,3 +514,37 @@ def test_cli_offers_file_of_the_example():
         f"{z}/{s}" for z in ("us-central1-a", "us-east4-a") for s in ("16xa3-highgpu-1g/spot", "2xa3-highgpu-8g/on-demand")}
     alone = runner.invoke(app, ["simulate", "gcp-a3-h100-2025-10", "--offers", str(offers)])
     assert alone.exit_code != 0 and "--zones all" in alone.output
+
+
+SHAPE_FLAGS = ["--shape", "a3-highgpu-1g:16:1:spot", "--shape", "a3-highgpu-8g:2:8:on-demand"]
+
+
+def test_shape_flags_give_the_shapes_of_the_example_offers_file():
+    root = Path(__file__).resolve().parents[4]
+    shapes, prices = shapes_from_flags(SHAPE_FLAGS[1::2])
+    assert (shapes, prices) == load_offers(root / "examples" / "offers-gcp-a3.yaml")
+    assert shapes_from_flags(["a3-highgpu-8g:2"])[0] == [Shape("a3-highgpu-8g", 2, 1, (SPOT, ON_DEMAND))]
+
+
+@pytest.mark.parametrize(("flags", "match"), [
+    (["a3-highgpu-1g"], "TYPE:NODES"), (["a:1:1:spot:x"], "TYPE:NODES"), (["a3-highgpu-1g:0"], "nodes"),
+    (["a3-highgpu-1g:many"], "nodes"), (["a3-highgpu-1g:16:1:spot+reserved"], "markets"),
+    (["a3-highgpu-1g:16:1:spot", "a3-highgpu-8g:1:8:on-demand"], "same total GPU count")])
+def test_bad_shape_flags_are_input_errors_that_name_the_flag(flags, match):
+    with pytest.raises(InputError, match=match) as error:
+        shapes_from_flags(flags)
+    assert "--shape" in error.value.where
+
+
+def test_cli_shape_flags_replay_as_the_offers_file_does():
+    root = Path(__file__).resolve().parents[4]
+    common = ["simulate", "gcp-a3-h100-2025-10", "--zones", "us-central1-a,us-east4-a", "--starts", "1",
+              "--policy", "opt,default", "--json"]
+    flags = runner.invoke(app, [*common, *SHAPE_FLAGS])
+    assert flags.exit_code == 0, flags.output
+    from_file = runner.invoke(app, [*common, "--offers", str(root / "examples" / "offers-gcp-a3.yaml")])
+    assert json.loads(flags.output) == json.loads(from_file.output)
+    both = runner.invoke(app, [*common, *SHAPE_FLAGS, "--offers", str(root / "examples" / "offers-gcp-a3.yaml")])
+    assert both.exit_code != 0 and "not both" in both.output
+    one_zone = runner.invoke(app, ["simulate", "gcp-a3-h100-2025-10", *SHAPE_FLAGS])
+    assert one_zone.exit_code != 0 and "--zones all" in one_zone.output
