@@ -451,7 +451,7 @@ def _union(*fronts: Front) -> Front:
 
 class _ZoneOptFront(_ZoneProgram):
     """:class:`_ZoneOpt` for a changeover and transfer that no unit of the tick makes whole (d = 0.2001 h;
-    a 50 GB checkpoint at 7 Gbit/s): each state's waste is kept as a Pareto front of (waste, cost) pairs
+    a 100 GB checkpoint at 1.9 Gbit/s): each state's waste is kept as a Pareto front of (waste, cost) pairs
     (:func:`_front`) instead of an array over waste units, so every waste W G + r d + k T stays exact,
     however many launches r and moves k made it. The fronts stay small: a pair is kept only while more
     waste has bought a lower cost."""
