@@ -288,6 +288,35 @@ def test_default_never_misses_where_opt_meets_the_deadline():
                 assert not replay(market, start, params, MOVES, ZoneDefault(market.offers, MOVES, seed=start)).missed
 
 
+def random_market(seed: int):
+    """A small random market: 1-4 zones, ticks of 195 s to 1 h, a changeover that may have no unit in common
+    with the tick (0.2001 h) or be a whole number of ticks, a transfer that may have none either."""
+    rng = random.Random(seed)
+    gap = rng.choice([195, 300, 600, 3600])
+    job = rng.uniform(3, 15)
+    params = Params(nodes=2, job_h=job, deadline_h=job * rng.uniform(1.05, 1.6), starts=2,
+                    changeover_h=rng.choice([0.0, 0.1, 0.2, 0.2001, 0.5, gap / 3600, 2 * gap / 3600]))
+    moves = Moves(checkpoint_gb=rng.choice([0, 50, 100, 225]), transfer_gbps=rng.choice([1, 1.9, 10]))
+    ticks = max(rng.randint(150, 500), int(params.deadline_h * 3600 / gap) + 5)
+    traces = [zone_trace(zone, markov_availability(seed * 7 + i, ticks, rng.uniform(0.1, 0.95), rng.uniform(1.5, 20), 2),
+                         gap_seconds=gap, spot=round(rng.uniform(0.5, 2), 3), on_demand=round(rng.uniform(3, 5), 3))
+              for i, zone in enumerate(ZONE_NAMES[:rng.randint(1, 4)])]
+    return market_of(traces, params), params, moves
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_on_random_markets_opt_is_below_every_policy_and_default_meets_what_opt_meets(seed):
+    """The bound and the net on markets no constant was chosen on, both programs of opt included (the
+    fronts where d or T has no unit in common with the tick)."""
+    market, params, moves = random_market(seed)
+    for start in zone_starts(market, params):
+        opt = simulate_opt_zones(market, start, params, moves)
+        for policy in all_policies(market, moves, start):
+            run = replay(market, start, params, moves, policy)
+            assert run.missed or opt.cost <= run.cost + 1e-6, (policy.name, opt.cost, run.cost)
+            assert not (policy.name == "default" and run.missed and not opt.missed)
+
+
 def test_failover_tries_the_zone_that_preempted_last():
     traces = [zone_trace(z, [2] * 50) for z in ZONE_NAMES]
     params = Params(nodes=2, job_h=5, deadline_h=8, changeover_h=0.2, starts=1)
