@@ -292,12 +292,16 @@ class DefaultPolicy(Policy):
     LAMBDA_CAP = 100.0
 
     def __init__(self, price_ratio: float = 4.0, prior_spot_run_h: float = 4.0, prior_outage_h: float = 0.25,
-                 prior_weight: float = 1.0, lookahead_changeovers: float = 2.0, pace: float = 0.0) -> None:
+                 prior_weight: float = 1.0, lookahead_changeovers: float = 2.0, pace: float = 0.0,
+                 window: int | None = None) -> None:
         super().__init__()
         if not (price_ratio > 1 and min(prior_spot_run_h, prior_outage_h, prior_weight, lookahead_changeovers) > 0):
             raise InputError(f"default needs price_ratio > 1 and prior_spot_run_h, prior_outage_h, prior_weight, "
                              f"lookahead_changeovers > 0 (got {price_ratio}, {prior_spot_run_h}, {prior_outage_h}, "
                              f"{prior_weight}, {lookahead_changeovers})", where="policy")
+        if window is not None and int(window) < 1:
+            raise InputError(f"default needs window >= 1 (got {window})", where="policy",
+                             fix="window is how many of the latest spot runs and outages the policy learns from")
         if not 0.0 <= pace <= 1.0:
             raise InputError(f"default needs 0 <= pace <= 1 (got {pace})", where="policy",
                              fix="pace is the share of Uniform Progress's slack that waiting may not go below")
@@ -313,6 +317,9 @@ class DefaultPolicy(Policy):
         self.prior_up = float(prior_spot_run_h)
         self.prior_down = float(prior_outage_h)
         self.w = float(prior_weight)
+        # Only the latest ``window`` runs and outages are learned from (None: all of them). None in one zone; the
+        # multi-zone policy's inner one sets it (kit/policy/zones.py, MARKET_WINDOW).
+        self.window = None if window is None else int(window)
         self.runs: list[float] = []  # lengths of completed spot runs (hours)
         self.outages: list[float] = []  # lengths of completed outages
         self.run_start: float | None = None
@@ -328,13 +335,13 @@ class DefaultPolicy(Policy):
     def _observe(self, obs: Observation) -> None:
         if obs.spot_available:
             if self.outage_start is not None:
-                self.outages.append(obs.now_h - self.outage_start)
+                self._learn(self.outages, obs.now_h - self.outage_start)
                 self.outage_start = None
             if self.run_start is None:
                 self.run_start = obs.now_h
         else:
             if self.run_start is not None:
-                self.runs.append(obs.now_h - self.run_start)
+                self._learn(self.runs, obs.now_h - self.run_start)
                 self.run_start = None
             if self.outage_start is None:
                 self.outage_start = obs.now_h
@@ -343,6 +350,12 @@ class DefaultPolicy(Policy):
                 self.idle_since = obs.now_h
         else:
             self.idle_since = None
+
+    def _learn(self, lengths: list[float], length: float) -> None:
+        """Add a completed run or outage to ``lengths``, keeping the latest ``window`` of them."""
+        lengths.append(length)
+        if self.window is not None:
+            del lengths[:-self.window]
 
     def price_ratio(self, obs: Observation) -> float:
         """k = on-demand / spot price: from the observation when it has both prices."""

@@ -161,6 +161,17 @@ RUN_WINDOW = 12
 # synthetic rows). Chosen on the development markets (docs/benchmarks.md, "Many zones"): 0.4 to 0.75
 # all helped; 1 (``up``'s own line) lost rows.
 PACE = 0.5
+# How many of the latest runs and outages of "the best spot offer the job can get now" the inner market
+# policy of a job that may move learns from (one-zone ``default``: all of them). That market changes
+# regime as the job's zones do (the bundled GCP us-east4 zones give runs of hours for days, then capacity
+# that comes and goes every other tick), and its slack budget and launch rule are means over it; a
+# sliding window as for each offer's runs (RUN_WINDOW; Garivier and Moulines, ALT 2011). Chosen on the GCP
+# rows of docs/benchmarks.md ("Many zones") among 6-24: 12-20 all lower us-east4 at R0 = 72 h (0.5172 ->
+# 0.496-0.503, most of it one start that ended on 11 h of on-demand); 16 is the one that leaves no GCP row
+# more than 0.001 dearer. Held out: the AWS rows are unchanged, seeds 21-30 not worse (mean 0.4059 ->
+# 0.4052); the stationary synthetic markets of seeds 11-13 are 0.0018 dearer on average (none above a
+# baseline).
+MARKET_WINDOW = 16
 
 
 def moving_market_policy(**params) -> DefaultPolicy:
@@ -169,9 +180,10 @@ def moving_market_policy(**params) -> DefaultPolicy:
     not the one-zone policy's two (when a run ends the job mostly launches another zone's spot, not
     on-demand, so a short run costs one launch more, not a round trip; with two, the job waited out the
     tail of short runs and spent the slack that kept it off a pricey zone: the pricey-zone test in
-    tests/unit/kit/simulate/test_zones.py), and pacing (:data:`PACE`). :class:`ZoneDefault` decides with
-    it, and so does the watcher for a spec with several zones or shapes (``kit.watch.session``)."""
-    return DefaultPolicy(**{"lookahead_changeovers": 1.0, "pace": PACE, **params})
+    tests/unit/kit/simulate/test_zones.py), pacing (:data:`PACE`), and learning from the latest
+    :data:`MARKET_WINDOW` runs and outages. :class:`ZoneDefault` decides with it, and so does the watcher
+    for a spec with several zones or shapes (``kit.watch.session``)."""
+    return DefaultPolicy(**{"lookahead_changeovers": 1.0, "pace": PACE, "window": MARKET_WINDOW, **params})
 
 
 class RunRecord:
@@ -606,6 +618,6 @@ def make_zone_policy(name: str, offers: tuple[Offer, ...], moves: Moves, seed: i
     return _ZONE_POLICIES[name](offers, moves, seed=seed, **params)
 
 
-__all__ = ["PACE", "RUN_WINDOW", "ZONE_POLICY_NAMES", "Failover", "Market", "NettedZonePolicy", "Pinned", "RunRecord", "ZoneDefault", "ZoneObservation", "ZonePolicy",
+__all__ = ["MARKET_WINDOW", "PACE", "RUN_WINDOW", "ZONE_POLICY_NAMES", "Failover", "Market", "NettedZonePolicy", "Pinned", "RunRecord", "ZoneDefault", "ZoneObservation", "ZonePolicy",
            "finishing_offer", "learned_order", "make_zone_policy", "mean_runs", "moving_market_policy", "probing_runs", "progress_price",
            "search_order", "spot_ceiling"]

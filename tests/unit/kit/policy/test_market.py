@@ -168,6 +168,29 @@ def test_default_with_pace_runs_on_demand_instead_of_waiting_below_the_uniform_l
         make_policy("default", pace=1.5)
 
 
+def test_default_with_a_window_learns_from_its_latest_runs_and_outages_only():
+    """A market that turned: five cycles of 4-h runs and 10-min outages, then eight of 10-min runs and 4-h
+    outages. With a window of 5 the policy knows only the new regime; without, the old one still weighs."""
+    from kit.policy.zones import MARKET_WINDOW, moving_market_policy
+
+    def fed(**params):
+        policy = make_policy("default", **params)
+        t, p = _cycles(policy, 4.0, 1 / 6, 5, job=500.0, deadline=1000.0)
+        _cycles(policy, 1 / 6, 4.0, 8, job=500.0, deadline=1000.0, t=t, progress=p)
+        return policy
+
+    windowed, whole = fed(window=5), fed()
+    assert windowed.runs == pytest.approx([1 / 6] * 5) and windowed.outages == pytest.approx([4.0] * 5)
+    assert len(whole.runs) == 12 and len(whole.outages) == 13  # the last run is still going
+    stats = {name: policy.market_stats(obs(100.0, deadline=1000.0), 4.0) for name, policy in
+             (("windowed", windowed), ("whole", whole))}
+    assert stats["windowed"]["run_h"] < 1.0 < stats["whole"]["run_h"]
+    assert stats["windowed"]["outage_h"] > 3.0 > stats["whole"]["outage_h"]
+    assert moving_market_policy().window == MARKET_WINDOW and make_policy("default").window is None
+    with pytest.raises(InputError, match="window"):
+        make_policy("default", window=0)
+
+
 def test_default_learns_which_spot_runs_pay():
     tick = 1 / 6
     # always-spot market, slack to spare: it waits out an outage instead of paying on-demand (Greedy)
