@@ -274,7 +274,9 @@ class DefaultPolicy(Policy):
     * with ``pace`` > 0 (the multi-zone policy's inner one, not the one-zone ``default``): idle in an
       outage, it runs on-demand instead of waiting once the slack is below ``pace`` x the slack Uniform
       Progress would keep now (``uniform_slack``), so waiting out outages never spends the slack much
-      faster than ``up`` would (a wait for a run to prove itself is not an outage, and stays a wait).
+      faster than ``up`` would (a wait for a run to prove itself is not an outage, and stays a wait);
+    * with ``window`` (the multi-zone policy's inner one): everything above is learned from the latest
+      ``window`` runs and outages only, as the market the job sees changes with its zones.
 
     So the policy is Greedy on markets where on-demand excursions cannot pay (short outages,
     spot worth little, slack to spare) and moves to on-demand during long outages, one outage at
