@@ -166,8 +166,8 @@ PACE = 0.5
 # regime as the job's zones do (the bundled GCP us-east4 zones give runs of hours for days, then capacity
 # that comes and goes every other tick), and its slack budget and launch rule are means over it; a
 # sliding window as for each offer's runs (RUN_WINDOW; Garivier and Moulines, ALT 2011). Chosen on the GCP
-# rows of docs/benchmarks.md ("Many zones") among 6-24: 12-20 all lower us-east4 at R0 = 72 h (0.5172 ->
-# 0.496-0.503, most of it one start that ended on 11 h of on-demand); 16 is the one that leaves no GCP row
+# rows of docs/benchmarks.md ("Many zones") among 6-24: each lowers us-east4 at R0 = 72 h (0.5172 ->
+# 0.496-0.507, most of it one start that ended on 11 h of on-demand); 16 is the one that leaves no GCP row
 # more than 0.001 dearer. Held out: the AWS rows are unchanged, seeds 21-30 not worse (mean 0.4059 ->
 # 0.4052); the stationary synthetic markets of seeds 11-13 are 0.0018 dearer on average (none above a
 # baseline).
