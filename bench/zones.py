@@ -41,7 +41,7 @@ from kit.simulate.zones import (
     ZoneSet,
     _ZoneOpt,
     default_shapes,
-    simulate_opt_zones,
+    opt_program,
     simulate_zones,
     zone_starts,
 )
@@ -222,10 +222,11 @@ def opt_runtime(md: list[str], out: dict, traces: list[Trace]) -> None:
         params = Params(nodes=16, job_h=48.0, deadline_h=deadline, changeover_h=d, starts=starts)
         market = ZoneSet.of(market_traces, default_shapes(market_traces, 16), params)
         t0 = time.perf_counter()
-        runs = [simulate_opt_zones(market, s, params, Moves()) for s in zone_starts(market, params)]
+        programs = [opt_program(market, s, params, Moves()) for s in zone_starts(market, params)]
+        runs = [p.solve() for p in programs]
         seconds = time.perf_counter() - t0
         mean = sum(r.cost_vs_on_demand for r in runs) / len(runs)
-        program = "units" if _ZoneOpt(market, zone_starts(market, params)[0], params, Moves()).waste.exact else "fronts"
+        program = "units" if isinstance(programs[0], _ZoneOpt) else "fronts"
         md.append(f"| {label} | {deadline:g} h | {d} h | {len(runs)} | {program} | {seconds:.1f} | {mean:.6f} |")
         out[f"opt_runtime/{label}/R{deadline:g}/d{d}"] = {"seconds": seconds, "mean": mean, "program": program}
     md.append("")

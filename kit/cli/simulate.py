@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from kit.cli.app import App
 from kit.policy import DEFAULT_CHANGEOVER_H
 from kit.policy.offers import DEFAULT_CHECKPOINT_GB, DEFAULT_TRANSFER_GBPS, EACH, Moves
+
+if TYPE_CHECKING:  # the simulator loads only when a command runs
+    from kit.simulate.zones import Offers
 
 app = App()
 
@@ -105,7 +108,7 @@ def _check_png(plot_file: Path) -> None:
     check_output_file(plot_file, "--plot")
 
 
-def _shapes(offers: Path | None, shape: list[str] | None):
+def _shapes(offers: Path | None, shape: list[str] | None) -> Offers | None:
     """The shapes of a multi-zone market: an offers file, ``--shape`` flags, or neither (None: one shape)."""
     from kit.errors import InputError
     from kit.simulate.zones import load_offers, shapes_from_flags
@@ -126,7 +129,7 @@ def _zone_policies(policy: str) -> list[str]:
     return [p.strip() for p in policy.split(",") if p.strip()]
 
 
-def _simulate_zones(traces: list[Path], policy: str, zones: str, offers, json_out: bool,
+def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Offers | None, json_out: bool,
                     plot_file: Path | None, params, moves: Moves) -> None:
     """``kit simulate --zones all|z1,z2``: the traces as one multi-zone market (``offers``: shapes and
     prices from :func:`_shapes`, None for one shape)."""

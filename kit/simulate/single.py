@@ -225,7 +225,7 @@ class _Waste:
     def __init__(self, G: float, d: float, slack: float, move_h: float = 0.0) -> None:
         exact_units = _common_units(G, d, d + move_h)
         units = exact_units or _common_units(G, d)
-        self.exact = exact_units is not None or move_h == 0.0
+        self.exact = self.exact_for(G, d, move_h)
         self.idle_step: tuple[int, ...]
         self.launch_step: tuple[int, ...]
         self.move_step: tuple[int, ...]
@@ -243,6 +243,12 @@ class _Waste:
             self.hours = W * G + r * d
         # added after every step: +inf where the deadline can no longer be made
         self.bar = np.where(self.hours <= slack + 1e-7, 0.0, math.inf)
+
+    @staticmethod
+    def exact_for(G: float, d: float, move_h: float = 0.0) -> bool:
+        """Whether these axes keep every waste exact: a unit of the tick makes d and d + T whole, or there
+        is no transfer (the two axes are exact for any d)."""
+        return move_h == 0.0 or _common_units(G, d, d + move_h) is not None
 
     def start(self) -> np.ndarray:
         """No state yet but the first (waste 0), at cost 0."""

@@ -344,12 +344,17 @@ def policies_for(name: str, market: ZoneSet, moves: Moves, seed: int) -> list[Zo
 
 
 # --------------------------------------------------------------------------------------- opt
+def _move_h(market: ZoneSet, moves: Moves) -> float:
+    """The checkpoint transfer of a move, T: the same between any two zones (none with one zone)."""
+    return moves.transfer_h("a", "b") if len(market.zones) > 1 else 0.0
+
+
 class _ZoneProgram(ABC):
     """The omniscient bound's dynamic program, tick by tick (``tick``), with the cheapest finish (``best``)."""
 
     def __init__(self, market: ZoneSet, start: int, params: Params, moves: Moves) -> None:
         self.m, self.start, self.p = market, start, params
-        self.T = moves.transfer_h("a", "b") if len(market.zones) > 1 else 0.0  # the same for any two zones
+        self.T = _move_h(market, moves)
         self.best = math.inf
 
     @abstractmethod
@@ -501,11 +506,15 @@ class _ZoneOptFront(_ZoneProgram):
                     if up[k] else _EMPTY for k, o in enumerate(m.offers)]
 
 
+def opt_program(market: ZoneSet, start: int, params: Params, moves: Moves) -> _ZoneProgram:
+    """``opt``'s program for one start: over waste arrays where a unit of the tick makes d and d + T whole
+    (the bundled traces with the default transfer), else over exact Pareto fronts (:class:`_ZoneOptFront`)."""
+    exact = _Waste.exact_for(market.G, params.changeover_h, _move_h(market, moves))
+    return (_ZoneOpt if exact else _ZoneOptFront)(market, start, params, moves)
+
+
 def simulate_opt_zones(market: ZoneSet, start: int, params: Params, moves: Moves) -> ZoneRun:
-    """``opt`` on one start: over waste arrays where a unit of the tick makes d and T whole (the bundled
-    traces with the default transfer), else over exact Pareto fronts (:class:`_ZoneOptFront`)."""
-    units = _ZoneOpt(market, start, params, moves)
-    return (units if units.waste.exact else _ZoneOptFront(market, start, params, moves)).solve()
+    return opt_program(market, start, params, moves).solve()
 
 
 # --------------------------------------------------------------------------------------- summary
