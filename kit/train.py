@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.markup import escape
+
 from kit.errors import InputError, KitError
 from kit.paths import EXAMPLES_DIR
 
@@ -82,7 +84,7 @@ class TrainRun:
             if path is not None:
                 check_output_file(Path(path), flag)
         for warning in spec_warnings(self.spec):
-            self.console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+            self.console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
 
     def previous(self, session) -> dict | None:
         """The report of this spec's finished job when there is one and no --fresh (nothing to do)."""
@@ -113,11 +115,11 @@ class TrainRun:
         try:
             return session.watcher.run(threading.Event(), on_tick=lambda result: self.on_tick(session, result))
         except BaseException as error:  # the loop failed or was interrupted, not the trainers: they save
-            backend.interrupted(lambda note: self.console.print(f"interrupted: {note}"))
+            backend.interrupted(lambda note: self.console.print(escape(f"interrupted: {note}")))
             self.add_wall_time(session.ledger)
             if isinstance(error, KeyboardInterrupt):
-                self.console.print("interrupted: `kit train` again continues from the ledger "
-                                   f"({self.deploy_dir / LEDGER_FILE})")
+                self.console.print(escape("interrupted: `kit train` again continues from the ledger "
+                                          f"({self.deploy_dir / LEDGER_FILE})"))
             raise
 
     def on_tick(self, session, result) -> None:
@@ -129,9 +131,9 @@ class TrainRun:
             self.shown_at = time.time()
             self.add_wall_time(session.ledger)  # as it goes: a killed kit's time still counts
             progress = f"step {result.step}/{result.total_steps}" if result.step is not None else "starting"
-            self.console.print(f"[{time.strftime('%H:%M:%S')}] {self.spec.name}: market {result.market or 'none'}, "
-                               f"{result.nodes_up}/{session.backend.spec.nodes} up, {progress}, "
-                               f"policy {result.decision or '-'}")
+            self.console.print(escape(f"[{time.strftime('%H:%M:%S')}] {self.spec.name}: market {result.market or 'none'}, "
+                                      f"{result.nodes_up}/{session.backend.spec.nodes} up, {progress}, "
+                                      f"policy {result.decision or '-'}"))
 
     def add_wall_time(self, ledger) -> float:
         wall, self.wall_start = ledger.add_wall_seconds(time.time() - self.wall_start), time.time()
@@ -153,7 +155,7 @@ class TrainRun:
         except KitError as error:
             why_kept = error.what + (f" ({error.fix})" if error.fix else "")
         if why_kept:
-            self.console.print(f"[yellow]warning:[/yellow] {why_kept}; the data disks are kept")
+            self.console.print(f"[yellow]warning:[/yellow] {escape(why_kept)}; the data disks are kept")
         return export, export is not None and why_kept is None and not self.keep_disks
 
     def finish(self, session) -> dict:
@@ -260,10 +262,10 @@ def show_finished(deploy_dir: Path, console, json_report: Path | None) -> dict:
         report = json.loads((deploy_dir / REPORT_FILE).read_text())
     except (OSError, ValueError):
         report = None
-    console.print(f"this job already finished; `kit train --fresh` trains it again (the finished run is kept "
-                  f"under {deploy_dir / PREVIOUS_DIR}/)")
+    console.print(escape(f"this job already finished; `kit train --fresh` trains it again (the finished run is kept "
+                         f"under {deploy_dir / PREVIOUS_DIR}/)"))
     if report is None:  # finished by a kit that kept no report
-        console.print(f"its report was not saved; `kit status` shows the ledger ({deploy_dir / LEDGER_FILE})")
+        console.print(escape(f"its report was not saved; `kit status` shows the ledger ({deploy_dir / LEDGER_FILE})"))
         return {}
     render_report(report, console)
     if json_report:
@@ -302,7 +304,7 @@ def archive_finished(deploy_dir: Path, console) -> Path:
         if report.get("export"):
             report["export"] = report["export"].replace(str(deploy_dir / "export"), str(target / "export"), 1)
             write_report(kept, report)
-    console.print(f"starting a fresh run; the finished one is kept in {target}")
+    console.print(escape(f"starting a fresh run; the finished one is kept in {target}"))
     return target
 
 
@@ -322,8 +324,8 @@ def export_final(backend, nodes, dest: Path, *, step: int | None, params_sha256:
         try:
             source = backend.checkpoint_dir(node, scratch)
             manifest = export(source, dest, step=step, params_sha256=params_sha256,
-                              log=lambda message: console.print(f"[yellow]{message}[/yellow]"))
-            console.print(f"exported step {manifest['step']} from {node.name} to {manifest['path']}")
+                              log=lambda message: console.print(f"[yellow]{escape(message)}[/yellow]"))
+            console.print(escape(f"exported step {manifest['step']} from {node.name} to {manifest['path']}"))
             return manifest
         except (KitError, ExportError, OSError) as error:
             failures.append(f"{node.name}: {getattr(error, 'what', None) or error}")
@@ -337,7 +339,7 @@ def render_report(report: dict, console) -> None:
     from rich.table import Table
 
     money = lambda v: "?" if v is None else f"${v:,.2f}"
-    table = Table(title=f"kit train {report['cluster']} ({report['cloud']}, policy {report['policy']})",
+    table = Table(title=escape(f"kit train {report['cluster']} ({report['cloud']}, policy {report['policy']})"),
                   title_justify="left")
     table.add_column("")
     table.add_column("value", justify="right")
@@ -353,9 +355,9 @@ def render_report(report: dict, console) -> None:
         rows.append(("final checkpoint", str(report.get("export") or "not exported")))
         rows.append(("data disks", report["disks"]))
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(key, escape(value))  # the export's path, for one
     console.print(table)
     if len(report.get("offers") or []) > 1:
-        console.print("ran on: " + " -> ".join(report["offers"]), highlight=False)
+        console.print(escape("ran on: " + " -> ".join(report["offers"])), highlight=False)
     if report.get("time_scale", 1.0) != 1.0:  # a compressed clock: the local backend's trace time
         console.print(f"(local hours are trace hours: wall time × time scale {report['time_scale']:g})")

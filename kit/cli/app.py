@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kit.errors import KitError
 
@@ -20,8 +21,10 @@ err_console = Console(stderr=True)
 
 
 def fail(error: KitError) -> None:
-    """Print a user-fixable error (no traceback) and exit with its code."""
-    err_console.print(f"[bold red]error:[/bold red] {error.render()}", highlight=False, soft_wrap=True)
+    """Print a user-fixable error (no traceback) and exit with its code. The error's text is escaped: it
+    quotes paths, YAML and cloud messages, and rich would read ``[...]`` in them as markup (dropping it,
+    or raising on a closing tag like ``[/b]``)."""
+    err_console.print(f"[bold red]error:[/bold red] {escape(error.render())}", highlight=False, soft_wrap=True)
     raise typer.Exit(error.exit_code)
 
 

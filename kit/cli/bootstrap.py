@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kit.cli.app import App
 
@@ -20,9 +21,9 @@ def _progress_printer(verbose: int):
     def on_event(ev: dict) -> None:
         kind = ev.get("event")
         data = ev.get("event_data") or {}
-        host, task = data.get("host", ""), data.get("task", "")
+        host, task = escape(str(data.get("host", ""))), escape(str(data.get("task", "")))  # not markup
         if kind == "playbook_on_task_start" and verbose:
-            console.print(f"[bold]TASK[/bold] {data.get('task')}", highlight=False)
+            console.print(f"[bold]TASK[/bold] {task}", highlight=False)
         elif kind == "runner_on_ok":
             changed = (data.get("res") or {}).get("changed")
             if changed or verbose:
@@ -76,16 +77,16 @@ def bootstrap(
     extra_vars = bs.parse_extra_vars(extra)
     inventory = _inventory(s, hosts)
     n = len((inventory.get("all") or {}).get("hosts") or {})
-    console.print(f"bootstrapping {n} host(s){' (check mode)' if check else ''}", highlight=False)
+    console.print(escape(f"bootstrapping {n} host(s){' (check mode)' if check else ''}"), highlight=False)
     result = bs.bootstrap_nodes(inventory, check=check, limit=limit, extra_vars=extra_vars,
                                 verbosity=verbose, on_event=_progress_printer(verbose))
     for host, st in sorted(result.stats.items()):
-        console.print(f"{host}: ok={st.get('ok', 0)} changed={st.get('changed', 0)} "
-                      f"failed={st.get('failures', 0)} unreachable={st.get('dark', 0)}", highlight=False)
+        console.print(escape(f"{host}: ok={st.get('ok', 0)} changed={st.get('changed', 0)} "
+                             f"failed={st.get('failures', 0)} unreachable={st.get('dark', 0)}"), highlight=False)
     if not result.ok:
         for host, msgs in sorted(result.failures.items()):
-            console.print(f"[red]{host}[/red] failed:", highlight=False)
+            console.print(f"[red]{escape(host)}[/red] failed:", highlight=False)
             for msg in msgs:
-                console.print(f"  - {msg}", highlight=False)
+                console.print(escape(f"  - {msg}"), highlight=False)
         raise typer.Exit(1)
     console.print("[green]bootstrap done[/green]")

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from kit.cli.app import App
 
@@ -26,7 +27,7 @@ def warn_about(spec: SpecBase) -> None:
     from kit.spec import spec_warnings
 
     for warning in spec_warnings(spec):
-        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
 
 
 def _deployment(spec: Path, out: Path | None):
@@ -50,7 +51,7 @@ def example(
     if name is None:
         for stem, path in examples.items():
             first = next((line.lstrip("# ").strip() for line in path.read_text().splitlines() if line.strip()), "")
-            console.print(f"{stem:<14} {first}", highlight=False, soft_wrap=True)
+            console.print(escape(f"{stem:<14} {first}"), highlight=False, soft_wrap=True)
         return
     chosen = examples.get(name.removesuffix(".yaml"))
     if chosen is None:
@@ -64,7 +65,7 @@ def validate(spec: SpecArg) -> None:
     from kit.spec import load_spec
 
     s = load_spec(spec)
-    console.print(f"[green]ok[/green] {spec}: {s.summary}", highlight=False)
+    console.print(f"[green]ok[/green] {escape(str(spec))}: {escape(s.summary)}", highlight=False)
     warn_about(s)
 
 
@@ -76,7 +77,7 @@ def render(spec: SpecArg, out: OutOption = None, market: MarketOption = None) ->
     s, out_dir = _deployment(spec, out)
     warn_about(s)
     files = r.render(s, out_dir, market=market)
-    console.print(f"rendered {len(files)} files into {out_dir}", highlight=False)
+    console.print(escape(f"rendered {len(files)} files into {out_dir}"), highlight=False)
 
 
 @app.command("plan")
@@ -116,8 +117,8 @@ def apply(spec: SpecArg, out: OutOption = None) -> None:
     s, out_dir = _deployment(spec, out)
     terraform.apply(out_dir, parallelism=s.nodes, roots=render.roots(s))
     for node in terraform.output(out_dir).get("nodes") or []:
-        console.print(f"{node.get('name')}: {node.get('public_ip') or node.get('private_ip')} "
-                      f"({node.get('market')})", highlight=False)
+        console.print(escape(f"{node.get('name')}: {node.get('public_ip') or node.get('private_ip')} "
+                             f"({node.get('market')})"), highlight=False)
 
 
 @app.command("destroy")

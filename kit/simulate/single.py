@@ -67,6 +67,11 @@ class Params:
         if problems:
             where, what = problems[0]
             raise InputError(what, where=where, fix=f"see `kit simulate --help` for {where}")
+        if self.deadline_h < self.job_h:  # no schedule meets it, and opt has no state to start from
+            raise InputError(f"the deadline ({self.deadline_h:g} h) is shorter than the job's compute "
+                             f"({self.job_h:g} h): no schedule can meet it", where="--deadline-hours",
+                             fix=f"give --deadline-hours of at least --job-hours ({self.job_h:g}) plus the slack "
+                                 f"to allow, e.g. {self.job_h * 1.25:g}")
 
 
 @dataclass

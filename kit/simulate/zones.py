@@ -120,6 +120,18 @@ class _OffersFile(BaseModel):
 Offers = tuple[list[Shape], dict[tuple[str, str, str], float]]  # shapes, and list prices by (zone, type, market)
 
 
+def check_market_shapes(shapes: list[Shape], where: str = "shapes") -> None:
+    """:func:`check_shapes`, and one shape at least sold on-demand: in the model on-demand is always
+    available (the deadline's safety net runs there), and costs are relative to the cheapest on-demand
+    offer, N x Q_min x (C0 + d)."""
+    check_shapes(shapes, where=where)
+    if not any(ON_DEMAND in s.markets for s in shapes):
+        raise InputError("no shape is sold on-demand: the replay's safety net runs the job on-demand, and costs "
+                         "are relative to the cheapest on-demand offer", where=where,
+                         fix="add on-demand to one shape's markets (markets: [spot, on-demand] in an offers file, "
+                             "or --shape TYPE:NODES:GPUS_PER_NODE:on-demand)")
+
+
 def _validated(model: type[BaseModel], raw: object, where: str, fix: str):
     """``raw`` as ``model``, or an InputError naming the first bad field at ``where``."""
     try:
@@ -133,7 +145,7 @@ def _offers(raw: object, where: str, fix: str) -> Offers:
     """Shapes (and list prices) from the offers file's content, or from ``--shape`` flags: validated once."""
     parsed = _validated(_OffersFile, raw, where, fix)
     shapes = [Shape(s.instance_type, s.nodes, s.gpus_per_node, tuple(s.markets)) for s in parsed.shapes]
-    check_shapes(shapes, where=f"{where}: shapes")
+    check_market_shapes(shapes, where=f"{where}: shapes")
     prices = {("*", s.instance_type, m): p for s in parsed.shapes
               for m, p in ((SPOT, s.spot_price), (ON_DEMAND, s.on_demand_price)) if p is not None}
     return shapes, prices
@@ -567,7 +579,7 @@ def zone_market(traces: list[Trace], params: Params, moves: Moves, shapes: list[
     params.check()
     moves.check()
     shapes = shapes or default_shapes(traces, params.nodes)
-    check_shapes(shapes)
+    check_market_shapes(shapes)
     return ZoneSet.of(traces, shapes, params, prices)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 
 from kit.errors import InputError, KitError
 from kit.watch.session import LEDGER_FILE, LOCK_FILE, make_policy_for, parse_listen  # noqa: F401 - re-exported
@@ -34,8 +35,8 @@ def status_line(result, report_cost, spec: SpecBase) -> str:
         action = f"  last action: {result.action} -> {result.outcome.status}"
     cost = "?" if report_cost["cost"] is None else f"${report_cost['cost']:,.2f}"
     clock = time.strftime("%H:%M:%S", time.localtime(result.now))
-    return (f"[{clock}] {spec.name}: market [bold]{result.market or 'none'}[/bold], {nodes}, {progress}, "
-            f"policy says {result.decision or '-'}{action}, cost {cost}")
+    return (f"{escape(f'[{clock}] {spec.name}')}: market [bold]{escape(result.market or 'none')}[/bold], "
+            + escape(f"{nodes}, {progress}, policy says {result.decision or '-'}{action}, cost {cost}"))
 
 
 def run_watch(spec_path: Path, *, interval_s: float, listen: str, advertise_url: str | None, once: bool) -> int:
@@ -52,9 +53,9 @@ def run_watch(spec_path: Path, *, interval_s: float, listen: str, advertise_url:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with Session(spec, deploy_dir) as session:
         session.start(listen=listen, advertise_url=advertise_url, interval_s=interval_s)
-        console.print(f"watching [bold]{spec.name}[/bold] ({spec.cloud}) with policy {session.policy.name}; agents "
-                      f"post to {session.url or session.server_url}/v1/clusters/{spec.name}/events "
-                      f"(token in {deploy_dir / 'watcher' / 'token'})")
+        console.print(f"watching [bold]{spec.name}[/bold] " + escape(
+            f"({spec.cloud}) with policy {session.policy.name}; agents post to "
+            f"{session.url or session.server_url}/v1/clusters/{spec.name}/events (token in {deploy_dir / 'watcher' / 'token'})"))
         stop = threading.Event()
         if once:
             stop.set()

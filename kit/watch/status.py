@@ -236,16 +236,19 @@ def status_report(ledger: Ledger, spec: SpecBase, now: float | None = None) -> d
 
 
 def render_status(report: dict[str, Any], console) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
+    # every name, id, reason and error below comes from the spec, the ledger or a cloud API: escaped, so
+    # that rich prints "[...]" in them as it is instead of reading it as markup (or failing on "[/x]")
     money = lambda v: "?" if v is None else f"${v:,.2f}"
     progress = report["progress"]
-    console.print(f"[bold]{report['cluster']}[/bold] ({report['cloud']})  market: "
-                  f"[bold]{report['market'] or 'none'}[/bold]  running {report['wall_hours']:.2f} h")
+    console.print(f"[bold]{escape(report['cluster'])}[/bold] ({escape(report['cloud'])})  market: "
+                  f"[bold]{escape(report['market'] or 'none')}[/bold]  running {report['wall_hours']:.2f} h")
     if progress:
-        console.print(f"progress: step {progress['step']}/{progress['total_steps']} "
-                      f"({100 * progress['fraction']:.1f} %), {progress['step_time_s'] or 0:.3f} s/step, "
-                      f"{progress['state'] or '?'}")
+        console.print(escape(f"progress: step {progress['step']}/{progress['total_steps']} "
+                             f"({100 * progress['fraction']:.1f} %), {progress['step_time_s'] or 0:.3f} s/step, "
+                             f"{progress['state'] or '?'}"))
     else:
         console.print("progress: no heartbeat yet")
     console.print(f"preemptions: {report['preemptions']}  nodes lost: {report['nodes_lost']}  "
@@ -253,7 +256,7 @@ def render_status(report: dict[str, Any], console) -> None:
                   f"moves: {report['moves']}  shape switches: {report['shape_switches']}  "
                   f"probes: {report['probes']} ({report['probes_without_capacity']} without capacity)")
     if report["offers"]:
-        console.print(f"ran on: {' -> '.join(report['offers'])}")
+        console.print(escape(f"ran on: {' -> '.join(report['offers'])}"))
     console.print(f"cost so far: {money(report['cost'])} (spot {report['spot_hours']:.2f} node-h, on-demand "
                   f"{report['on_demand_hours']:.2f} node-h; the compute done so far, all on-demand: "
                   f"{money(report['cost_all_on_demand'])})")
@@ -261,19 +264,21 @@ def render_status(report: dict[str, Any], console) -> None:
     for column in ("rank", "name", "instance", "market", "state", "ip"):
         nodes.add_column(column)
     for n in report["nodes"]:
-        nodes.add_row(str(n["rank"]), n["name"], n["instance_id"], n["market"] or "?", n["state"], n["private_ip"] or "")
+        nodes.add_row(*(escape(str(v)) for v in (n["rank"], n["name"], n["instance_id"], n["market"] or "?", n["state"],
+                                                  n["private_ip"] or "")))
     console.print(nodes)
     disks = Table(title=f"data disks (so far {money(report['disk_cost'])})", title_justify="left")
     for column in ("disk", "zone", "GB", "hours", "idle hours", "cost", "state"):
         disks.add_column(column)
     for d in report["disks"]:
-        disks.add_row(d["disk_id"], d["zone"] or "?", str(d["size_gb"]), f"{d['hours']:.2f}", f"{d['idle_hours']:.2f}",
-                      money(d["cost"]), "deleted (zone left)" if d["released"] is not None else "kept")
+        disks.add_row(escape(str(d["disk_id"])), escape(d["zone"] or "?"), str(d["size_gb"]), f"{d['hours']:.2f}",
+                      f"{d['idle_hours']:.2f}", money(d["cost"]), "deleted (zone left)" if d["released"] is not None else "kept")
     console.print(disks)
     decisions = Table(title="decisions (newest first)", title_justify="left")
     for column in ("id", "action", "from", "to", "status", "tries", "reason"):
         decisions.add_column(column)
     for d in report["decisions"][:10]:
-        decisions.add_row(str(d["id"]), d["action"], d["from"] or "-", d["to"] or "-", d["status"],
-                          str(d["attempts"]), d["reason"] + (f" [red]({d['error'][:80]})[/red]" if d["error"] else ""))
+        decisions.add_row(*(escape(str(v)) for v in (d["id"], d["action"], d["from"] or "-", d["to"] or "-", d["status"],
+                                                      d["attempts"])),
+                          escape(d["reason"]) + (f" [red]({escape(d['error'][:80])})[/red]" if d["error"] else ""))
     console.print(decisions)

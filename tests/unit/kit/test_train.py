@@ -213,3 +213,21 @@ def test_steps_lost_counts_resumes_not_late_reports(tmp_path):
     ledger.record(heartbeat(40, 120, rank=0, written=200.0))
     ledger.record(heartbeat(45, 120, rank=1, written=203.0))
     assert steps_lost(ledger) == 8
+
+
+def test_the_report_prints_paths_and_offers_as_they_are_not_as_markup():
+    """The export's path and the offers are the user's (a directory named "[/x]" is allowed): rich must
+    not read them as markup."""
+    import io
+
+    from kit.train import render_report
+
+    report = {"cluster": "demo", "cloud": "local", "policy": "default", "steps": 10, "total_steps": 10,
+              "steps_lost": 0, "preemptions": 0, "market_switches": 0, "spot_hours": 1.0, "on_demand_hours": 0.0,
+              "cost": 1.0, "cost_on_demand": 4.0, "wall_seconds": 3.0, "params_sha256": "ab" * 32,
+              "export": "/data/[/x]/[red]export/step-10", "disks": "deleted",
+              "offers": ["z-[/a]/2xlocal/spot", "z-b/1xlocal/spot"]}
+    out = io.StringIO()
+    render_report(report, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "/data/[/x]/[red]export/step-10" in text and "z-[/a]/2xlocal/spot -> z-b/1xlocal/spot" in text, text

@@ -46,7 +46,15 @@ def _case(tmp: Path, case: str) -> tuple[list[str], str]:
         "--deadline-hours nan": (["simulate", "gcp-a3-h100-2025-10", "--deadline-hours", "nan"], "--deadline-hours"),
         "--job-hours inf": (["simulate", "gcp-a3-h100-2025-10", "--job-hours", "inf"], "--job-hours"),
         "--starts 1e9": (["simulate", "gcp-a3-h100-2025-10", "--starts", "1000000000"], "--starts"),
+        "a deadline shorter than the job": (["simulate", "gcp-a3-h100-2025-10", "--deadline-hours", "10"],
+                                            "--deadline-hours"),
+        "the same, many zones": (["simulate", "gcp-a3-h100-2025-10", "--zones", "all", "--job-hours", "400"],
+                                 "--deadline-hours"),
+        "no shape sold on-demand": (["simulate", "gcp-a3-h100-2025-10", "--zones", "all", "--shape",
+                                     "a3-highgpu-1g:16:1:spot"], "on-demand"),
         "--time-scale nan": (["train", "--time-scale", "nan"], "--time-scale"),
+        # rich would read "[...]" in a message as markup: drop "[red]", and raise on a closing "[/b]"
+        "a spec path that looks like markup": (["validate", str(tmp / "[/b] [red]x.yaml")], "[/b] [red]x.yaml"),
         "an unwritable --plot": (["simulate", "gcp-a3-h100-2025-10", "--plot", str(tmp / "file" / "p.png")],
                                  "--plot"),
         "kit train with a missing trace": (["train", _write(tmp, "g.yaml", b"name: g\ncloud: local\nlocal:\n"
@@ -63,7 +71,8 @@ def _case(tmp: Path, case: str) -> tuple[list[str], str]:
 CASES = ["spec not UTF-8", "spec nested 20,000 deep", "spec with a key twice", "a YAML alias bomb in a typed field",
          "200 aliases", "a spec over 1 MiB", "inventory not UTF-8",
          "inventory whose all is a list", "--out under a file", "NaN in a trace", "Infinity in a trace",
-         "--deadline-hours nan", "--job-hours inf", "--starts 1e9", "--time-scale nan", "kit train with a missing trace", "kit train with time_scale 0", "an unwritable --plot",
+         "--deadline-hours nan", "--job-hours inf", "--starts 1e9", "a deadline shorter than the job",
+         "the same, many zones", "no shape sold on-demand", "--time-scale nan", "a spec path that looks like markup", "kit train with a missing trace", "kit train with time_scale 0", "an unwritable --plot",
          "kit train --plot into a missing directory"]
 
 

@@ -79,6 +79,20 @@ def test_cost_is_node_hours_per_market_times_price(tmp_path):
     assert "market: on-demand" in text and "$6.00" in text and "preemptions: 1" in text and "$2.00" in text
 
 
+def test_status_prints_names_and_cloud_errors_as_they_are_not_as_markup(tmp_path):
+    """A cloud's error text, an instance id or a zone may hold "[...]": rich must not read it as markup
+    (it dropped "[red]" and raised MarkupError on a closing "[/x]")."""
+    ledger, spec, clock = run_scenario(tmp_path)
+    report = status_report(ledger, spec, now=clock.t)
+    report["decisions"][0]["error"] = "quota [/x] exceeded [red]now"
+    report["nodes"][0]["instance_id"] = "i-[bold]1"
+    report["offers"] = ["[/zone]/2xlocal/spot"]
+    out = io.StringIO()
+    render_status(report, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "quota [/x] exceeded [red]now" in text and "i-[bold]1" in text and "[/zone]/2xlocal/spot" in text, text
+
+
 def test_all_on_demand_uses_the_measured_first_start_up(tmp_path):
     """d of N x Q x (d + C0) is the first launch as measured when a heartbeat follows it: launched
     at t0, the first heartbeat at t0 + 0.5 h says step 100 at 1.8 s/step, so step 0 ran at
