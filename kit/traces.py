@@ -40,6 +40,12 @@ class Trace:
     def __len__(self) -> int:
         return len(self.data)
 
+    @property
+    def measured_nodes(self) -> int | None:
+        """How many instances each tick asked for (``metadata.nodes_requested``): no count exceeds it."""
+        value = self.metadata.get("nodes_requested")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
     def spot_available(self, nodes: int) -> list[bool]:
         return [x >= nodes for x in self.data]
 
@@ -53,6 +59,19 @@ class Trace:
     def on_demand_price(self, default: float) -> float:
         value = self.metadata.get("on_demand_price_per_hour")
         return float(value if value is not None else default)
+
+
+def check_gang(traces: list[Trace], nodes: int, where: str = "--nodes") -> None:
+    """Refuse a gang larger than a trace measured: its counts never exceed ``nodes_requested``, so such a
+    gang would never find spot there and every policy would silently run on-demand (e.g. the single-instance
+    AWS set with ``kit simulate``'s default of 16 nodes)."""
+    short = [t for t in traces if t.measured_nodes is not None and t.measured_nodes < nodes]
+    if short:
+        most = max(t.measured_nodes or 0 for t in short)
+        names = ", ".join(t.name for t in short[:3]) + (f" and {len(short) - 3} more" if len(short) > 3 else "")
+        raise InputError(f"a gang of {nodes} nodes, but {names} measured spot capacity for at most {most} "
+                         f"instance(s) (metadata.nodes_requested), so it would never find spot there",
+                         where=where, fix=f"give a gang of at most {most} node(s), or traces measured for {nodes} or more instances")
 
 
 def _number(value, where: str, *, positive: bool = False) -> float:

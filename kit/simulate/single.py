@@ -29,7 +29,7 @@ import numpy as np
 
 from kit.errors import InputError
 from kit.policy import DEFAULT_CHANGEOVER_H, ON_DEMAND, POLICY_NAMES, SPOT, WAIT, Observation, make_policy
-from kit.traces import Trace
+from kit.traces import Trace, check_gang
 
 EPS = 1e-9
 OPT = "opt"
@@ -364,6 +364,7 @@ def simulate_opt(trace: Trace, start: int, params: Params) -> Run:
 def simulate(traces: list[Trace], policies: list[str], params: Params, *, policy_params: dict | None = None) -> dict:
     """Every policy on every (trace, start); returns the summary (the ``--json`` document)."""
     params.check()
+    check_gang(traces, params.nodes)
     for name in policies:
         if name not in ALL_POLICIES:
             raise InputError(f"unknown policy {name!r}", where="--policy", fix=f"use one of: {', '.join(ALL_POLICIES)}, all")

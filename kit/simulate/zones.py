@@ -31,7 +31,7 @@ from kit.policy import ON_DEMAND, POLICY_NAMES, SPOT, make_policy
 from kit.policy.offers import EACH, PROBE_H, Moves, Offer, Shape, check_shapes
 from kit.policy.zones import ZONE_POLICY_NAMES, Pinned, ZoneObservation, ZonePolicy, make_zone_policy
 from kit.simulate.single import EPS, OPT, Params, _Waste, span_ticks, split_tick
-from kit.traces import Trace
+from kit.traces import Trace, check_gang
 
 ZONE_ALL = (OPT, "default", "failover", "up@each", "default@each")
 OFFERS_FIX = "see docs/policies.md (\"Offers file\") for the format"
@@ -69,10 +69,16 @@ class ZoneSet:
                     offer = Offer(zone=trace.name, shape=shape, market=market, price=shape.nodes * float(per_tick[0]))
                     offers.append(offer)
                     if market == SPOT:
-                        measured = trace.metadata.get("instance_type") in (None, shape.instance_type)
-                        avail[offer] = np.array(trace.data) >= shape.nodes if measured else np.zeros(len(trace), bool)
+                        avail[offer] = (np.array(trace.data) >= shape.nodes if _measures(trace, shape)
+                                        else np.zeros(len(trace), bool))
                         series[offer] = shape.nodes * per_tick
         return cls(G=traces[0].tick_h, ticks=len(traces[0]), offers=tuple(offers), avail=avail, prices=series)
+
+
+def _measures(trace: Trace, shape: Shape) -> bool:
+    """Whether ``trace`` measured ``shape``'s spot capacity: its instance type (or it names none). A shape
+    of another type has no spot capacity in the replay (the trace says nothing about it)."""
+    return trace.metadata.get("instance_type") in (None, shape.instance_type)
 
 
 def _check_set(traces: list[Trace]) -> None:
@@ -578,8 +584,12 @@ def zone_market(traces: list[Trace], params: Params, moves: Moves, shapes: list[
     """The checked multi-zone market of a trace set (one shape from the traces when none is given)."""
     params.check()
     moves.check()
+    given = shapes is not None
     shapes = shapes or default_shapes(traces, params.nodes)
     check_market_shapes(shapes)
+    for shape in shapes:
+        check_gang([t for t in traces if _measures(t, shape)], shape.nodes,
+                   where=f"shapes: {shape.name}" if given else "--nodes")
     return ZoneSet.of(traces, shapes, params, prices)
 
 
