@@ -345,6 +345,25 @@ def test_default_learns_from_a_spot_run_lost_in_the_tick_it_was_launched():
     assert not run.missed and run.launches <= 6, run.launches  # before: 16, 15 of them into us-east4-a
 
 
+@pytest.mark.parametrize("start", [0, 7])
+def test_default_gives_up_sooner_on_a_zone_whose_runs_cannot_pay_their_changeover(start):
+    """us-central1-a is cheapest (0.6) but its runs last 2 ticks, under the 4-tick changeover: no launch there
+    makes progress. europe-west1-c (1.0) gives 3-h runs and 2-h outages. With the pooled mean run weighing as
+    much as a run of its own, after its first loss us-central1-a still looked half as good as the pool and was
+    tried 3 times, 2.7 h of changeovers (1.33 / 1.44 x opt); weighed as 0.7 of a run, twice."""
+    good = zone_trace("europe-west1-c", (([2] * 18 + [0] * 12) * 20)[:600], spot=1.0)
+    short = zone_trace("us-central1-a", (([2] * 2 + [0] * 3) * 120)[:600], spot=0.6)
+    params = Params(nodes=2, job_h=20, deadline_h=40, changeover_h=4 / 6, starts=1)
+    market = market_of([good, short], params)
+    run = replay(market, start, params, MOVES, ZoneDefault(market.offers, MOVES, seed=0), record=True)
+    name = next(o for o in market.offers if o.spot and o.zone == "us-central1-a").name
+    tries = sum(1 for before, now in zip([None, *run.timeline], run.timeline)
+                if now["offer"] == name and (before is None or before["offer"] != name))
+    opt = simulate_opt_zones(market, start, params, MOVES)
+    assert tries <= 2 and not run.missed, tries
+    assert run.cost_vs_on_demand <= 1.25 * opt.cost_vs_on_demand, (run.cost_vs_on_demand, opt.cost_vs_on_demand)
+
+
 def test_default_forgets_a_zone_whose_runs_turned_into_flicker():
     """us-east4-a (0.8) gives 2-h runs for 26 h, then capacity every other tick; us-central1-a (1.0) 5-h runs
     and 1-h outages. Over its whole history us-east4-a's mean run stayed above an hour long after the change,
