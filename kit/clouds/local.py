@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, ValidationInfo, model_validator
 
 from kit.clouds.base import Cloud
 from kit.errors import InputError
 from kit.spec import Finite, SpecBase, SpecProblem, _Model, spec_path
+
+if TYPE_CHECKING:
+    from kit.traces import Trace
 
 DEFAULT_PRICES = (1.0, 4.0)  # spot, on-demand $/h per node when the trace says none
 
@@ -67,31 +70,37 @@ class LocalSpec(SpecBase):
     @model_validator(mode="after")
     def _trace_and_prices(self, info: ValidationInfo) -> LocalSpec:
         """``local.trace`` as an absolute path (a file from the current directory or the spec's, or
-        a trace bundled with kit), refused here when missing or invalid; prices from its metadata."""
-        from kit.traces import load_trace, resolve
+        a trace bundled with kit), refused here when missing or invalid, or when it never has room for
+        any spot shape; prices from its metadata."""
+        from kit.traces import check_gang, load_trace, resolve
 
-        meta: dict = {}
+        trace = None
         if self.zones and self.local.zone is not None and self.local.zone not in self.zones:
             raise SpecProblem("local.zone", f"zone {self.local.zone!r} is not one of zones {self.zones}",
                               "leave local.zone out (the job starts in the first of zones)")
         if self.local.trace and self.zones:
-            meta = self._trace_set(spec_path(info))
+            trace = self._trace_set(spec_path(info))
         elif self.local.trace:
             path = spec_path(info)
             found = resolve(self.local.trace, relative_to=Path(path).parent, where=f"{path}: local.trace")
             if not found.is_file():
                 raise SpecProblem("local.trace", f"{self.local.trace!r} is a directory; local mode replays one zone's "
                                   "file", f"name one file of the set, e.g. {self.local.trace.rstrip('/')}/<zone>.json")
-            meta = load_trace(found).metadata  # a bad file is refused with its own where/fix
+            trace = load_trace(found)  # a bad file is refused with its own where/fix
             self.local = self.local.model_copy(update={"trace": str(found)})
+        if trace is not None:  # a trace with no room for any spot shape would replay nothing but on-demand
+            gangs = [shape.nodes for shape in self.shape_list() if "spot" in shape.markets]
+            if gangs:
+                check_gang([trace], min(gangs), where=f"{spec_path(info)}: local.trace")
+        meta = trace.metadata if trace is not None else {}
         self.prices = self.prices.model_copy(update={
             "spot_per_hour": self.prices.spot_per_hour or float(meta.get("spot_price_per_hour") or DEFAULT_PRICES[0]),
             "on_demand_per_hour": self.prices.on_demand_per_hour
             or float(meta.get("on_demand_price_per_hour") or DEFAULT_PRICES[1])})
         return self
 
-    def _trace_set(self, path: str) -> dict:
-        """``local.trace`` as a set's directory holding every listed zone's file; the first one's prices."""
+    def _trace_set(self, path: str) -> Trace:
+        """``local.trace`` as a set's directory holding every listed zone's file; the first one (its prices)."""
         from kit.traces import load_trace, resolve
 
         found = resolve(self.local.trace or "", relative_to=Path(path).parent, where=f"{path}: local.trace")
@@ -103,7 +112,7 @@ class LocalSpec(SpecBase):
             have = sorted(p.stem for p in found.glob("*.json"))
             raise SpecProblem("zones", f"no trace for zone(s) {missing} in {found}", f"use zones of the set: {', '.join(have)}")
         self.local = self.local.model_copy(update={"trace": str(found)})
-        return load_trace(found / f"{(self.zones or [''])[0]}.json").metadata
+        return load_trace(found / f"{(self.zones or [''])[0]}.json")
 
 
 class Local(Cloud[LocalSpec]):

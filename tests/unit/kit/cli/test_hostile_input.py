@@ -63,6 +63,9 @@ def _case(tmp: Path, case: str) -> tuple[list[str], str]:
                                  "--plot"),
         "kit train with a missing trace": (["train", _write(tmp, "g.yaml", b"name: g\ncloud: local\nlocal:\n"
                                                                        b"  trace: no-such-trace.json\n")], "trace"),
+        "kit train on a trace measured for fewer nodes": (["train", _write(tmp, "k.yaml", b"name: k\ncloud: local\nnodes: 2\n"
+                                                                         b"local:\n  trace: aws-p3-v100-2023-02/us-east-1a.json\n")],
+                                                          "local.trace"),
         "kit train with time_scale 0": (["train", _write(tmp, "h.yaml", b"name: h\ncloud: local\nlocal:\n"
                                                                      b"  time_scale: 0\n")], "time_scale"),
         "kit train --plot into a missing directory": (["train", "--plot", str(tmp / "no" / "such" / "p.png")],
@@ -77,7 +80,7 @@ CASES = ["spec not UTF-8", "spec nested 20,000 deep", "spec with a key twice", "
          "inventory whose all is a list", "--out under a file", "NaN in a trace", "Infinity in a trace",
          "--deadline-hours nan", "--job-hours inf", "--starts 1e9", "a deadline shorter than the job",
          "the same, many zones", "a gang larger than the traces measured", "the same, a shape of many zones",
-         "no shape sold on-demand", "--time-scale nan", "a spec path that looks like markup", "kit train with a missing trace", "kit train with time_scale 0", "an unwritable --plot",
+         "no shape sold on-demand", "--time-scale nan", "a spec path that looks like markup", "kit train with a missing trace", "kit train on a trace measured for fewer nodes", "kit train with time_scale 0", "an unwritable --plot",
          "kit train --plot into a missing directory"]
 
 
