@@ -588,8 +588,14 @@ def zone_market(traces: list[Trace], params: Params, moves: Moves, shapes: list[
     shapes = shapes or default_shapes(traces, params.nodes)
     check_market_shapes(shapes)
     for shape in shapes:
-        check_gang([t for t in traces if _measures(t, shape)], shape.nodes,
-                   where=f"shapes: {shape.name}" if given else "--nodes")
+        measured = [t for t in traces if _measures(t, shape)]
+        if SPOT in shape.markets and not measured:  # its spot offers would never have capacity
+            types = sorted({str(t.metadata.get("instance_type")) for t in traces})
+            raise InputError(f"no trace measured spot capacity for {shape.instance_type} (they measured "
+                             f"{', '.join(types)}), so its spot offers would never be available",
+                             where=f"shapes: {shape.name}",
+                             fix="sell that shape on-demand only, or give traces measured for its instance type")
+        check_gang(measured, shape.nodes, where=f"shapes: {shape.name}" if given else "--nodes")
     return ZoneSet.of(traces, shapes, params, prices)
 
 

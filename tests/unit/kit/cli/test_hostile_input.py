@@ -54,6 +54,8 @@ def _case(tmp: Path, case: str) -> tuple[list[str], str]:
         "a gang larger than the traces measured": (["simulate", "aws-p3-v100-2023-02"], "--nodes"),
         "the same, a shape of many zones": (["simulate", "gcp-a3-h100-2025-10", "--zones", "all", "--shape",
                                              "a3-highgpu-1g:32:1:spot+on-demand"], "32xa3-highgpu-1g"),
+        "a spot shape no trace measured": (["simulate", "gcp-a3-h100-2025-10", "--zones", "all", "--shape",
+                                            "a3-highgpu-1G:16:1:spot+on-demand"], "no trace measured"),
         "no shape sold on-demand": (["simulate", "gcp-a3-h100-2025-10", "--zones", "all", "--shape",
                                      "a3-highgpu-1g:16:1:spot"], "on-demand"),
         "--time-scale nan": (["train", "--time-scale", "nan"], "--time-scale"),
@@ -79,7 +81,7 @@ CASES = ["spec not UTF-8", "spec nested 20,000 deep", "spec with a key twice", "
          "200 aliases", "a spec over 1 MiB", "inventory not UTF-8",
          "inventory whose all is a list", "--out under a file", "NaN in a trace", "Infinity in a trace",
          "--deadline-hours nan", "--job-hours inf", "--starts 1e9", "a deadline shorter than the job",
-         "the same, many zones", "a gang larger than the traces measured", "the same, a shape of many zones",
+         "the same, many zones", "a gang larger than the traces measured", "the same, a shape of many zones", "a spot shape no trace measured",
          "no shape sold on-demand", "--time-scale nan", "a spec path that looks like markup", "kit train with a missing trace", "kit train on a trace measured for fewer nodes", "kit train with time_scale 0", "an unwritable --plot",
          "kit train --plot into a missing directory"]
 
