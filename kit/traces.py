@@ -212,11 +212,10 @@ def summarize_set(directory: Path) -> SetSummary:
     spot = [p for tr in traces for p in tr.spot_prices(math.nan) if math.isfinite(p)]
     on_demand = [tr.on_demand_price(math.nan) for tr in traces]
     on_demand = [p for p in on_demand if math.isfinite(p)]
-    nodes = first.metadata.get("nodes_requested")
     return SetSummary(name=directory.name, path=directory, zones=tuple(tr.name for tr in traces), ticks=ticks,
                       gap_seconds=first.gap_seconds, start_utc=start, end_utc=end,
                       instance_type=first.metadata.get("instance_type"),
-                      nodes_requested=int(nodes) if isinstance(nodes, int) else None,
+                      nodes_requested=first.measured_nodes,
                       spot_per_hour=(min(spot), max(spot)) if spot else (math.nan, math.nan),
                       on_demand_per_hour=(min(on_demand), max(on_demand)) if on_demand else None)
 
