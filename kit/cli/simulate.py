@@ -165,7 +165,10 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Offers 
     typer.echo(f"{summary['runs']} starts on {len(summary['zones'])} zones as one market (shapes: "
                f"{', '.join(p['shapes'])}; N={p['nodes']}, C0={p['job_hours']} h, R0={p['deadline_hours']} h, "
                f"d={p['changeover_hours']} h, checkpoint {p['checkpoint_gb']} GB at {p['transfer_gbps']} Gbit/s)")
-    typer.echo(f"{'policy':<34} {'cost vs on-demand':>18} {'p75':>7} {'misses':>7} {'moves':>6} {'probes':>7} "
+    labels = {name: f"{name} ({summary['best_zone'][name]})" if summary["best_zone"].get(name) else name
+              for name in summary["policies"]}
+    width = max(34, *(len(label) for label in labels.values()))  # a best zone's name may be long
+    typer.echo(f"{'policy':<{width}} {'cost vs on-demand':>18} {'p75':>7} {'misses':>7} {'moves':>6} {'probes':>7} "
                f"{'egress $':>9} {'changeovers $':>14}")
 
     def cell(key: str, name: str, width: int, digits: int) -> str:
@@ -173,9 +176,7 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Offers 
         return f"{'-' if value is None else format(value, f'.{digits}f'):>{width}}"
 
     for name in summary["policies"]:
-        best = summary["best_zone"].get(name)
-        shown = f"{name} ({best})" if best else name
-        typer.echo(f"{shown:<34} {summary['cost_vs_on_demand'][name]:>18.4f} "
+        typer.echo(f"{labels[name]:<{width}} {summary['cost_vs_on_demand'][name]:>18.4f} "
                    f"{summary['cost_vs_on_demand_p75'][name]:>7.3f} {summary['deadline_misses'][name]:>7} "
                    f"{cell('moves', name, 6, 1)} {cell('probes', name, 7, 1)} {cell('egress', name, 9, 2)} "
                    f"{cell('changeover_cost', name, 14, 2)}")

@@ -106,6 +106,16 @@ def check_shapes(shapes: list[Shape], where: str = "shapes") -> None:
             raise InputError(f"shape {shape.name}: needs nodes >= 1, gpus_per_node >= 1 and markets from "
                              f"{', '.join(MARKETS)} (got nodes={shape.nodes}, gpus_per_node={shape.gpus_per_node}, "
                              f"markets={list(shape.markets)})", where=f"{where}[{i}]", fix="fix the shape")
+    seen: dict[tuple[str, str], int] = {}
+    for i, shape in enumerate(shapes):
+        for market in shape.markets:
+            if (shape.name, market) in seen:
+                # an offer is named zone/shape/market (the ledger records it so): a second one of the same
+                # name would be the same offer counted twice, in the replay and in the watcher's search
+                raise InputError(f"shape {shape.name} is sold {market} twice (shapes {seen[shape.name, market]} "
+                                 f"and {i})", where=f"{where}[{i}]",
+                                 fix="give each instance type and node count once, with all its markets")
+            seen[shape.name, market] = i
     counts = {s.name: s.gpus for s in shapes}
     if len(set(counts.values())) > 1:
         listed = ", ".join(f"{name} = {n} GPUs" for name, n in counts.items())

@@ -295,3 +295,6 @@ def test_local_zones_replay_one_file_of_a_set_each(tmp_path):
         parse_spec(_set(data, "local.trace", "gcp-a3-h100-2025-10/us-central1-c.json"))
     with pytest.raises(InputError, match="2 GPUs|same total GPU"):
         parse_spec(_set(data, "shapes", [{"nodes": 2}, {"nodes": 1}]))
+    with pytest.raises(InputError, match="sold spot twice") as twice:
+        parse_spec(_set(data, "shapes", [{"nodes": 2, "gpus_per_node": 1}, {"nodes": 2, "gpus_per_node": 1}]))
+    assert twice.value.where.endswith("shapes[1]")

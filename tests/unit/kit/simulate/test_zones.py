@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -577,7 +578,9 @@ def test_shape_flags_give_the_shapes_of_the_example_offers_file():
 @pytest.mark.parametrize(("flags", "match"), [
     (["a3-highgpu-1g"], "TYPE:NODES"), (["a:1:1:spot:x"], "TYPE:NODES"), (["a3-highgpu-1g:0"], "nodes"),
     (["a3-highgpu-1g:many"], "nodes"), (["a3-highgpu-1g:16:1:spot+reserved"], "markets"),
-    (["a3-highgpu-1g:16:1:spot", "a3-highgpu-8g:1:8:on-demand"], "same total GPU count")])
+    (["a3-highgpu-1g:16:1:spot", "a3-highgpu-8g:1:8:on-demand"], "same total GPU count"),
+    (["a3-highgpu-1g:16", "a3-highgpu-1g:16:1:spot"], "16xa3-highgpu-1g is sold spot twice"),
+    (["a3-highgpu-1g:16:1:on-demand+on-demand"], "sold on-demand twice")])
 def test_bad_shape_flags_are_input_errors_that_name_the_flag(flags, match):
     with pytest.raises(InputError, match=match) as error:
         shapes_from_flags(flags)
@@ -596,3 +599,16 @@ def test_cli_shape_flags_replay_as_the_offers_file_does():
     assert both.exit_code != 0 and "not both" in both.output
     one_zone = runner.invoke(app, ["simulate", "gcp-a3-h100-2025-10", *SHAPE_FLAGS])
     assert one_zone.exit_code != 0 and "--zones all" in one_zone.output
+
+
+def test_cli_table_keeps_its_columns_with_a_long_best_zone_name():
+    result = runner.invoke(app, ["simulate", "gcp-a3-h100-2025-10", "--zones", "us-central1-a,asia-southeast1-c",
+                                 "--starts", "1", "--policy", "default,up@each,default@each"])
+    assert result.exit_code == 0, result.output
+    rows = result.output.splitlines()[1:]
+    assert any("(asia-southeast1-c)" in row for row in rows), result.output
+    # every cost ends where the header's "cost vs on-demand" ends (7 columns of numbers close each row)
+    header, *lines = rows
+    ends = {header.index("cost vs on-demand") + len("cost vs on-demand")}
+    ends |= {re.match(r"(.*?\S)(\s+\S+){6}$", line).end(1) for line in lines}
+    assert len(ends) == 1, result.output
