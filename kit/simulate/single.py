@@ -73,6 +73,20 @@ class Params:
                              fix=f"give --deadline-hours of at least --job-hours ({self.job_h:g}) plus the slack "
                                  f"to allow, e.g. {self.job_h * 1.25:g}")
 
+    def check_tick(self, trace: Trace) -> None:
+        """The trace's tick is shorter than the job's slack. The safety net keeps one tick of it (a tick
+        without progress must not make the deadline unreachable), so with a tick as long as the slack every
+        policy runs on-demand from the first tick and the replay compares nothing (a trace sampled daily,
+        say, against a 12-hour slack)."""
+        slack = self.deadline_h - self.job_h - self.changeover_h
+        if slack > 0 and trace.tick_h >= slack - EPS:
+            raise InputError(f"{trace.name}: its ticks ({trace.tick_h:g} h) are not shorter than the job's slack "
+                             f"(deadline - compute - changeover = {slack:g} h): the deadline's safety net keeps one "
+                             f"tick of slack, so every policy would run on-demand from the start",
+                             where="--deadline-hours",
+                             fix=f"give a deadline later than {self.job_h + self.changeover_h + trace.tick_h:g} h, "
+                                 f"or traces with shorter ticks")
+
 
 @dataclass
 class Run:
@@ -371,6 +385,7 @@ def simulate(traces: list[Trace], policies: list[str], params: Params, *, policy
     runs: list[Run] = []
     skipped = []
     for trace in traces:
+        params.check_tick(trace)
         starts = start_ticks(trace, params)
         if not starts:
             skipped.append(trace.name)

@@ -587,6 +587,7 @@ def zone_market(traces: list[Trace], params: Params, moves: Moves, shapes: list[
     given = shapes is not None
     shapes = shapes or default_shapes(traces, params.nodes)
     check_market_shapes(shapes)
+    params.check_tick(traces[0])  # the set's traces share their ticks (_check_set)
     for shape in shapes:
         measured = [t for t in traces if _measures(t, shape)]
         if SPOT in shape.markets and not measured:  # its spot offers would never have capacity

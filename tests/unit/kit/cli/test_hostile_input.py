@@ -58,6 +58,13 @@ def _case(tmp: Path, case: str) -> tuple[list[str], str]:
                                             "a3-highgpu-1G:16:1:spot+on-demand"], "no trace measured"),
         "no shape sold on-demand": (["simulate", "gcp-a3-h100-2025-10", "--zones", "all", "--shape",
                                      "a3-highgpu-1g:16:1:spot"], "on-demand"),
+        # a trace sampled daily against a 12-hour slack: the safety net would run every policy on-demand
+        "ticks longer than the slack": (["simulate", _write(tmp, "v.json", b'{"metadata": {"gap_seconds": 86400}, '
+                                                                         b'"data": [1, 1, 1, 1]}'), "--nodes", "1"],
+                                        "not shorter than the job's slack"),
+        "ticks longer than the slack, many zones": (["simulate", _write(tmp, "w.json", b'{"metadata": {"gap_seconds": 86400}, '
+                                                                    b'"data": [1, 1, 1, 1]}'), "--nodes", "1",
+                                   "--zones", "all"], "not shorter than the job's slack"),
         "--time-scale nan": (["train", "--time-scale", "nan"], "--time-scale"),
         # rich would read "[...]" in a message as markup: drop "[red]", and raise on a closing "[/b]"
         "a spec path that looks like markup": (["validate", str(tmp / "[/b] [red]x.yaml")], "[/b] [red]x.yaml"),
@@ -82,7 +89,7 @@ CASES = ["spec not UTF-8", "spec nested 20,000 deep", "spec with a key twice", "
          "inventory whose all is a list", "--out under a file", "NaN in a trace", "Infinity in a trace",
          "--deadline-hours nan", "--job-hours inf", "--starts 1e9", "a deadline shorter than the job",
          "the same, many zones", "a gang larger than the traces measured", "the same, a shape of many zones", "a spot shape no trace measured",
-         "no shape sold on-demand", "--time-scale nan", "a spec path that looks like markup", "kit train with a missing trace", "kit train on a trace measured for fewer nodes", "kit train with time_scale 0", "an unwritable --plot",
+         "no shape sold on-demand", "ticks longer than the slack", "ticks longer than the slack, many zones", "--time-scale nan", "a spec path that looks like markup", "kit train with a missing trace", "kit train on a trace measured for fewer nodes", "kit train with time_scale 0", "an unwritable --plot",
          "kit train --plot into a missing directory"]
 
 
