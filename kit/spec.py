@@ -350,7 +350,8 @@ class SpecBase(_Model):
                                   "use file:///absolute/path")
         elif not BUCKET_RE.fullmatch(rest.split("/", 1)[0]) or ".." in rest:
             raise SpecProblem("checkpoint_bucket", f"{url!r} does not start with a valid bucket name",
-                              "use lowercase letters, digits, '-', '.', '_' for the bucket, e.g. s3://my-bucket/kit")
+                              "use lowercase letters, digits, '-', '.', '_' for the bucket (no '..' in the path), "
+                              f"e.g. {m.group('scheme')}://my-bucket/kit")
 
     # -- where to run -------------------------------------------------------------------------
     @property

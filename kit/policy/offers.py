@@ -112,8 +112,9 @@ def check_shapes(shapes: list[Shape], where: str = "shapes") -> None:
             if (shape.name, market) in seen:
                 # an offer is named zone/shape/market (the ledger records it so): a second one of the same
                 # name would be the same offer counted twice, in the replay and in the watcher's search
-                raise InputError(f"shape {shape.name} is sold {market} twice (shapes {seen[shape.name, market]} "
-                                 f"and {i})", where=f"{where}[{i}]",
+                twice = (f"lists {market} twice in its markets" if seen[shape.name, market] == i
+                         else f"is sold {market} twice (shapes {seen[shape.name, market]} and {i})")
+                raise InputError(f"shape {shape.name} {twice}", where=f"{where}[{i}]",
                                  fix="give each instance type and node count once, with all its markets")
             seen[shape.name, market] = i
     counts = {s.name: s.gpus for s in shapes}

@@ -151,6 +151,7 @@ BAD = [
     ("bucket-of-another-cloud", AWS, "checkpoint_bucket", "gs://my-bucket/kit", "checkpoint_bucket", "s3://"),
     ("bucket-bad-name", GCP, "checkpoint_bucket", "gs://My Bucket", "checkpoint_bucket", "gs://"),
     ("bucket-bad-name-2", GCP, "checkpoint_bucket", "gs://-x/kit", "checkpoint_bucket", "lowercase"),
+    ("bucket-dotdot", GCP, "checkpoint_bucket", "gs://a/../b", "checkpoint_bucket", "e.g. gs://my-bucket"),
     ("bootstrap-var-of-no-role", AWS, "bootstrap.vars", {"pip_index": "x"}, "bootstrap.vars.pip_index",
      "python_env"),
     ("bootstrap-var-kit-sets", AWS, "bootstrap.vars", {"trainer_nnodes": 8}, "bootstrap.vars.trainer_nnodes",

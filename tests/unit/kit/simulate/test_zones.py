@@ -580,7 +580,7 @@ def test_shape_flags_give_the_shapes_of_the_example_offers_file():
     (["a3-highgpu-1g:many"], "nodes"), (["a3-highgpu-1g:16:1:spot+reserved"], "markets"),
     (["a3-highgpu-1g:16:1:spot", "a3-highgpu-8g:1:8:on-demand"], "same total GPU count"),
     (["a3-highgpu-1g:16", "a3-highgpu-1g:16:1:spot"], "16xa3-highgpu-1g is sold spot twice"),
-    (["a3-highgpu-1g:16:1:on-demand+on-demand"], "sold on-demand twice")])
+    (["a3-highgpu-1g:16:1:on-demand+on-demand"], "lists on-demand twice in its markets")])
 def test_bad_shape_flags_are_input_errors_that_name_the_flag(flags, match):
     with pytest.raises(InputError, match=match) as error:
         shapes_from_flags(flags)
