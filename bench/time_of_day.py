@@ -18,8 +18,9 @@ has, as a profile built from kit's earlier ledgers would have).
    share: the cycle's shape, at today's level); ``state now``: the
    share, in the zone's past, of ticks H hours after a tick in the state it is in now; ``state + hour``:
    that, from past ticks at the same time of day only.
-3. The rest of an outage in progress (its age known), predicted as a policy does (``censored_mean`` of
-   kit/policy/market.py: the mean residual of the zone's earlier outages that outlasted this age), from
+3. The rest of an outage in progress (its age known), predicted as the mean residual of the zone's earlier
+   outages that outlasted this age (the data part of ``DefaultPolicy._rest_of_outage`` in
+   kit/policy/market.py, without its prior outage and censored-exponential tail), from
    all earlier outages or only from those that began within 1.5 h of the same time of day (all of them
    when none did): the mean absolute error in hours, and the log loss of "it lasts 3 h more".
 """
@@ -55,7 +56,7 @@ def by_hour(up: np.ndarray, per_day: int, start_hour: float) -> list[float]:
 
 
 def predictions(up: np.ndarray, i: int, ahead: int, per_day: int) -> dict[str, float]:
-    """The four predictors of table 2 for tick ``i + ahead``, from the ticks before ``i`` (and the state at ``i``)."""
+    """The five predictors of table 2 for tick ``i + ahead``, from the ticks before ``i`` (and the state at ``i``)."""
     recent = float(up[i - per_day:i].mean())
     same = up[(i + ahead) % per_day:i:per_day]
     state = up[ahead:i][up[:i - ahead] == up[i]]
@@ -121,7 +122,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", default="gcp-a3-h100-2025-10")
     parser.add_argument("--nodes", type=int, default=16)
-    parser.add_argument("--first-day", type=int, default=1, help="score table 2 from this day on (0 = the first)")
+    parser.add_argument("--first-day", type=int, default=1, help="score table 2 from this day on, counted from 0 (at least 1: a day of history)")
     args = parser.parse_args()
     traces = load_traces([resolve(args.set)])
     tick_h = traces[0].tick_h
