@@ -37,6 +37,7 @@ from pydantic import (
 
 from kit.errors import InputError
 from kit.policy import DEFAULT_CHANGEOVER_H, POLICY_NAMES
+from kit.policy.offers import DEFAULT_CHECKPOINT_GB, DEFAULT_TRANSFER_GBPS, Moves
 from training.config import FIELDS as TRAINING_FIELDS
 from training.config import to_flags
 from training.contract import MARKETS
@@ -221,7 +222,19 @@ class PolicySection(_Model):
     name: str = "default"
     deadline_hours: Annotated[Finite, Field(gt=0)] | None = None
     changeover_hours: Annotated[Finite, Field(ge=0)] = DEFAULT_CHANGEOVER_H
+    # What a move to another zone costs a job that may move (kit.policy.offers.Moves): the checkpoint's
+    # size and transfer rate (hours billed without progress) and egress $/GB (None: the clouds' list
+    # prices). The same facts as ``kit simulate --checkpoint-gb / --transfer-gbps / --egress-per-gb``,
+    # so the watcher ranks the zones as the simulator did.
+    checkpoint_gb: Annotated[Finite, Field(ge=0)] = DEFAULT_CHECKPOINT_GB
+    transfer_gbps: Annotated[Finite, Field(gt=0)] = DEFAULT_TRANSFER_GBPS
+    egress_per_gb: Annotated[Finite, Field(ge=0)] | None = None
     threshold: ThresholdSection = Field(default_factory=ThresholdSection)
+
+    def moves(self) -> Moves:
+        """What moving this job's checkpoint costs."""
+        return Moves(checkpoint_gb=self.checkpoint_gb, transfer_gbps=self.transfer_gbps,
+                     egress_per_gb=self.egress_per_gb)
 
     @field_validator("name")
     @classmethod

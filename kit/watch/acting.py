@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING
 
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
-from kit.policy.offers import Moves
 from kit.policy.zones import RunRecord, learned_order, search_order, spot_ceiling
 from kit.watch.events import CAPACITY_ERROR, PREEMPTION, Event
 from kit.watch.ledger import Apply, Decision, Ledger
@@ -186,7 +185,7 @@ class Actor:
             return search_order(self.spec.offers(), market, rng, current=current, preempted_zone=preempted)
         hours, losses = self.spot_runs()
         return learned_order(self.spec.offers(), market, rng, hours=hours, losses=losses, current=current,
-                             preempted_zone=preempted, changeover_h=self.spec.policy.changeover_hours, moves=Moves(),
+                             preempted_zone=preempted, changeover_h=self.spec.policy.changeover_hours, moves=self.spec.policy.moves(),
                              ceiling=self.ceiling())
 
     def learns(self) -> bool:

@@ -31,6 +31,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from kit.policy import DEFAULT_CHANGEOVER_H
+from kit.policy.offers import Moves, offer_parts, region_of
 from kit.watch.events import CAPACITY_ERROR, NOTICE, PREEMPTION, REBALANCE
 from kit.watch.ledger import Ledger
 from training.contract import ON_DEMAND, SPOT
@@ -191,21 +192,22 @@ def disk_report(ledger: Ledger, spec: SpecBase, now: float) -> dict[str, Any]:
             "idle_disk_hours": round(sum(d["idle_hours"] for d in disks), 6)}
 
 
-def placement_changes(ledger: Ledger) -> dict[str, Any]:
+def placement_changes(ledger: Ledger, moves: Moves | None = None) -> dict[str, Any]:
     """Where the job ran, apply by apply (zone/shape/market, kit.policy.offers.Offer.name), how often it
     moved to another zone or changed shape on the way, and its probes: the real loop's launch attempts
-    on an offer (the capacity search's tries), the failed ones free, as the simulator bills them."""
-    from kit.policy.offers import Moves, offer_parts, region_of
-
+    on an offer (the capacity search's tries), the failed ones free, as the simulator bills them. Egress
+    is priced by ``moves`` (the spec's ``policy.moves()``; default: the clouds' list prices)."""
+    moves_cost = moves or Moves()
     offers = ledger.applied_offers()
     failed = [e for e in ledger.events(kinds=(CAPACITY_ERROR,)) if e["detail"].get("offer")]
     parts = [offer_parts(name) for name in offers]
     pairs = list(itertools.pairwise(parts))
-    moves = [(a[0], b[0]) for a, b in pairs if a[0] != b[0]]
-    return {"offers": offers, "moves": len(moves), "shape_switches": sum(1 for a, b in pairs if a[1] != b[1]),
+    zone_moves = [(a[0], b[0]) for a, b in pairs if a[0] != b[0]]
+    return {"offers": offers, "moves": len(zone_moves), "shape_switches": sum(1 for a, b in pairs if a[1] != b[1]),
             "probes": len(offers) + len(failed), "probes_without_capacity": len(failed),
-            # $ per GB of checkpoint the moves cost in egress (list prices, kit.policy.offers): x its size
-            "egress_per_checkpoint_gb": round(sum(Moves().rate(region_of(a), region_of(b)) for a, b in moves), 4)}
+            # $ per GB of checkpoint the moves cost in egress (``moves``' rates): x its size
+            "egress_per_checkpoint_gb": round(sum(moves_cost.rate(region_of(a), region_of(b))
+                                                  for a, b in zone_moves), 4)}
 
 
 def status_report(ledger: Ledger, spec: SpecBase, now: float | None = None) -> dict[str, Any]:
@@ -227,7 +229,7 @@ def status_report(ledger: Ledger, spec: SpecBase, now: float | None = None) -> d
                        "action": d.action, "from": d.market_before, "to": d.market_after, "status": d.status,
                        "attempts": d.attempts, "reason": d.reason, "error": d.error} for d in decisions],
         "market_switches": market_switches(ledger),
-        **placement_changes(ledger),
+        **placement_changes(ledger, spec.policy.moves()),
         **disk_report(ledger, spec, now),
         **preemption_counts(ledger),
         **cost_of(ledger, spec, now),

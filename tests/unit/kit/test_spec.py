@@ -152,6 +152,10 @@ BAD = [
     ("bucket-bad-name", GCP, "checkpoint_bucket", "gs://My Bucket", "checkpoint_bucket", "gs://"),
     ("bucket-bad-name-2", GCP, "checkpoint_bucket", "gs://-x/kit", "checkpoint_bucket", "lowercase"),
     ("bucket-dotdot", GCP, "checkpoint_bucket", "gs://a/../b", "checkpoint_bucket", "e.g. gs://my-bucket"),
+    # what a move costs (the watcher's ranking of zones, as kit simulate's --checkpoint-gb / --transfer-gbps)
+    ("checkpoint-gb-negative", GCP, "policy.checkpoint_gb", -1, "policy.checkpoint_gb", "greater than or equal"),
+    ("transfer-gbps-zero", GCP, "policy.transfer_gbps", 0, "policy.transfer_gbps", "greater than 0"),
+    ("egress-not-a-number", AWS, "policy.egress_per_gb", "cheap", "policy.egress_per_gb", "number"),
     ("bootstrap-var-of-no-role", AWS, "bootstrap.vars", {"pip_index": "x"}, "bootstrap.vars.pip_index",
      "python_env"),
     ("bootstrap-var-kit-sets", AWS, "bootstrap.vars", {"trainer_nnodes": 8}, "bootstrap.vars.trainer_nnodes",

@@ -587,6 +587,10 @@ def test_a_preempted_zone_is_left_for_the_next_zone_with_capacity_in_the_search_
     assert placement_changes(ledger) == {"offers": ["a/2xlocal/spot", "b/2xlocal/spot"], "moves": 1,
                                          "shape_switches": 0, "egress_per_checkpoint_gb": 0.08,  # other regions
                                          "probes": 2 + len(failed), "probes_without_capacity": len(failed)}
+    # a spec's flat egress rate (policy.egress_per_gb) prices the same move
+    flat = parse_spec({**spec.model_dump(exclude_unset=True), "policy": {"egress_per_gb": 0.01}})
+    assert placement_changes(ledger, flat.policy.moves())["egress_per_checkpoint_gb"] == 0.01
+    assert status_report(ledger, flat, now=clock.t)["egress_per_checkpoint_gb"] == 0.01
     # every disk the job used, per zone: zone a's sit idle since the move; local disks cost nothing
     clock.t += 3600
     disks = status_report(ledger, spec, now=clock.t)
@@ -753,3 +757,42 @@ def test_a_job_that_may_move_sees_no_spot_while_no_spot_offer_is_worth_its_price
     assert policy.seen[-1].spot_available is True and [o.zone for o in actor.search(None, "spot")] == ["c"]
     policy, actor = watched(["a"])
     assert policy.seen[-1].spot_available is True and [o.zone for o in actor.search(None, "spot")] == ["a"]
+
+
+def test_the_capacity_search_prices_a_move_with_the_specs_checkpoint_size_and_transfer_rate(tmp_path):
+    """The watcher's ranking charges a move what the spec says moving costs (``policy.checkpoint_gb``,
+    ``transfer_gbps``, ``egress_per_gb``, as ``kit simulate`` does), not the simulator's defaults: runs in a
+    and b were 3 minutes (not worth their changeover) and c is untried (the 4-hour prior run). A 50 GB
+    checkpoint makes c worth trying; one of 900 GB at 1 Gbit/s (2 h without progress, $72 of egress to
+    another region) prices an hour of progress in c above on-demand's, so no spot offer is worth trying;
+    with egress free (a flat rate of 0), the 2-hour transfer alone leaves c worth it (its prior run is 4 h)."""
+    from kit.policy.offers import Moves
+    from kit.policy.zones import RUN_WINDOW, progress_price
+    from kit.spec import parse_spec
+
+    def actor_with(**moving) -> Actor:
+        spec = parse_spec({"name": "demo", "cloud": "local", "zones": ["a", "b", "c"], "market": "spot", "nodes": 2,
+                           "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0},
+                           "policy": {"name": "default", "changeover_hours": 0.2, **moving}})
+        return Actor(RecordingBackend(), ledger, spec, clock=clock)
+
+    clock, ledger = Clock(), Ledger(tmp_path / "ledger.sqlite")
+    t = clock.t - 10 * 3600.0
+    for k in range(RUN_WINDOW):
+        for i, zone in enumerate(("a", "b")):
+            spot_run(ledger, zone, t, t + 180.0, 100 * k + 10 * i)
+            t += 600.0
+    default = actor_with()
+    assert default.spec.policy.moves() == Moves()
+    assert [o.zone for o in default.search(None, "spot")] == ["c"]
+    big = actor_with(checkpoint_gb=900, transfer_gbps=1)
+    assert big.spec.policy.moves() == Moves(checkpoint_gb=900, transfer_gbps=1)
+    c = next(o for o in big.spec.offers() if o.zone == "c" and o.spot)
+    ceiling = big.ceiling()
+    assert ceiling == 8.0  # on-demand for the gang of 2
+    for actor, worth in ((default, True), (big, False)):
+        price = progress_price(c, 4.0, changeover_h=0.2, moves=actor.spec.policy.moves(), checkpoint_zone="b")
+        assert (price < ceiling) is worth, price
+    assert big.search(None, "spot") == [] and not big.spot_worth_trying()
+    free = actor_with(checkpoint_gb=900, transfer_gbps=1, egress_per_gb=0)
+    assert [o.zone for o in free.search(None, "spot")] == ["c"]
