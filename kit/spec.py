@@ -225,16 +225,17 @@ class PolicySection(_Model):
     # What a move to another zone costs a job that may move (kit.policy.offers.Moves): the checkpoint's
     # size and transfer rate (hours billed without progress) and egress $/GB (None: the clouds' list
     # prices). The same facts as ``kit simulate --checkpoint-gb / --transfer-gbps / --egress-per-gb``,
-    # so the watcher ranks the zones as the simulator did.
-    checkpoint_gb: Annotated[Finite, Field(ge=0)] = DEFAULT_CHECKPOINT_GB
+    # so the watcher ranks the zones as the simulator does. No size: the trainer's newest checkpoint.
+    checkpoint_gb: Annotated[Finite, Field(ge=0)] | None = None
     transfer_gbps: Annotated[Finite, Field(gt=0)] = DEFAULT_TRANSFER_GBPS
     egress_per_gb: Annotated[Finite, Field(ge=0)] | None = None
     threshold: ThresholdSection = Field(default_factory=ThresholdSection)
 
-    def moves(self) -> Moves:
-        """What moving this job's checkpoint costs."""
-        return Moves(checkpoint_gb=self.checkpoint_gb, transfer_gbps=self.transfer_gbps,
-                     egress_per_gb=self.egress_per_gb)
+    def moves(self, measured_gb: float | None = None) -> Moves:
+        """What moving this job's checkpoint costs: of ``checkpoint_gb``, else of the size the trainer
+        reported (``measured_gb``), else of the simulator's default size."""
+        size = next((gb for gb in (self.checkpoint_gb, measured_gb) if gb is not None), DEFAULT_CHECKPOINT_GB)
+        return Moves(checkpoint_gb=size, transfer_gbps=self.transfer_gbps, egress_per_gb=self.egress_per_gb)
 
     @field_validator("name")
     @classmethod

@@ -159,6 +159,15 @@ def read_marker(path: Path) -> Marker:
     return marker
 
 
+def marked_bytes(path: Path) -> int | None:
+    """The bytes a complete checkpoint holds, as its marker lists them (what a move to another zone
+    copies); None when the marker is missing or fails its schema."""
+    try:
+        return sum(entry.bytes for entry in read_marker(path).files.values())
+    except CorruptCheckpoint:
+        return None
+
+
 def verify(path: Path) -> dict:
     """Check the marker and every file's size and sha256; return the marker (as a dict). Raises
     CorruptCheckpoint."""
@@ -328,6 +337,10 @@ class Checkpointer:
 
     def has(self, step: int) -> bool:
         return (self.directory / step_dir_name(step) / MARKER).is_file()
+
+    def bytes_of(self, step: int) -> int | None:
+        """The size of this node's complete checkpoint of ``step`` (:func:`marked_bytes`)."""
+        return marked_bytes(self.directory / step_dir_name(step))
 
     def save(self, step: int, state: dict, sync: bool = False, if_missing: bool = False) -> SaveStats:
         """Save ``state`` (live tensors are fine: they are staged before this returns).

@@ -16,7 +16,7 @@ DISK_MOUNT = "/mnt/kit-disk"                    # the node's data disk (checkpoi
 CKPT_DIR = f"{DISK_MOUNT}/ckpt"                 # the trainer's checkpoint directory on it
 PROGRESS_FILE = f"{DISK_MOUNT}/progress.json"   # the trainer's progress (kit reads it over SSH)
 # what a progress report's detail repeats of that file (training/progress.py), for the watcher
-PROGRESS_DETAIL = ("state", "params_sha256", "checkpoint_step")
+PROGRESS_DETAIL = ("state", "params_sha256", "checkpoint_step", "checkpoint_bytes")
 EVENTS_DIR = f"{DISK_MOUNT}/events"             # what the agent and the shutdown hook record
 STOP_FILE = "/run/kit/stop"                     # its appearance asks the trainer to save and stop
 PREEMPTED_MARKER = "/run/kit/preempted"         # a node being preempted: the launcher does not restart

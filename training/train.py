@@ -267,7 +267,14 @@ class Trainer:
     # ------------------------------------------------------------------ resume
     def _local_view(self) -> tuple[dict, tuple | None]:
         """What this rank knows: {step, path, writer, history, error}, and the loaded state."""
-        from .checkpoint import UnloadableCheckpoint, list_complete, newest_loadable, quarantined, unmarked
+        from .checkpoint import (
+            UnloadableCheckpoint,
+            list_complete,
+            marked_bytes,
+            newest_loadable,
+            quarantined,
+            unmarked,
+        )
 
         found, error, history = None, None, False
         if self.info.is_node_writer:
@@ -284,7 +291,7 @@ class Trainer:
             except UnloadableCheckpoint as e:
                 error = str(e)
         if found is not None:
-            self.progress.checkpoint_step = found[0]
+            self.progress.checkpoint(found[0], marked_bytes(found[1]))
         mine = {"step": found[0] if found else -1, "path": str(found[1]) if found else None,
                 "writer": self.info.is_node_writer, "history": history, "error": error}
         return mine, found
@@ -369,7 +376,8 @@ class Trainer:
         if stats.error:
             self.last_saved = -1
         elif stats.path and stats.write_s is not None:
-            self.progress.checkpoint_step = max(stats.step, self.progress.checkpoint_step or -1)
+            if stats.step >= (self.progress.checkpoint_step or -1):
+                self.progress.checkpoint(stats.step, self.ckpt.bytes_of(stats.step))
             self.log(f"ckpt_written step={stats.step} write_s={stats.write_s:.3f} bytes={stats.bytes}")
             self.upload(stats.step)
 
@@ -396,7 +404,7 @@ class Trainer:
     def saved_here(self) -> None:
         """After a synchronous save and its barrier: this node's disk holds the step (progress says so)."""
         if self.ckpt.has(self.step):
-            self.progress.checkpoint_step = self.step
+            self.progress.checkpoint(self.step, self.ckpt.bytes_of(self.step))
 
     def save_for_stop(self) -> int:
         """A stop request all ranks agreed on: finish an in-flight write, save this step

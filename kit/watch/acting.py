@@ -185,7 +185,8 @@ class Actor:
             return search_order(self.spec.offers(), market, rng, current=current, preempted_zone=preempted)
         hours, losses = self.spot_runs()
         return learned_order(self.spec.offers(), market, rng, hours=hours, losses=losses, current=current,
-                             preempted_zone=preempted, changeover_h=self.spec.policy.changeover_hours, moves=self.spec.policy.moves(),
+                             preempted_zone=preempted, changeover_h=self.spec.policy.changeover_hours,
+                             moves=self.spec.policy.moves(self.ledger.checkpoint_gb()),
                              ceiling=self.ceiling())
 
     def learns(self) -> bool:

@@ -41,7 +41,7 @@ from typing import Any
 from kit.errors import KitError
 from kit.watch.events import PROGRESS, Event
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, recorded REAL NOT NULL, kind TEXT NOT NULL,
@@ -50,7 +50,7 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE TABLE IF NOT EXISTS progress (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, recorded REAL NOT NULL, instance TEXT NOT NULL,
     node_rank INTEGER, step INTEGER NOT NULL, total_steps INTEGER NOT NULL, step_time_s REAL,
-    state TEXT, written REAL, checkpoint_step INTEGER);
+    state TEXT, written REAL, checkpoint_step INTEGER, checkpoint_bytes INTEGER);
 CREATE TABLE IF NOT EXISTS ticks (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, observation TEXT NOT NULL, decision TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS decisions (
@@ -95,9 +95,10 @@ CREATE TABLE IF NOT EXISTS nodes (
 CREATE UNIQUE INDEX IF NOT EXISTS nodes_current ON nodes(instance_id) WHERE state IN ('up', 'lost');
 """
 NODE_COLUMNS = "instance_id, name, rank, market, zone, private_ip, public_ip, disk_id, state, since, until, apply_id"
-# Columns version 4 added to tables that older ledgers already have (ALTER TABLE ... ADD COLUMN).
+# Columns versions 4 to 6 added to tables that older ledgers already have (ALTER TABLE ... ADD COLUMN).
 ADDED_COLUMNS = (("nodes", "shape", "TEXT"), ("nodes", "price", "REAL"), ("applies", "offer", "TEXT"),
-                 ("progress", "written", "REAL"), ("progress", "checkpoint_step", "INTEGER"))
+                 ("progress", "written", "REAL"), ("progress", "checkpoint_step", "INTEGER"),
+                 ("progress", "checkpoint_bytes", "INTEGER"))
 # Heartbeats in the order the trainer wrote them. Every node writes its own progress file, each at its
 # own moment, and agents and the puller relay them late and in any order; a row without the write time
 # (an older agent's) counts as written when it was recorded.
@@ -109,6 +110,12 @@ def _checkpoint_step(event: Event) -> int | None:
     value = event.detail.get("checkpoint_step")
     ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= (event.total_steps or 0)
     return value if ok else None
+
+
+def _checkpoint_bytes(event: Event) -> int | None:
+    """A progress report's ``checkpoint_bytes`` (free-form detail from the network): kept only when a size."""
+    value = event.detail.get("checkpoint_bytes")
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63 else None
 
 
 @dataclass(frozen=True)
@@ -194,7 +201,7 @@ class Ledger:
         self._db.execute("PRAGMA foreign_keys=ON")
         with self._lock:
             version = self._version()
-            if version not in (0, 1, 2, 3, 4, SCHEMA_VERSION):
+            if version not in (0, 1, 2, 3, 4, 5, SCHEMA_VERSION):
                 raise KitError(f"ledger schema version {version}, this kit writes {SCHEMA_VERSION}",
                                where=str(self.path), fix="use the kit version that created this ledger")
             if version == 1:
@@ -236,7 +243,7 @@ class Ledger:
                 " WHERE until IS NOT NULL")
 
     def _add_columns(self) -> None:
-        """Version 4's new columns on an older ledger's tables (new ledgers are created with them)."""
+        """The columns versions 4 to 6 added, on an older ledger's tables (new ledgers are created with them)."""
         with self.transaction() as db:
             for table, column, kind in ADDED_COLUMNS:
                 if not db.execute(f"SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?", (column,)).fetchone():
@@ -347,9 +354,10 @@ class Ledger:
                     return False  # the agent heartbeats before the trainer wrote progress: nothing to keep
                 db.execute(
                     "INSERT INTO progress(time, recorded, instance, node_rank, step, total_steps, step_time_s, state,"
-                    " written, checkpoint_step) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " written, checkpoint_step, checkpoint_bytes) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (event.time, now, event.instance, event.node_rank, event.step, event.total_steps,
-                     event.step_time_s, event.detail.get("state"), event.written, _checkpoint_step(event)))
+                     event.step_time_s, event.detail.get("state"), event.written, _checkpoint_step(event),
+                     _checkpoint_bytes(event)))
                 if event.detail.get("state") == "done" and event.detail.get("params_sha256"):
                     # the trainer's final digest: the export of the final checkpoint is checked against it
                     db.execute("UPDATE run SET params_sha256 = ? WHERE id = 1", (str(event.detail["params_sha256"]),))
@@ -394,6 +402,12 @@ class Ledger:
         """The newest complete checkpoint a node reported after the wall-clock moment ``wall`` (-1: none)."""
         row = self._query(f"SELECT MAX(checkpoint_step) AS s FROM progress WHERE {WRITTEN} > ?", (wall,))[0]
         return -1 if row["s"] is None else int(row["s"])
+
+    def checkpoint_gb(self) -> float | None:
+        """The size (GB) of the newest checkpoint a node reported, by when it wrote the report (None: none yet)."""
+        rows = self._query("SELECT checkpoint_bytes FROM progress WHERE checkpoint_bytes IS NOT NULL"
+                           f" ORDER BY {WRITTEN} DESC, id DESC LIMIT 1")
+        return rows[0]["checkpoint_bytes"] / 1e9 if rows else None
 
     def recent_step_times(self, limit: int | None = 20) -> list[float]:
         """Measured step times (seconds of the ledger's clock), newest first; all of them when

@@ -28,6 +28,7 @@ import pytest
 
 from tests.support.trainer import TINY, Run, command, complete_steps, digest, resumed
 from training import exitcodes
+from training.checkpoint import marked_bytes, step_dir_name
 from training.launch import exit_status
 
 pytestmark = pytest.mark.slow
@@ -79,6 +80,7 @@ def reference_digest(world, tmp_path_factory) -> str:
         prog = json.loads((d / "progress.json").read_text())
         assert prog["state"] == "done" and prog["step"] == STEPS and prog["params_sha256"] == _reference[world]
         assert prog["checkpoint_step"] == STEPS, "the final checkpoint is on this node's disk"
+        assert prog["checkpoint_bytes"] == marked_bytes(d / "ckpt" / step_dir_name(STEPS)) > 0, "and its size"
     return _reference[world]
 
 
@@ -181,6 +183,7 @@ def test_a_sigterm_stops_saves_exits_75_and_resume_is_exact(chain):
     assert chain["stop_step"] > chain["after_kill"]
     assert chain["progress2"]["state"] == "preempted" and chain["progress2"]["step"] == chain["stop_step"]
     assert chain["progress2"]["checkpoint_step"] == chain["stop_step"], "the stop save is on the disk"
+    assert chain["progress2"]["checkpoint_bytes"] > 0
     # 1 rank (no torchrun): the trainer's own code. 2 ranks: torchrun, signalled itself, forwards the
     # SIGTERM, waits for the workers (which save and exit 75) and exits 1 (SignalException, no summary);
     # the progress file maps that back to 75 (training.launch.exit_status, what systemd sees).

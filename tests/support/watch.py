@@ -148,11 +148,14 @@ class FileBackend(RecordingBackend):
 
 
 def heartbeat(step: int, total: int, step_time_s: float = 1.0, state: str = "running", rank: int = 0,
-              written: float | None = None, checkpoint_step: int | None = None):
+              written: float | None = None, checkpoint_step: int | None = None, checkpoint_bytes=None):
     """A progress report (``written``: when the trainer wrote it; ``checkpoint_step``: the newest complete
-    checkpoint on that node's disk)."""
+    checkpoint on that node's disk, ``checkpoint_bytes`` its size)."""
     from kit.watch.events import PROGRESS, Event
 
-    detail: dict = {"state": state} if checkpoint_step is None else {"state": state, "checkpoint_step": checkpoint_step}
+    detail: dict = {"state": state}
+    for key, value in (("checkpoint_step", checkpoint_step), ("checkpoint_bytes", checkpoint_bytes)):
+        if value is not None:
+            detail[key] = value
     return Event(kind=PROGRESS, instance=f"node-{rank}", time=0.0, source="agent", node_rank=rank,
                  detail=detail, step=step, total_steps=total, step_time_s=step_time_s, written=written)

@@ -45,6 +45,11 @@ def test_checkpoint_roundtrip_keep_and_layout(tmp_path):
     step, _, st = newest_loadable(tmp_path)
     assert step == 3 and torch.equal(st["model"]["w"], torch.full((1000,), 3.0))
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+    # its size, as the marker lists it: what a move to another zone copies (the progress file reports it)
+    assert ck.bytes_of(3) == (tmp_path / "step-00000003" / "state.pt").stat().st_size > 4000
+    assert ck.bytes_of(1) is None, "pruned"
+    (tmp_path / "step-00000002" / "COMPLETE").write_text("{not json")
+    assert ck.bytes_of(2) is None
 
 
 def test_staging_copies_live_tensors(tmp_path):
@@ -189,9 +194,13 @@ def test_progress_file_shape(tmp_path):
     w = ProgressWriter(str(p), total_steps=10)
     w.write(3, step_time_s=0.5, force=True)
     doc = read_progress(p)
-    assert set(doc) == {"step", "total_steps", "step_time_s", "state", "time", "params_sha256", "checkpoint_step"}
+    assert set(doc) == {"step", "total_steps", "step_time_s", "state", "time", "params_sha256", "checkpoint_step",
+                        "checkpoint_bytes"}
     assert doc["step"] == 3 and doc["state"] == "running" and doc["params_sha256"] is None
-    assert doc["checkpoint_step"] is None, "no checkpoint on this node yet"
+    assert doc["checkpoint_step"] is None and doc["checkpoint_bytes"] is None, "no checkpoint on this node yet"
+    w.checkpoint(3, 12345)
+    w.write(4, force=True)
+    assert (read_progress(p)["checkpoint_step"], read_progress(p)["checkpoint_bytes"]) == (3, 12345)
     w.write(10, state="done", params_sha256="a" * 64)
     assert read_progress(p)["state"] == "done"
     assert not [x for x in tmp_path.iterdir() if x.name.endswith(".tmp")]

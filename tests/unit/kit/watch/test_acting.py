@@ -760,8 +760,9 @@ def test_a_job_that_may_move_sees_no_spot_while_no_spot_offer_is_worth_its_price
 
 
 def test_the_capacity_search_prices_a_move_with_the_specs_checkpoint_size_and_transfer_rate(tmp_path):
-    """The watcher's ranking charges a move what the spec says moving costs (``policy.checkpoint_gb``,
-    ``transfer_gbps``, ``egress_per_gb``, as ``kit simulate`` does), not the simulator's defaults: runs in a
+    """The watcher's ranking charges a move what moving costs this job (``policy.checkpoint_gb``, else the size
+    of the newest checkpoint the trainer reported; ``transfer_gbps``, ``egress_per_gb``; as ``kit simulate``
+    does), not the simulator's defaults: runs in a
     and b were 3 minutes (not worth their changeover) and c is untried (the 4-hour prior run). A 50 GB
     checkpoint makes c worth trying; one of 900 GB at 1 Gbit/s (2 h without progress, $72 of egress to
     another region) prices an hour of progress in c above on-demand's, so no spot offer is worth trying;
@@ -796,3 +797,10 @@ def test_the_capacity_search_prices_a_move_with_the_specs_checkpoint_size_and_tr
     assert big.search(None, "spot") == [] and not big.spot_worth_trying()
     free = actor_with(checkpoint_gb=900, transfer_gbps=1, egress_per_gb=0)
     assert [o.zone for o in free.search(None, "spot")] == ["c"]
+    # no size in the spec: the newest checkpoint's the trainer reported (node 1's older report is of a smaller one)
+    ledger.record(heartbeat(20, 1000, rank=1, written=clock.t - 60, checkpoint_step=10, checkpoint_bytes=10**9))
+    ledger.record(heartbeat(20, 1000, written=clock.t, checkpoint_step=20, checkpoint_bytes=900 * 10**9))
+    measured = actor_with(transfer_gbps=1)
+    assert measured.ledger.checkpoint_gb() == 900.0
+    assert measured.search(None, "spot") == []
+    assert [o.zone for o in actor_with(checkpoint_gb=50, transfer_gbps=1).search(None, "spot")] == ["c"], "the spec's"

@@ -158,6 +158,40 @@ def test_heartbeats_are_ordered_by_when_the_trainer_wrote_them(tmp_path):
     assert ledger.latest_progress()["step"] == 40
 
 
+def test_the_checkpoint_size_is_the_newest_reported_and_a_bad_one_is_not_kept(tmp_path):
+    """``checkpoint_bytes`` arrives as free-form detail from the network: only a whole number of bytes is
+    kept; the size is the newest report's, by when the trainer wrote it."""
+    from tests.support.watch import heartbeat
+
+    ledger = Ledger(tmp_path / "l.sqlite")
+    assert ledger.checkpoint_gb() is None
+    ledger.record(heartbeat(10, 100, written=10.0, checkpoint_step=10, checkpoint_bytes=2 * 10**9))
+    ledger.record(heartbeat(5, 100, rank=1, written=9.0, checkpoint_step=5, checkpoint_bytes=10**9))  # arrived late
+    assert ledger.checkpoint_gb() == 2.0
+    for bad in (True, -1, 1.5e9, "3000000000", 2**63, None):
+        ledger.record(heartbeat(11, 100, written=11.0, checkpoint_step=10, checkpoint_bytes=bad))
+    assert ledger.checkpoint_gb() == 2.0
+    ledger.record(heartbeat(12, 100, written=12.0, checkpoint_step=10, checkpoint_bytes=0))
+    assert ledger.checkpoint_gb() == 0.0
+
+
+def test_a_version_5_ledger_gets_the_checkpoint_size_column(tmp_path):
+    """A job the previous kit (schema 5) started goes on: its heartbeats are kept, the size is added."""
+    import sqlite3
+
+    from tests.support.watch import heartbeat
+
+    Ledger(tmp_path / "l.sqlite").record(heartbeat(10, 100, written=10.0, checkpoint_step=10))
+    db = sqlite3.connect(tmp_path / "l.sqlite")
+    db.executescript("ALTER TABLE progress DROP COLUMN checkpoint_bytes; PRAGMA user_version = 5;")
+    db.close()
+    ledger = Ledger(tmp_path / "l.sqlite")
+    assert ledger._query("PRAGMA user_version")[0][0] == SCHEMA_VERSION
+    assert ledger.latest_progress()["step"] == 10 and ledger.checkpoint_gb() is None
+    ledger.record(heartbeat(20, 100, written=20.0, checkpoint_step=20, checkpoint_bytes=10**9))
+    assert ledger.checkpoint_gb() == 1.0
+
+
 V1_SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE events (id INTEGER PRIMARY KEY, time REAL NOT NULL, recorded REAL NOT NULL, kind TEXT NOT NULL,
@@ -188,7 +222,8 @@ def test_a_version_1_ledger_is_migrated(tmp_path):
     db.close()
     ledger = Ledger(tmp_path / "l.sqlite")
     assert ledger._query("PRAGMA user_version")[0][0] == SCHEMA_VERSION
-    assert ledger._query("SELECT 1 FROM pragma_table_info('progress') WHERE name = 'written'"), "later columns added"
+    for column in ("written", "checkpoint_bytes"):
+        assert ledger._query("SELECT 1 FROM pragma_table_info('progress') WHERE name = ?", (column,)), "later columns"
     # the job's facts, from text in `meta` to typed columns (and `meta` is gone)
     assert (ledger.market(), ledger.started_at(), ledger.capacity_failures("spot")) == ("spot", 0.0, 3)
     assert ledger.clock_origin(999.0) == 12.5 and not ledger._query(
