@@ -210,6 +210,17 @@ def placement_changes(ledger: Ledger, moves: Moves | None = None) -> dict[str, A
                                                   for a, b in zone_moves), 4)}
 
 
+def move_facts(ledger: Ledger, spec: SpecBase) -> dict[str, Any]:
+    """What the capacity search charges a move to another zone (kit.watch.acting): the checkpoint's size
+    (``policy.checkpoint_gb``, else the newest the trainer reported, else the simulator's default), where
+    that size comes from, and the transfer rate."""
+    measured = ledger.checkpoint_gb()
+    moves = spec.policy.moves(measured)
+    source = "spec" if spec.policy.checkpoint_gb is not None else ("measured" if measured is not None else "default")
+    return {"can_move": spec.can_move, "checkpoint_gb": round(moves.checkpoint_gb, 3), "checkpoint_gb_source": source,
+            "transfer_gbps": moves.transfer_gbps}
+
+
 def status_report(ledger: Ledger, spec: SpecBase, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     progress = ledger.latest_progress()
@@ -230,6 +241,7 @@ def status_report(ledger: Ledger, spec: SpecBase, now: float | None = None) -> d
                        "attempts": d.attempts, "reason": d.reason, "error": d.error} for d in decisions],
         "market_switches": market_switches(ledger),
         **placement_changes(ledger, spec.policy.moves()),
+        **move_facts(ledger, spec),
         **disk_report(ledger, spec, now),
         **preemption_counts(ledger),
         **cost_of(ledger, spec, now),
@@ -259,6 +271,9 @@ def render_status(report: dict[str, Any], console) -> None:
                   f"probes: {report['probes']} ({report['probes_without_capacity']} without capacity)")
     if report["offers"]:
         console.print(escape(f"ran on: {' -> '.join(report['offers'])}"))
+    if report["can_move"]:
+        console.print(f"a move copies the checkpoint: {report['checkpoint_gb']:g} GB ({report['checkpoint_gb_source']}) "
+                      f"at {report['transfer_gbps']:g} Gbit/s")
     console.print(f"cost so far: {money(report['cost'])} (spot {report['spot_hours']:.2f} node-h, on-demand "
                   f"{report['on_demand_hours']:.2f} node-h; the compute done so far, all on-demand: "
                   f"{money(report['cost_all_on_demand'])})")

@@ -77,6 +77,32 @@ def test_cost_is_node_hours_per_market_times_price(tmp_path):
     render_status(report, Console(file=out, width=140))
     text = out.getvalue()
     assert "market: on-demand" in text and "$6.00" in text and "preemptions: 1" in text and "$2.00" in text
+    assert report["can_move"] is False and "a move copies" not in text  # one zone, one shape
+
+
+def test_status_says_what_a_move_would_copy(tmp_path):
+    """A job that may move: the checkpoint size the capacity search charges a move, and where it comes from
+    (the simulator's default before a checkpoint; then the trainer's newest; the spec's overrides both)."""
+    from kit.spec import parse_spec
+
+    def spec_with(**policy):
+        return parse_spec({"name": "demo", "cloud": "local", "zones": ["a", "b"], "market": "spot", "nodes": 2,
+                           "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0}, "policy": policy})
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+
+    def facts(spec) -> tuple:
+        report = status_report(ledger, spec, now=0.0)
+        out = io.StringIO()
+        render_status(report, Console(file=out, width=200))
+        line = next(x for x in out.getvalue().splitlines() if x.startswith("a move copies"))
+        return report["checkpoint_gb"], report["checkpoint_gb_source"], line
+
+    assert facts(spec_with()) == (50.0, "default", "a move copies the checkpoint: 50 GB (default) at 10 Gbit/s")
+    ledger.record(heartbeat(10, 100, written=1.0, checkpoint_step=10, checkpoint_bytes=1_039_187_307))
+    assert facts(spec_with())[:2] == (1.039, "measured")
+    assert facts(spec_with(checkpoint_gb=200, transfer_gbps=2)) == (
+        200.0, "spec", "a move copies the checkpoint: 200 GB (spec) at 2 Gbit/s")
 
 
 def test_status_prints_names_and_cloud_errors_as_they_are_not_as_markup(tmp_path):
