@@ -658,6 +658,28 @@ def spot_run(ledger: Ledger, zone: str, start: float, end: float, first: int) ->
         ledger.mark_lost(n["instance_id"], end, "preemption")
 
 
+def moving_spec(zones: list[str], **policy):
+    """A local job of 2 nodes that may move between ``zones``, with ``default`` and a 0.2-h changeover."""
+    from kit.spec import parse_spec
+
+    return parse_spec({"name": "demo", "cloud": "local", "zones": zones, "market": "spot", "nodes": 2,
+                       "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0},
+                       "policy": {"name": "default", "changeover_hours": 0.2, **policy}})
+
+
+def short_runs_in_a_and_b(tmp_path) -> tuple[Clock, Ledger]:
+    """A ledger whose latest RUN_WINDOW spot runs in zones a and b each lasted 3 minutes, all preempted."""
+    from kit.policy.zones import RUN_WINDOW
+
+    clock, ledger = Clock(), Ledger(tmp_path / "ledger.sqlite")
+    t = clock.t - 10 * 3600.0
+    for k in range(RUN_WINDOW):
+        for i, zone in enumerate(("a", "b")):
+            spot_run(ledger, zone, t, t + 180.0, 100 * k + 10 * i)
+            t += 600.0
+    return clock, ledger
+
+
 def test_with_the_default_policy_the_capacity_search_ranks_zones_by_the_jobs_runs_there(tmp_path):
     """The job ran 12 minutes in c, 20 hours in b and 5 in a, each run ended by a preemption; a
     preempted now: with ``default`` the recovery tries b, then c, then a, whatever the shuffle;
@@ -708,19 +730,9 @@ def test_a_job_that_may_move_sees_no_spot_while_no_spot_offer_is_worth_its_price
     tried yet (c) is worth trying again; a job in one zone keeps weighing its one spot offer itself (no
     ceiling)."""
     from kit.policy.zones import RUN_WINDOW
-    from kit.spec import parse_spec
 
-    def spec_with(zones: list[str]):
-        return parse_spec({"name": "demo", "cloud": "local", "zones": zones, "market": "spot", "nodes": 2,
-                           "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0},
-                           "policy": {"name": "default", "changeover_hours": 0.2}})
-
-    clock, ledger = Clock(), Ledger(tmp_path / "ledger.sqlite")
-    t = clock.t - 10 * 3600.0
-    for k in range(RUN_WINDOW):
-        for i, zone in enumerate(("a", "b")):
-            spot_run(ledger, zone, t, t + 180.0, 100 * k + 10 * i)
-            t += 600.0
+    spec_with = moving_spec
+    clock, ledger = short_runs_in_a_and_b(tmp_path)
 
     def watched(zones: list[str], backend: ZonedBackend | None = None) -> tuple[ScriptedPolicy, Actor]:
         spec, backend = spec_with(zones), backend or ZonedBackend(full=set())
@@ -768,21 +780,12 @@ def test_the_capacity_search_prices_a_move_with_the_specs_checkpoint_size_and_tr
     another region) prices an hour of progress in c above on-demand's, so no spot offer is worth trying;
     with egress free (a flat rate of 0), the 2-hour transfer alone leaves c worth it (its prior run is 4 h)."""
     from kit.policy.offers import Moves
-    from kit.policy.zones import RUN_WINDOW, progress_price
-    from kit.spec import parse_spec
+    from kit.policy.zones import progress_price
 
     def actor_with(**moving) -> Actor:
-        spec = parse_spec({"name": "demo", "cloud": "local", "zones": ["a", "b", "c"], "market": "spot", "nodes": 2,
-                           "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0},
-                           "policy": {"name": "default", "changeover_hours": 0.2, **moving}})
-        return Actor(RecordingBackend(), ledger, spec, clock=clock)
+        return Actor(RecordingBackend(), ledger, moving_spec(["a", "b", "c"], **moving), clock=clock)
 
-    clock, ledger = Clock(), Ledger(tmp_path / "ledger.sqlite")
-    t = clock.t - 10 * 3600.0
-    for k in range(RUN_WINDOW):
-        for i, zone in enumerate(("a", "b")):
-            spot_run(ledger, zone, t, t + 180.0, 100 * k + 10 * i)
-            t += 600.0
+    clock, ledger = short_runs_in_a_and_b(tmp_path)
     default = actor_with()
     assert default.spec.policy.moves() == Moves()
     assert [o.zone for o in default.search(None, "spot")] == ["c"]
