@@ -205,7 +205,7 @@ class TrainRun:
             # where it ran: zone/shape/market per apply, moves between zones and shape switches
             "offers": status["offers"], "moves": status["moves"], "shape_switches": status["shape_switches"],
             "probes": status["probes"], "probes_without_capacity": status["probes_without_capacity"],
-            "egress_cost": egress_cost(status["egress_per_checkpoint_gb"], export),
+            "egress_cost": egress_cost(status["egress_per_checkpoint_gb"], export, ledger.checkpoint_gb()),
             # the data disks: every one the job used (those of zones and shapes it left sit idle until the end)
             "disk_cost": status["disk_cost"], "idle_disk_hours": status["idle_disk_hours"],
             "disks_used": len(status["disks"]),
@@ -213,15 +213,16 @@ class TrainRun:
         }
 
 
-def egress_cost(per_gb: float, export: str | None) -> float | None:
+def egress_cost(per_gb: float, export: str | None, measured_gb: float | None = None) -> float | None:
     """What the moves cost in egress: $ per GB of checkpoint moved x the final checkpoint's size (the
-    exported state file; None without an export, unless nothing moved across regions)."""
+    exported state file; without an export, the newest checkpoint size the trainer reported,
+    ``measured_gb``; None without either, unless nothing moved across regions)."""
     if not per_gb:
         return 0.0
     state = Path(export) / "checkpoint" / "state.pt" if export else None
-    if state is None or not state.is_file():
-        return None
-    return round(per_gb * state.stat().st_size / 1e9, 4)
+    if state is not None and state.is_file():
+        return round(per_gb * state.stat().st_size / 1e9, 4)
+    return None if measured_gb is None else round(per_gb * measured_gb, 4)
 
 
 def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: float | None = None,

@@ -231,3 +231,19 @@ def test_the_report_prints_paths_and_offers_as_they_are_not_as_markup():
     render_report(report, Console(file=out, width=200))
     text = out.getvalue()
     assert "/data/[/x]/[red]export/step-10" in text and "z-[/a]/2xlocal/spot -> z-b/1xlocal/spot" in text, text
+
+
+def test_egress_is_priced_on_the_export_else_on_the_checkpoint_size_the_trainer_reported(tmp_path):
+    """The moves' egress: $/GB moved x the exported state file's size; a run whose export failed still
+    gets a figure from the newest checkpoint size its trainer reported, and only without either is it
+    unknown (None, printed "?"). Nothing moved across regions costs nothing either way."""
+    from kit.train import egress_cost
+
+    state = tmp_path / "export" / "checkpoint" / "state.pt"
+    state.parent.mkdir(parents=True)
+    state.write_bytes(b"\0" * 3_000_000)
+    assert egress_cost(1.0, str(tmp_path / "export"), measured_gb=9.0) == pytest.approx(0.003)  # the export wins
+    assert egress_cost(0.05, None, measured_gb=2.0) == pytest.approx(0.1)
+    assert egress_cost(0.05, str(tmp_path / "missing"), measured_gb=2.0) == pytest.approx(0.1)
+    assert egress_cost(0.05, None) is None
+    assert egress_cost(0.0, None) == 0.0
