@@ -377,7 +377,7 @@ class Trainer:
             self.last_saved = -1
         elif stats.path and stats.write_s is not None:
             if stats.step >= (self.progress.checkpoint_step or -1):
-                self.progress.checkpoint(stats.step, self.ckpt.bytes_of(stats.step))
+                self.progress.checkpoint(stats.step, stats.bytes)  # its marker lists this one file
             self.log(f"ckpt_written step={stats.step} write_s={stats.write_s:.3f} bytes={stats.bytes}")
             self.upload(stats.step)
 
