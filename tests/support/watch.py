@@ -18,10 +18,11 @@ PRICES = {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0}
 
 
 def local_spec(*, name: str = "demo", nodes: int = 2, market: str = "spot", policy: dict[str, Any] | None = None,
-               prices: dict[str, Any] | None = None) -> LocalSpec:
-    """A real local-cloud spec (validated like a cluster.yaml), with the prices the tests' costs use."""
+               prices: dict[str, Any] | None = None, zones: list[str] | None = None) -> LocalSpec:
+    """A real local-cloud spec (validated like a cluster.yaml), with the prices the tests' costs use;
+    ``zones``: a job that may move between them."""
     spec = parse_spec({"name": name, "cloud": "local", "nodes": nodes, "market": market, "policy": policy or {},
-                       "prices": PRICES if prices is None else prices})
+                       "prices": PRICES if prices is None else prices, **({"zones": zones} if zones else {})})
     assert isinstance(spec, LocalSpec)
     return spec
 

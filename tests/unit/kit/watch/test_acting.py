@@ -660,11 +660,7 @@ def spot_run(ledger: Ledger, zone: str, start: float, end: float, first: int) ->
 
 def moving_spec(zones: list[str], **policy):
     """A local job of 2 nodes that may move between ``zones``, with ``default`` and a 0.2-h changeover."""
-    from kit.spec import parse_spec
-
-    return parse_spec({"name": "demo", "cloud": "local", "zones": zones, "market": "spot", "nodes": 2,
-                       "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0},
-                       "policy": {"name": "default", "changeover_hours": 0.2, **policy}})
+    return local_spec(zones=zones, policy={"name": "default", "changeover_hours": 0.2, **policy})
 
 
 def short_runs_in_a_and_b(tmp_path) -> tuple[Clock, Ledger]:
@@ -686,11 +682,8 @@ def test_with_the_default_policy_the_capacity_search_ranks_zones_by_the_jobs_run
     with another policy the zones other than a keep failover's shuffled order."""
     from types import SimpleNamespace
 
-    from kit.spec import parse_spec
-
     def spec_with(policy: str):
-        return parse_spec({"name": "demo", "cloud": "local", "zones": ["a", "b", "c"], "market": "spot", "nodes": 2,
-                           "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0}, "policy": {"name": policy}})
+        return local_spec(zones=["a", "b", "c"], policy={"name": policy})
 
     ledger, t0, hour = Ledger(tmp_path / "ledger.sqlite"), 1_000_000.0, 3600.0
 

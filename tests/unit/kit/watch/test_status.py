@@ -83,11 +83,8 @@ def test_cost_is_node_hours_per_market_times_price(tmp_path):
 def test_status_says_what_a_move_would_copy(tmp_path):
     """A job that may move: the checkpoint size the capacity search charges a move, and where it comes from
     (the simulator's default before a checkpoint; then the trainer's newest; the spec's overrides both)."""
-    from kit.spec import parse_spec
-
     def spec_with(**policy):
-        return parse_spec({"name": "demo", "cloud": "local", "zones": ["a", "b"], "market": "spot", "nodes": 2,
-                           "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0}, "policy": policy})
+        return local_spec(zones=["a", "b"], policy=policy)
 
     ledger = Ledger(tmp_path / "ledger.sqlite")
 
