@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kit.policy import WAIT, Observation, Policy
-from kit.watch.acting import Actor, Outcome
+from kit.watch.acting import Actor, Outcome, TickView
 from kit.watch.disks import DiskKeeper
 from kit.watch.events import CAPACITY_ERROR, LOSS_KINDS, Event
 from kit.watch.ledger import Ledger
@@ -133,11 +133,16 @@ class Watcher:
         markets = {n.instance_id: n.market for n in self.ledger.all_nodes()}  # newest incarnation last
         spot_lost = any(markets.get(e["instance"]) == SPOT for e in losses)
         capacity_blocked = now < self.ledger.spot_blocked_until()
-        # A spot run that holds goes on whatever its zone's record (the simulated default never leaves one
-        # for the ceiling); only a launch needs an offer worth trying (asked last: it reads the ledger).
-        observation = self._observation(now, progress, result.market, preempted,
-                                        spot_available=not capacity_blocked and not spot_lost
-                                        and (result.market == SPOT or self.actor.spot_worth_trying()))
+        observation = self._observation(now, progress, result.market, preempted, spot_available=False)
+        # The capacity search of this tick decides on its observation (the wait for the best offer weighs the
+        # slack off spot). A spot run that holds goes on whatever its zone's record (the simulated default
+        # never leaves one for the ceiling); only a launch needs an offer worth trying (asked last: it reads
+        # the ledger).
+        self.actor.consider(TickView(Observation(**observation), self.policy, self.job_started)
+                            if observation is not None else None)
+        if observation is not None:
+            observation["spot_available"] = not capacity_blocked and not spot_lost and (
+                result.market == SPOT or self.actor.spot_worth_trying())
         observed = max([cursor] + [e["id"] for e in fresh])
         if observation is not None:
             decision = self.policy.decide(Observation(**observation))
