@@ -7,9 +7,12 @@ reports a preemption notice, one ``tick``:
    (the cloud API confirms a loss; an agent's notice alone only wakes the loop early);
 2. builds a ``kit.policy.Observation`` from the ledger: progress and job size from the trainer's
    heartbeats (step / total and the measured step time), preemptions since the last tick, and
-   whether spot is usable (not in a tick where a spot node was lost, as in the simulator's
-   model, not while a spot launch is backing off after a capacity error, and, for a job that may
-   move and is not on spot, not while every spot offer's runs were too short to be worth their price);
+   whether spot is usable (not in a tick where a spot node was lost, as in the one-zone simulator's
+   model, unless the job may move: then the tick first tells the policy the run ended and the search
+   tries the other offers at once, as the multi-zone simulator's ``default`` does; not while a spot
+   launch is backing off after a capacity error; and, for a job that may move and is not on spot, not
+   while no spot offer is worth trying: every one's runs too short to be worth its price, or dearer
+   than waiting for the best one, ``Actor.worth_now``);
 3. asks the policy, turns its answer into an action (``launch``/``switch``/``recover``/
    ``release``) and commits it as a pending decision;
 4. carries out the pending decision when its backoff allows (``acting.Actor``).
@@ -26,10 +29,11 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from kit.policy import WAIT, Observation, Policy
+from kit.policy.market import DefaultPolicy
 from kit.watch.acting import Actor, Outcome, TickView
 from kit.watch.disks import DiskKeeper
 from kit.watch.events import CAPACITY_ERROR, LOSS_KINDS, Event
@@ -42,6 +46,8 @@ if TYPE_CHECKING:
     from kit.spec import SpecBase
 
 log = logging.getLogger("kit.watch")
+# An observation's mark (recorded with it) for a tick that lost the spot run of a job that may move.
+LOST_SPOT = "lost_spot"
 
 
 
@@ -83,7 +89,7 @@ class Watcher:
         self.job_started = self.ledger.job_started(now)
         replayed = 0
         for tick in self.ledger.ticks():  # rebuild the policy's memory of past preemptions
-            self.policy.decide(Observation(**tick["observation"]))
+            self._decide(tick["observation"])
             replayed += 1
         if replayed:
             log.info("replayed %d recorded ticks into policy %s", replayed, self.policy.name)
@@ -105,6 +111,23 @@ class Watcher:
 
     def _policy_name(self) -> str:
         return self.policy.name
+
+    def _moves_on_loss(self) -> bool:
+        """Whether a lost spot run is relaunched elsewhere in the same tick: a job that may move, with the
+        market policy of the simulated multi-zone ``default`` (``ZoneDefault``), which searches the other
+        offers in the tick its run is lost (the lost zone last). A job in one place sees spot unavailable in
+        that tick, as the one-zone simulator does."""
+        return isinstance(self.policy, DefaultPolicy) and self.actor.learns() and self.spec.can_move
+
+    def _decide(self, observation: dict) -> str:
+        """The policy's answer to a tick's observation (as recorded: the replay at start-up calls this too).
+        A tick that lost a spot run of a job that may move (``LOST_SPOT``) first tells the policy the run
+        ended (spot unavailable), then asks it with spot as the search finds it, as ``ZoneDefault`` does."""
+        fields = {k: v for k, v in observation.items() if k != LOST_SPOT}
+        seen = Observation(**fields)
+        if observation.get(LOST_SPOT) and isinstance(self.policy, DefaultPolicy):
+            self.policy.observe(replace(seen, spot_available=False))
+        return self.policy.decide(seen)
 
     # ------------------------------------------------------------------ one tick
     def tick(self) -> TickResult:
@@ -140,12 +163,15 @@ class Watcher:
         # the ledger).
         self.actor.consider(TickView(Observation(**observation), self.policy, self.job_started)
                             if observation is not None else None)
+        moving = self._moves_on_loss()
         if observation is not None:
-            observation["spot_available"] = not capacity_blocked and not spot_lost and (
+            observation["spot_available"] = not capacity_blocked and (not spot_lost or moving) and (
                 result.market == SPOT or self.actor.spot_worth_trying())
+            if spot_lost and moving:
+                observation[LOST_SPOT] = True
         observed = max([cursor] + [e["id"] for e in fresh])
         if observation is not None:
-            decision = self.policy.decide(Observation(**observation))
+            decision = self._decide(observation)
         else:  # no heartbeat yet: keep the market, recover what was lost
             decision = deployed_market or self.spec.market
         # The observation and the events it covered are committed together (a crash in between
@@ -208,10 +234,7 @@ class Watcher:
             "deadline_h": self.spec.policy.deadline_hours,
             "changeover_h": changeover_h,
             "market": market,
-            # False in the tick a spot node was lost (the simulator's model: a spot cluster is
-            # lost in a tick where spot is not usable; the policies learn spot's run lengths from
-            # this), while a spot launch backs off after a capacity error, and, for a job that may
-            # move and is not on spot, while no spot offer is worth its price (Actor.spot_worth_trying).
+            # set by tick() (module docstring, step 2): the policies learn spot's run lengths from it
             "spot_available": spot_available,
             "preempted": preempted,
             "tick_h": self.tick_hours(changeover_h),

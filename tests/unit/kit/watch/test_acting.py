@@ -897,3 +897,37 @@ def test_the_watcher_waits_for_the_best_zone_as_the_simulated_default_does(tmp_p
     assert result.decision == "spot" and result.action == "recover", result  # a's nodes were lost
     assert result.outcome.status == "retry" and result.outcome.capacity_error, result.outcome
     assert backend.zones_tried == [("a", 2)] and ledger.nodes(("up",)) == []
+
+
+def test_a_job_that_may_move_relaunches_elsewhere_in_the_tick_its_spot_run_is_lost(tmp_path):
+    """As the simulated multi-zone ``default``: the tick that loses the spot run in a first tells the market
+    policy the run ended, then asks it with spot as the search finds it, and the job relaunches in b at once
+    (before, the watcher saw spot unavailable in that tick, the one-zone model, and idled a tick at every
+    loss: on bench/watcher_replay.py's synthetic markets that slack ran out and the job finished on-demand).
+    A restarted watcher's policy, rebuilt from the recorded ticks, has learned the same runs and outages."""
+    from kit.policy.zones import moving_market_policy
+
+    clock, ledger, backend = Clock(), Ledger(tmp_path / "ledger.sqlite"), ZonedBackend(full=set())
+    spec = moving_spec(["a", "b"], deadline_hours=100)
+
+    def watcher_with(policy) -> Watcher:
+        actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1)), clock=clock)
+        return Watcher(spec, ledger, actor, policy, source=BackendSource(backend), interval_s=600, clock=clock)
+
+    policy = moving_market_policy()
+    watcher = watcher_with(policy)
+    watcher.start()
+    ledger.record(heartbeat(0, 4800, step_time_s=36.0, written=clock.t))
+    watcher.tick()
+    assert ledger.applied_offer() == "a/2xlocal/spot"
+    clock.t += 600
+    ledger.record(heartbeat(10, 4800, step_time_s=36.0, written=clock.t))
+    backend.full = {"a"}
+    backend.preempt(0), backend.preempt(1)
+    result = watcher.tick()
+    assert (result.decision, result.action, result.outcome.status) == ("spot", "recover", "done"), result
+    assert ledger.applied_offer() == "b/2xlocal/spot"
+    assert policy.runs == [pytest.approx(1 / 6)] and policy.outages == [0.0]
+    again = moving_market_policy()
+    watcher_with(again).start()
+    assert (again.runs, again.outages) == (policy.runs, policy.outages)

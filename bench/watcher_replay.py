@@ -1,0 +1,222 @@
+"""The real watch loop replayed on a multi-zone market, against the simulated policy on the same market.
+
+``kit simulate`` replays kit's multi-zone ``default`` (``kit.policy.zones.ZoneDefault``); the watcher
+decides with the same policy module but through its own parts: the ledger (SQLite), the capacity search of
+``kit.watch.acting.Actor`` (each try a launch, a capacity error when there is none, backoff between
+searches) and the market policy on the watcher's observation. This bench runs the real ``Watcher``, with
+its real ``Actor`` and ``Ledger``, on an in-memory cloud whose spot capacity per zone follows the traces of
+bench/zones.py's synthetic markets (each zone its own Markov availability and run length; one price for
+every zone, as a local spec has one), and the simulator on the same traces, starts and prices, so the two
+can be compared: what the real loop loses (or gains) against the model the benchmarks measure.
+
+The model the in-memory cloud follows is the simulator's (docs/policies.md, "Many zones"): a spot gang has
+capacity at a tick when its zone's trace has room for every node; it is lost in the first tick without
+room; a launch is billed from the apply and makes progress after the changeover d; progress is kept
+across losses (the trainer saves on the preemption notice); on-demand is always there. Moves are free and
+instant (checkpoint_gb and egress 0 on both sides), so the comparison is about where and when to launch.
+
+    .venv/bin/python bench/watcher_replay.py                     # seeds 11-13, d = 1, 2, 4 ticks, R0 = 60 h (~4 min)
+    .venv/bin/python bench/watcher_replay.py --seeds 11 --d-ticks 4 --deadlines 72
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from zones import SYNTHETIC_NODES, synthetic_set
+
+from kit.backends.base import Backend, CapacityError, Node
+from kit.policy.offers import Moves
+from kit.policy.zones import moving_market_policy
+from kit.simulate.single import Params
+from kit.simulate.zones import simulate_zones, zone_market, zone_starts
+from kit.spec import SpecBase, parse_spec
+from kit.traces import Trace
+from kit.watch.acting import Actor, Backoff
+from kit.watch.events import PROGRESS, Event
+from kit.watch.ledger import Ledger
+from kit.watch.sources.base import RUNNING, TERMINATED, EventSource, InstanceStatus, Poll
+from kit.watch.watcher import Watcher
+
+SPOT_PRICE, ON_DEMAND_PRICE = 1.0, 4.0  # $/h per node, every zone (a local spec has one price per market)
+JOB_H = 48.0
+STEP_S = 36.0  # trainer step time: 100 steps an hour
+
+
+def flat_priced(traces: list[Trace]) -> list[Trace]:
+    """The traces with one spot price for every zone (the local spec's)."""
+    return [replace(t, metadata={**t.metadata, "spot_price_per_hour": SPOT_PRICE,
+                                 "on_demand_price_per_hour": ON_DEMAND_PRICE}) for t in traces]
+
+
+class TraceCloud(Backend):
+    """An in-memory cloud whose spot capacity per zone is a trace's, one trace tick per ``tick_s``."""
+
+    cloud = "local"
+
+    def __init__(self, traces: dict[str, Trace], nodes: int, clock) -> None:
+        self.traces, self.size, self.clock = traces, nodes, clock
+        self.start_s = clock()
+        self.first_tick = 0
+        self.deployed: list[Node] = []
+        self.gone: dict[str, Node] = {}
+        self.serial = 0
+        self.launched_at = 0.0
+
+    def tick_index(self) -> int:
+        gap = next(iter(self.traces.values())).gap_seconds
+        return self.first_tick + round((self.clock() - self.start_s) / gap)
+
+    def room(self, zone: str) -> bool:
+        return self.traces[zone].data[self.tick_index()] >= self.size
+
+    def apply(self, spec: SpecBase, market: str) -> list[Node]:
+        zone = spec.start_zone
+        if market == "spot" and not self.room(zone):
+            raise CapacityError(f"no spot capacity in {zone}")
+        same = self.deployed and all(n.market == market and n.zone == zone for n in self.deployed)
+        if not same:
+            self.deployed = []
+            for rank in range(self.size):
+                self.serial += 1
+                self.deployed.append(Node(name=f"node-{rank}", instance_id=f"i-{self.serial}", rank=rank,
+                                          market=market, zone=zone, disk_id=f"{zone}-{rank}"))
+            self.launched_at = self.clock()
+        return list(self.deployed)
+
+    def nodes(self) -> list[Node]:
+        return list(self.deployed)
+
+    def bootstrap(self, nodes: list[Node]) -> None:
+        pass
+
+    def destroy(self, keep_disks: bool = True) -> None:
+        self.deployed = []
+
+    def disk_set(self, zone: str | None, shape: str | None) -> str | None:
+        return zone
+
+    def release_disks(self, name: str) -> None:
+        pass
+
+    def lose_spot(self) -> None:
+        """The trace's tick: a spot gang without room in its zone is lost (every node)."""
+        if self.deployed and self.deployed[0].market == "spot" and not self.room(self.deployed[0].zone or ""):
+            self.gone.update({n.instance_id: n for n in self.deployed})
+            self.deployed = []
+
+
+class CloudView(EventSource):
+    """The cloud API's view: deployed nodes run, lost ones are terminated as spot reclaims."""
+
+    name = "local"
+
+    def __init__(self, cloud: TraceCloud) -> None:
+        self.cloud = cloud
+
+    def poll(self) -> Poll:
+        poll = Poll([InstanceStatus(n.instance_id, RUNNING, n.market) for n in self.cloud.deployed])
+        poll.instances += [InstanceStatus(i, TERMINATED, n.market, preempted=True, reason="spot reclaim")
+                           for i, n in self.cloud.gone.items()]
+        return poll
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def spec_for(zones: list[str], params: Params) -> SpecBase:
+    return parse_spec({"name": "replay", "cloud": "local", "nodes": params.nodes, "market": "spot", "zones": zones,
+                       "prices": {"spot_per_hour": SPOT_PRICE, "on_demand_per_hour": ON_DEMAND_PRICE},
+                       "policy": {"name": "default", "changeover_hours": params.changeover_h,
+                                  "deadline_hours": params.deadline_h, "checkpoint_gb": 0.001, "egress_per_gb": 0,
+                                  "transfer_gbps": 1000}})
+
+
+def replay_watcher(traces: list[Trace], start: int, params: Params, workdir: Path) -> dict:
+    """One start of the real watch loop: cost vs on-demand, deadline met, launches."""
+    gap = traces[0].gap_seconds
+    tick_h = gap / 3600.0
+    clock = Clock(1_000_000.0)
+    cloud = TraceCloud({t.name: t for t in traces}, params.nodes, clock)
+    cloud.first_tick = start
+    spec = spec_for([t.name for t in traces], params)
+    ledger = Ledger(Path(tempfile.mkdtemp(dir=workdir)) / "ledger.sqlite")  # a fresh ledger for each run
+    actor = Actor(cloud, ledger, spec, backoff=Backoff(initial_s=1.0, cap_s=1.0, jitter=0.0), clock=clock)
+    watcher = Watcher(spec, ledger, actor, moving_market_policy(), source=CloudView(cloud), interval_s=gap, clock=clock)
+    watcher.start()
+    progress, total = 0.0, int(JOB_H * 3600 / STEP_S)
+    end = len(traces[0].data) - start - 1
+    for i in range(end):
+        clock.t = 1_000_000.0 + i * gap
+        cloud.lose_spot()
+        step = min(total, int(progress * 3600 / STEP_S))
+        ledger.record(Event(kind=PROGRESS, instance="node-0", time=clock.t, source="agent", node_rank=0,
+                            detail={"state": "done" if step >= total else "running"}, step=step, total_steps=total,
+                            step_time_s=STEP_S, written=clock.t))
+        if step >= total:
+            break
+        watcher.tick()
+        if cloud.deployed:  # progress through the next tick, after the changeover
+            useful_from = cloud.launched_at + params.changeover_h * 3600
+            progress += max(0.0, min(gap, clock.t + gap - useful_from)) / 3600 if clock.t + gap > useful_from else 0.0
+    cost = sum(((n.until if n.until is not None else clock.t) - n.since) / 3600 * (
+        SPOT_PRICE if n.market == "spot" else ON_DEMAND_PRICE) for n in ledger.all_nodes())
+    base = params.nodes * ON_DEMAND_PRICE * (params.job_h + params.changeover_h)
+    finished_h = (clock.t - 1_000_000.0) / 3600
+    launches = len({n.apply_id for n in ledger.all_nodes()})
+    ledger.close()
+    return {"cost_vs_on_demand": cost / base, "launches": launches,
+            "missed": progress < JOB_H - 1e-9 or finished_h > params.deadline_h + tick_h}
+
+
+def compare(seed: int, d_ticks: int, deadline: float, workdir: Path) -> dict:
+    traces = flat_priced(synthetic_set(seed))
+    params = Params(nodes=SYNTHETIC_NODES, job_h=JOB_H, deadline_h=deadline, changeover_h=d_ticks / 6, starts=8)
+    moves = Moves(checkpoint_gb=0.001, transfer_gbps=1000, egress_per_gb=0.0)
+    sim = simulate_zones(traces, ["opt", "default"], params, moves)["cost_vs_on_demand"]
+    starts = zone_starts(zone_market(traces, params, moves), params)
+    runs = [replay_watcher(traces, s, params, workdir) for s in starts]
+    real = sum(r["cost_vs_on_demand"] for r in runs) / len(runs)
+    return {"seed": seed, "d_ticks": d_ticks, "deadline_h": deadline, "opt": sim["opt"], "simulated": sim["default"],
+            "watcher": real, "watcher_misses": sum(r["missed"] for r in runs)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", default="11,12,13")
+    parser.add_argument("--d-ticks", default="1,2,4")
+    parser.add_argument("--deadlines", default="60")
+    parser.add_argument("--out", help="write the rows as JSON here")
+    args = parser.parse_args()
+    logging.getLogger("kit.watch").setLevel(logging.ERROR)  # each capacity error and loss is a warning
+    rows = []
+    print("| seed | d | R0 | opt | simulated default | watcher | watcher / simulated | watcher misses |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in map(int, args.seeds.split(",")):
+            for d in map(int, args.d_ticks.split(",")):
+                for deadline in map(float, args.deadlines.split(",")):
+                    row = compare(seed, d, deadline, Path(tmp))
+                    rows.append(row)
+                    print(f"| {seed} | {d} ticks | {deadline:g} h | {row['opt']:.4f} | {row['simulated']:.4f} | "
+                          f"{row['watcher']:.4f} | {row['watcher'] / row['simulated']:.3f} | {row['watcher_misses']} |",
+                          flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
