@@ -17,6 +17,7 @@ instant (checkpoint_gb and egress 0 on both sides), so the comparison is about w
 
     .venv/bin/python bench/watcher_replay.py                     # seeds 11-13, d = 1, 2, 4 ticks, R0 = 60 h (~4 min)
     .venv/bin/python bench/watcher_replay.py --seeds 11 --d-ticks 4 --deadlines 72
+    .venv/bin/python bench/watcher_replay.py --gcp --deadlines 60,72    # the GCP set, 16 nodes, d = 0.2 h, flat prices
 """
 
 from __future__ import annotations
@@ -31,15 +32,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from zones import SYNTHETIC_NODES, synthetic_set
+from zones import MARKETS, SYNTHETIC_NODES, synthetic_set
 
 from kit.backends.base import Backend, CapacityError, Node
+from kit.paths import SPOT_TRACES_DIR
 from kit.policy.offers import Moves
 from kit.policy.zones import moving_market_policy
 from kit.simulate.single import Params
 from kit.simulate.zones import simulate_zones, zone_market, zone_starts
 from kit.spec import SpecBase, parse_spec
-from kit.traces import Trace
+from kit.traces import Trace, load_traces
 from kit.watch.acting import Actor, Backoff
 from kit.watch.events import PROGRESS, Event
 from kit.watch.ledger import Ledger
@@ -53,8 +55,8 @@ STEP_S = 36.0  # trainer step time: 100 steps an hour
 
 def flat_priced(traces: list[Trace]) -> list[Trace]:
     """The traces with one spot price for every zone (the local spec's)."""
-    return [replace(t, metadata={**t.metadata, "spot_price_per_hour": SPOT_PRICE,
-                                 "on_demand_price_per_hour": ON_DEMAND_PRICE}) for t in traces]
+    return [replace(t, prices=None, metadata={**t.metadata, "spot_price_per_hour": SPOT_PRICE,
+                                              "on_demand_price_per_hour": ON_DEMAND_PRICE}) for t in traces]
 
 
 class TraceCloud(Backend):
@@ -182,16 +184,32 @@ def replay_watcher(traces: list[Trace], start: int, params: Params, workdir: Pat
             "missed": progress < JOB_H - 1e-9 or finished_h > params.deadline_h + tick_h}
 
 
-def compare(seed: int, d_ticks: int, deadline: float, workdir: Path) -> dict:
-    traces = flat_priced(synthetic_set(seed))
-    params = Params(nodes=SYNTHETIC_NODES, job_h=JOB_H, deadline_h=deadline, changeover_h=d_ticks / 6, starts=8)
+def compare(traces: list[Trace], params: Params, workdir: Path) -> dict:
+    traces = flat_priced(traces)
     moves = Moves(checkpoint_gb=0.001, transfer_gbps=1000, egress_per_gb=0.0)
     sim = simulate_zones(traces, ["opt", "default"], params, moves)["cost_vs_on_demand"]
     starts = zone_starts(zone_market(traces, params, moves), params)
     runs = [replay_watcher(traces, s, params, workdir) for s in starts]
     real = sum(r["cost_vs_on_demand"] for r in runs) / len(runs)
-    return {"seed": seed, "d_ticks": d_ticks, "deadline_h": deadline, "opt": sim["opt"], "simulated": sim["default"],
-            "watcher": real, "watcher_misses": sum(r["missed"] for r in runs)}
+    return {"deadline_h": params.deadline_h, "opt": sim["opt"], "simulated": sim["default"], "watcher": real,
+            "watcher_misses": sum(r["missed"] for r in runs)}
+
+
+def settings(args: argparse.Namespace):
+    """(label, traces, params) of each row: the synthetic markets, or with ``--gcp`` the bundled GCP set."""
+    deadlines = [float(x) for x in args.deadlines.split(",")]
+    if args.gcp:
+        traces = load_traces([SPOT_TRACES_DIR / "gcp-a3-h100-2025-10"])
+        for label, prefix in MARKETS:
+            for deadline in deadlines:
+                params = Params(nodes=args.nodes, job_h=JOB_H, deadline_h=deadline, changeover_h=0.2, starts=8)
+                yield f"{label}, N={args.nodes}, d=0.2 h", [t for t in traces if t.name.startswith(prefix or "")], params
+        return
+    for seed in map(int, args.seeds.split(",")):
+        for d in map(int, args.d_ticks.split(",")):
+            for deadline in deadlines:
+                params = Params(nodes=SYNTHETIC_NODES, job_h=JOB_H, deadline_h=deadline, changeover_h=d / 6, starts=8)
+                yield f"seed {seed}, d={d} ticks", synthetic_set(seed), params
 
 
 def main() -> None:
@@ -199,21 +217,22 @@ def main() -> None:
     parser.add_argument("--seeds", default="11,12,13")
     parser.add_argument("--d-ticks", default="1,2,4")
     parser.add_argument("--deadlines", default="60")
+    parser.add_argument("--gcp", action="store_true", help="the bundled GCP H100 set (13 zones, then one region "
+                        "at a time) instead of the synthetic markets")
+    parser.add_argument("--nodes", type=int, default=16, help="the gang with --gcp (default 16)")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args()
     logging.getLogger("kit.watch").setLevel(logging.ERROR)  # each capacity error and loss is a warning
     rows = []
-    print("| seed | d | R0 | opt | simulated default | watcher | watcher / simulated | watcher misses |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| market | R0 | opt | simulated default | watcher | watcher / simulated | watcher misses |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in map(int, args.seeds.split(",")):
-            for d in map(int, args.d_ticks.split(",")):
-                for deadline in map(float, args.deadlines.split(",")):
-                    row = compare(seed, d, deadline, Path(tmp))
-                    rows.append(row)
-                    print(f"| {seed} | {d} ticks | {deadline:g} h | {row['opt']:.4f} | {row['simulated']:.4f} | "
-                          f"{row['watcher']:.4f} | {row['watcher'] / row['simulated']:.3f} | {row['watcher_misses']} |",
-                          flush=True)
+        for label, traces, params in settings(args):
+            row = {"market": label, **compare(traces, params, Path(tmp))}
+            rows.append(row)
+            print(f"| {label} | {params.deadline_h:g} h | {row['opt']:.4f} | {row['simulated']:.4f} | "
+                  f"{row['watcher']:.4f} | {row['watcher'] / row['simulated']:.3f} | {row['watcher_misses']} |",
+                  flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
 

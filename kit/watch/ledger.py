@@ -437,6 +437,13 @@ class Ledger:
             if observed_event_id is not None:
                 db.execute("UPDATE run SET observed_event_id = ? WHERE id = 1", (int(observed_event_id),))
 
+    def amend_last_tick(self, observation: dict, decision: str) -> None:
+        """Replace the newest tick's observation and decision (the watcher asked its policy again in that
+        tick: its capacity search found no spot)."""
+        with self.transaction() as db:
+            db.execute("UPDATE ticks SET observation = ?, decision = ? WHERE id = (SELECT MAX(id) FROM ticks)",
+                       (json.dumps(observation, sort_keys=True), decision))
+
     def ticks(self) -> list[dict[str, Any]]:
         return [{"time": r["time"], "observation": json.loads(r["observation"]), "decision": r["decision"]}
                 for r in self._query("SELECT * FROM ticks ORDER BY id")]

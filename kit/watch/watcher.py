@@ -24,6 +24,7 @@ market and only recovers lost nodes. The policy's history (e.g. preemption times
 
 from __future__ import annotations
 
+import copy
 import logging
 import statistics
 import threading
@@ -119,6 +120,24 @@ class Watcher:
         that tick, as the one-zone simulator does."""
         return isinstance(self.policy, DefaultPolicy) and self.actor.learns() and self.spec.can_move
 
+    def _ask_again(self, now: float, observation: dict, before: dict, deployed_market: str | None, any_lost: bool,
+                   result: TickResult) -> None:
+        """The tick's capacity search was its probe, and it found no spot offer with capacity. The simulated
+        multi-zone ``default`` probes first and decides on what it found; so the policy forgets its answer
+        (its state as before it) and decides the tick again with spot unavailable: it learns an outage, not a
+        run, and may take on-demand at once (pacing) instead of idling until the search's backoff ends. The
+        ledger keeps that observation, so a restarted watcher's replay learns the same."""
+        self.policy.__dict__.clear()
+        self.policy.__dict__.update(before)
+        observation = {**observation, "spot_available": False}
+        decision = self._decide(observation)
+        self.ledger.amend_last_tick(observation, decision)
+        result.decision = decision
+        if decision == SPOT:  # not an answer to spot unavailable; the pending search keeps its backoff
+            return
+        result.action = self._plan(decision, deployed_market, any_lost, now)
+        result.outcome = self._act(now) or result.outcome
+
     def _decide(self, observation: dict) -> str:
         """The policy's answer to a tick's observation (as recorded: the replay at start-up calls this too).
         A tick that lost a spot run of a job that may move (``LOST_SPOT``) first tells the policy the run
@@ -170,6 +189,9 @@ class Watcher:
             if spot_lost and moving:
                 observation[LOST_SPOT] = True
         observed = max([cursor] + [e["id"] for e in fresh])
+        # policy state before it decides, for a tick whose capacity search may turn out to be a failed probe
+        before = (copy.deepcopy(self.policy.__dict__) if moving and observation is not None
+                  and observation["spot_available"] and result.market != SPOT else None)
         if observation is not None:
             decision = self._decide(observation)
         else:  # no heartbeat yet: keep the market, recover what was lost
@@ -182,6 +204,9 @@ class Watcher:
         result.action = self._plan(decision, deployed_market, bool(lost), now,
                                    spot_just_lost=spot_lost and not capacity_blocked)
         result.outcome = self._act(now)
+        if before is not None and observation is not None and decision == SPOT and result.outcome is not None \
+                and result.outcome.capacity_error:
+            self._ask_again(now, observation, before, deployed_market, bool(lost), result)
         if self.ledger.pending_decision() is None:  # settled: the disks of zones left long enough ago may go
             self.keeper.tick()
         return result

@@ -881,22 +881,31 @@ def test_the_capacity_search_waits_for_the_best_zone_while_the_slack_allows(tmp_
 
 def test_the_watcher_waits_for_the_best_zone_as_the_simulated_default_does(tmp_path):
     """The same history under the real watcher, its market policy the multi-zone ``default``'s: the job is
-    off spot with 10 h of work left and 100 h to its deadline. Its tick's launch tries a, finds no capacity
-    and backs off; b, with capacity, is not launched (before, the watcher launched it: the wait for the best
-    zone was the simulator's alone)."""
+    off spot with 10 h of work left and 100 h to its deadline. Its tick's launch tries a and finds no capacity;
+    b, with capacity, is not launched (before, the watcher launched it: the wait for the best zone was the
+    simulator's alone)."""
     from kit.policy.zones import moving_market_policy
 
     clock, ledger, backend = Clock(), Ledger(tmp_path / "ledger.sqlite"), ZonedBackend(full={"a"})
     long_runs_in_a_short_in_b(ledger, clock.t - 24 * 3600.0)
     spec = moving_spec(["a", "b"], deadline_hours=100)
+    policy = moving_market_policy()
     actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1)), clock=clock)
-    watcher = Watcher(spec, ledger, actor, moving_market_policy(), source=BackendSource(backend), clock=clock)
+    watcher = Watcher(spec, ledger, actor, policy, source=BackendSource(backend), clock=clock)
     watcher.start()
     ledger.record(heartbeat(10, 1000, step_time_s=36.0, written=clock.t))
     result = watcher.tick()
-    assert result.decision == "spot" and result.action == "recover", result  # a's nodes were lost
-    assert result.outcome.status == "retry" and result.outcome.capacity_error, result.outcome
     assert backend.zones_tried == [("a", 2)] and ledger.nodes(("up",)) == []
+    # the search was the tick's probe and found nothing: the policy decided the tick again with spot
+    # unavailable (it waits: the slack is abundant), learning an outage, not a run; the ledger keeps that
+    # observation, and a restarted watcher's policy learns the same from it
+    assert result.decision == "wait", result
+    assert ledger.ticks()[-1]["observation"]["spot_available"] is False and ledger.ticks()[-1]["decision"] == "wait"
+    assert policy.run_start is None and policy.outage_start is not None
+    again = moving_market_policy()
+    Watcher(spec, ledger, Actor(backend, ledger, spec, clock=clock), again, source=BackendSource(backend),
+            clock=clock).start()
+    assert again.__dict__ == policy.__dict__
 
 
 def test_a_job_that_may_move_relaunches_elsewhere_in_the_tick_its_spot_run_is_lost(tmp_path):
