@@ -12,9 +12,7 @@ switch or recover tries them in the capacity search's order (``kit.policy.zones.
 the running zone and shape first unless that zone just preempted (on-demand: even then), the other
 zones shuffled, the preempting zone last; with the ``default`` policy the other spot offers are ranked instead by what
 the job's runs on them were worth, ``kit.policy.zones.learned_order``, and those dearer per hour of
-progress than on-demand are left out, as are, on the tick's observation (``Actor.consider``), those not worth
-launching now rather than waiting for the best offer the job has run on, ``kit.policy.zones.WaitForBest``)
-until one has capacity; each
+progress than on-demand are left out) until one has capacity; each
 offer without capacity is recorded as a capacity error. Landing elsewhere is a move (another zone: the checkpoint comes from the bucket)
 or a shape switch (the same GPUs in other instances: torchrun's nnodes x nproc-per-node change,
 the world size does not).
@@ -38,19 +36,7 @@ from typing import TYPE_CHECKING
 
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
-from kit.policy.market import DefaultPolicy, Observation, Policy
-from kit.policy.offers import Offer
-from kit.policy.zones import (
-    OutageLog,
-    RunRecord,
-    WaitForBest,
-    ZoneObservation,
-    learned_order,
-    mean_runs,
-    probing_runs,
-    search_order,
-    spot_ceiling,
-)
+from kit.policy.zones import RunRecord, learned_order, search_order, spot_ceiling
 from kit.watch.events import CAPACITY_ERROR, PREEMPTION, Event
 from kit.watch.ledger import Apply, Decision, Ledger
 from kit.watch.sources.base import EventSource, SourceError
@@ -81,27 +67,6 @@ class Backoff:
         return base * self.rng.uniform(1 - self.jitter, 1 + self.jitter)
 
 
-@dataclass(frozen=True)
-class TickView:
-    """What the wait for the best offer needs of the watcher's tick: its observation (times in hours since
-    ``started``, the job's start on the ledger's clock) and the market policy deciding on it."""
-
-    observation: Observation
-    policy: Policy
-    started: float
-
-
-@dataclass(frozen=True)
-class SpotRun:
-    """One spot apply's nodes, as a run of the offer they ran on: from the apply until the last node ended
-    (or now), and whether a preemption ended it."""
-
-    offer: Offer
-    since: float
-    until: float
-    lost: bool
-
-
 @dataclass
 class Outcome:
     status: str  # "done" | "retry" | "failed"
@@ -119,7 +84,6 @@ class Actor:
         self.backoff = backoff or Backoff()
         self.clock = clock
         self.source = source  # the cloud API's view, to check what an apply really did
-        self.tick: TickView | None = None  # the watcher's latest tick (:meth:`consider`)
 
     # ------------------------------------------------------------------ restart recovery
     def resume(self) -> None:
@@ -220,41 +184,10 @@ class Actor:
         if not self.learns():
             return search_order(self.spec.offers(), market, rng, current=current, preempted_zone=preempted)
         hours, losses = self.spot_runs()
-        order = learned_order(self.spec.offers(), market, rng, hours=hours, losses=losses, current=current,
-                              preempted_zone=preempted, changeover_h=self.spec.policy.changeover_hours,
-                              moves=self.spec.policy.moves(self.ledger.checkpoint_gb()),
-                              ceiling=self.ceiling())
-        return self.worth_now(order, current.zone if current is not None else None) if market == SPOT else order
-
-    def consider(self, tick: TickView | None) -> None:
-        """The watcher's tick that the next searches decide on (None: no job size known yet, no wait)."""
-        self.tick = tick
-
-    def worth_now(self, order: list[Offer], here: str | None) -> list[Offer]:
-        """The spot offers of ``order`` worth launching now rather than waiting for a better one, as the
-        simulator's multi-zone ``default`` decides it (``kit.policy.zones.WaitForBest``): from the job's runs
-        and the outages it has seen on each offer (:meth:`seen_outages`), and the market policy's value of
-        slack on this tick (:meth:`consider`). ``here``: the checkpoint's zone. Without a tick to decide on,
-        or for a job in one place, ``order`` as it is."""
-        tick = self.tick
-        if tick is None or not isinstance(tick.policy, DefaultPolicy) or self.ceiling() is None or not order:
-            return order
-        policy, obs = tick.policy, tick.observation
-        hours, losses = self.spot_runs()
-        wait = WaitForBest(policy, self.spec.policy.moves(self.ledger.checkpoint_gb()), hours, losses,
-                           self.seen_outages(tick.started, obs.tick_h), weight=policy.w)
-        view = ZoneObservation(now_h=obs.now_h, progress_h=obs.progress_h, job_h=obs.job_h, deadline_h=obs.deadline_h,
-                               changeover_h=obs.changeover_h, tick_h=obs.tick_h, running=None, zone=here,
-                               checkpoint_zone=here)
-        # WaitForBest takes the offers best first by price per hour of progress, as the search ranks them
-        # (learned_order, before its zone-to-stay-in first and the preempting zone last): the best offer the
-        # job has run on is the one it waits for. What it leaves in is tried in the search's order.
-        probing = probing_runs(mean_runs(hours, losses), losses)
-        ranked = sorted(order, key=lambda o: wait.rate(o, view, probing[o]))
-        # the pool at the prior's weight, as ZoneDefault.worth_now (the few-good-zones test there)
-        runs = mean_runs(hours, losses, prior_run_h=policy.prior_up, weight=policy.w, pool_weight=policy.w)
-        worth = set(wait.worth_now(view, replace(obs, spot_available=False), ranked, runs))
-        return [o for o in order if o in worth]
+        return learned_order(self.spec.offers(), market, rng, hours=hours, losses=losses, current=current,
+                             preempted_zone=preempted, changeover_h=self.spec.policy.changeover_hours,
+                             moves=self.spec.policy.moves(self.ledger.checkpoint_gb()),
+                             ceiling=self.ceiling())
 
     def learns(self) -> bool:
         """Whether the capacity search ranks the spot offers by the job's runs (``learned_order``)."""
@@ -273,51 +206,25 @@ class Actor:
             return True
         return bool(self.search(None, SPOT))
 
-    def spot_applies(self) -> list[SpotRun]:
-        """The job's spot runs, oldest apply first: each apply's nodes on a spot offer of the spec."""
+    def spot_runs(self) -> tuple[dict, dict]:
+        """The job's latest spot runs per offer (``RunRecord``: the last ``RUN_WINDOW`` on each): hours held
+        (each apply's nodes, from their start until the last one ended, or now) and how many of those runs
+        a preemption ended."""
         offers = {o.name: o for o in self.spec.offers() if o.spot}
         runs: dict[int, list] = {}
         for node in self.ledger.all_nodes():
             if node.apply_id is not None and node.market == SPOT:
                 runs.setdefault(node.apply_id, []).append(node)
-        now, found = self.clock(), []
-        for _, nodes in sorted(runs.items()):
+        record = RunRecord(offers.values())
+        now = self.clock()
+        for _, nodes in sorted(runs.items()):  # oldest apply first: the record keeps the latest runs
             offer = offers.get(f"{nodes[0].zone}/{nodes[0].shape}/{SPOT}")
-            if offer is not None:
-                found.append(SpotRun(offer, min(n.since for n in nodes),
-                                     max(now if n.until is None else n.until for n in nodes),
-                                     lost=any(n.lost_kind == PREEMPTION for n in nodes)))
-        return found
-
-    def spot_runs(self) -> tuple[dict, dict]:
-        """The job's latest spot runs per offer (``RunRecord``: the last ``RUN_WINDOW`` on each): hours held
-        (each apply's nodes, from their start until the last one ended, or now) and how many of those runs
-        a preemption ended."""
-        record = RunRecord(o for o in self.spec.offers() if o.spot)
-        for run in self.spot_applies():  # oldest first: the record keeps the latest runs
-            record.add(run.offer, max(0.0, run.until - run.since) / 3600.0, lost=run.lost)
+            if offer is None:
+                continue
+            ended = max(now if n.until is None else n.until for n in nodes)
+            record.add(offer, max(0.0, ended - min(n.since for n in nodes)) / 3600.0,
+                       lost=any(n.lost_kind == PREEMPTION for n in nodes))
         return record.hours, record.losses
-
-    def seen_outages(self, started: float, tick_h: float) -> OutageLog:
-        """The outages of each spot offer as the job has seen them (``OutageLog``, the simulator's), from the
-        ledger: a capacity error of the search is a look that found none, an apply that got the offer one that
-        found it, and a preemption one that lost it. Times in hours since ``started``; an outage counts only
-        when watched without a gap of more than ``tick_h``, so one seen by a few scattered tries is not
-        taken for a long one."""
-        offers = {o.name: o for o in self.spec.offers() if o.spot}
-        looks: list[tuple[float, str, bool]] = []
-        for event in self.ledger.events(kinds=(CAPACITY_ERROR,)):
-            detail = event["detail"]
-            if detail.get("market") == SPOT and detail.get("offer") in offers:
-                looks.append((event["time"], detail["offer"], False))
-        for run in self.spot_applies():
-            looks.append((run.since, run.offer.name, True))
-            if run.lost:
-                looks.append((run.until, run.offer.name, False))
-        log_ = OutageLog(list(offers.values()))
-        for when, name, up in sorted(looks):
-            log_.seen(offers[name], up, (when - started) / 3600.0, tick_h)
-        return log_
 
     def _launch(self, decision: Decision, attempt_id: int, market: str) -> list[Node]:
         """Apply the first offer of the capacity search that has capacity; its nodes carry their shape

@@ -11,8 +11,7 @@ reports a preemption notice, one ``tick``:
    model, unless the job may move: then the tick first tells the policy the run ended and the search
    tries the other offers at once, as the multi-zone simulator's ``default`` does; not while a spot
    launch is backing off after a capacity error; and, for a job that may move and is not on spot, not
-   while no spot offer is worth trying: every one's runs too short to be worth its price, or dearer
-   than waiting for the best one, ``Actor.worth_now``);
+   while no spot offer is worth trying: every one's runs too short to be worth its price);
 3. asks the policy, turns its answer into an action (``launch``/``switch``/``recover``/
    ``release``) and commits it as a pending decision;
 4. carries out the pending decision when its backoff allows (``acting.Actor``).
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from kit.policy import WAIT, Observation, Policy
 from kit.policy.market import DefaultPolicy
-from kit.watch.acting import Actor, Outcome, TickView
+from kit.watch.acting import Actor, Outcome
 from kit.watch.disks import DiskKeeper
 from kit.watch.events import CAPACITY_ERROR, LOSS_KINDS, Event
 from kit.watch.ledger import Ledger
@@ -176,12 +175,8 @@ class Watcher:
         spot_lost = any(markets.get(e["instance"]) == SPOT for e in losses)
         capacity_blocked = now < self.ledger.spot_blocked_until()
         observation = self._observation(now, progress, result.market, preempted, spot_available=False)
-        # The capacity search of this tick decides on its observation (the wait for the best offer weighs the
-        # slack off spot). A spot run that holds goes on whatever its zone's record (the simulated default
-        # never leaves one for the ceiling); only a launch needs an offer worth trying (asked last: it reads
-        # the ledger).
-        self.actor.consider(TickView(Observation(**observation), self.policy, self.job_started)
-                            if observation is not None else None)
+        # A spot run that holds goes on whatever its zone's record (the simulated default never leaves one
+        # for the ceiling); only a launch needs an offer worth trying (asked last: it reads the ledger).
         moving = self._moves_on_loss()
         if observation is not None:
             observation["spot_available"] = not capacity_blocked and (not spot_lost or moving) and (

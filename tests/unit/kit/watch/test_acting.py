@@ -802,92 +802,15 @@ def test_the_capacity_search_prices_a_move_with_the_specs_checkpoint_size_and_tr
     assert [o.zone for o in actor_with(checkpoint_gb=50, transfer_gbps=1).search(None, "spot")] == ["c"], "the spec's"
 
 
-def capacity_error(ledger: Ledger, offer: str, when: float) -> None:
-    """A look of the capacity search that found no spot capacity on ``offer`` at ``when``, as the actor records it."""
-    from kit.watch.events import Event
-
-    ledger.record(Event(kind=CAPACITY_ERROR, instance="*", time=when, source="watcher",
-                        detail={"market": "spot", "offer": offer, "error": "no capacity"},
-                        dedup_key=f"test:capacity:{offer}:{when}"))
-
-
-def test_the_outages_the_watcher_learns_from_are_the_ones_its_looks_watched(tmp_path):
-    """A lost the job at hour 1; the search found a without capacity at 1.1 and 1.2 h and got it at 1.3 h: one
-    outage of 0.3 h. b lost it at 3 h, was looked at once at 3.1 h and then not until 5 h (a gap longer than the
-    tick): that outage is not counted (a few scattered looks do not show how long it lasted), and the one
-    still going is as old as the look after the gap."""
-    hour, ticks = 3600.0, 0.2
-    clock, ledger = Clock(), Ledger(tmp_path / "ledger.sqlite")
-    t0 = clock.t - 6 * hour
-    spot_run(ledger, "a", t0, t0 + hour, 0)
-    capacity_error(ledger, "a/2xlocal/spot", t0 + 1.1 * hour)
-    capacity_error(ledger, "a/2xlocal/spot", t0 + 1.2 * hour)
-    spot_run(ledger, "a", t0 + 1.3 * hour, t0 + 2 * hour, 10)
-    spot_run(ledger, "b", t0 + 2.5 * hour, t0 + 3 * hour, 20)
-    capacity_error(ledger, "b/2xlocal/spot", t0 + 3.1 * hour)
-    capacity_error(ledger, "b/2xlocal/spot", t0 + 5 * hour)
-    actor = Actor(RecordingBackend(), ledger, moving_spec(["a", "b"]), clock=clock)
-    seen = actor.seen_outages(t0, ticks)
-    ended = {o.zone: [round(x, 6) for x in lengths] for o, lengths in seen.ended.items()}
-    assert ended == {"a": [0.3], "b": []}
-    b = next(o for o in actor.spec.offers() if o.zone == "b" and o.spot)
-    assert seen.since[b] == pytest.approx(5.0), "the outage going on in b: watched from the look after the gap"
-
-
-def long_runs_in_a_short_in_b(ledger: Ledger, started: float) -> None:
-    """From ``started``: 10 h of spot in a, four half-hour runs in b, 10 h more in a (each run ended by a
-    preemption, the last at hour 23), then the capacity search found a without capacity every 0.2 h until
-    hour 24."""
-    hour = 3600.0
-    spot_run(ledger, "a", started, started + 10 * hour, 0)
-    for k in range(4):
-        begin = started + (10.2 + 0.6 * k) * hour
-        spot_run(ledger, "b", begin, begin + 0.5 * hour, 10 + 10 * k)
-    spot_run(ledger, "a", started + 13 * hour, started + 23 * hour, 100)
-    for k in range(1, 6):
-        capacity_error(ledger, "a/2xlocal/spot", started + (23 + 0.2 * k) * hour)
-
-
-def test_the_capacity_search_waits_for_the_best_zone_while_the_slack_allows(tmp_path):
-    """The simulator's wait for the best offer (``WaitForBest``), in the watcher: zone a gave the job two 10-h
-    runs, b four of half an hour (each ended by a preemption), and a has been without capacity since. Off spot
-    with slack to spare (10 h of work left, 100 h to the deadline) the search tries a only: progress in b,
-    whose runs hardly outlast their changeover, would cost more than waiting for a. With the slack tight
-    (10 h of work, 11 h left) an hour of slack is worth more than b's extra price, and b is tried. Without a
-    tick to decide on (no job size known yet), nothing is left out."""
-    from kit.policy.market import Observation
-    from kit.policy.zones import moving_market_policy
-    from kit.watch.acting import TickView
-
-    clock, ledger = Clock(), Ledger(tmp_path / "ledger.sqlite")
-    started = clock.t - 24 * 3600.0
-    long_runs_in_a_short_in_b(ledger, started)
-    actor = Actor(RecordingBackend(), ledger, moving_spec(["a", "b"]), clock=clock)
-    assert {o.zone for o in actor.search(None, "spot")} == {"a", "b"}
-
-    def tick(deadline_h: float) -> TickView:
-        return TickView(Observation(now_h=24.0, progress_h=14.0, job_h=24.0, deadline_h=deadline_h, changeover_h=0.2,
-                                    market=None, spot_available=False, preempted=False, tick_h=0.2, spot_price=2.0,
-                                    on_demand_price=8.0), moving_market_policy(), started)
-
-    actor.consider(tick(124.0))
-    assert [o.zone for o in actor.search(None, "spot")] == ["a"]
-    assert actor.spot_worth_trying()
-    actor.consider(tick(35.0))
-    assert {o.zone for o in actor.search(None, "spot")} == {"a", "b"}
-    actor.consider(None)
-    assert {o.zone for o in actor.search(None, "spot")} == {"a", "b"}
-
-
-def test_the_watcher_waits_for_the_best_zone_as_the_simulated_default_does(tmp_path):
-    """The same history under the real watcher, its market policy the multi-zone ``default``'s: the job is
-    off spot with 10 h of work left and 100 h to its deadline. Its tick's launch tries a and finds no capacity;
-    b, with capacity, is not launched (before, the watcher launched it: the wait for the best zone was the
-    simulator's alone)."""
+def test_a_search_that_finds_no_spot_is_the_ticks_probe_and_the_policy_decides_again(tmp_path):
+    """A ``default`` job that may move, off spot, zones a and b without spot capacity: the tick's search tries
+    both and finds none. As the simulated multi-zone ``default`` decides on what its probes found, the policy
+    decides that tick again with spot unavailable: it learns an outage, not a spot run (before, every failed
+    search was a tick of spot in its market model), and with the slack abundant it waits. The ledger keeps
+    that observation, and a restarted watcher's policy learns the same from it."""
     from kit.policy.zones import moving_market_policy
 
-    clock, ledger, backend = Clock(), Ledger(tmp_path / "ledger.sqlite"), ZonedBackend(full={"a"})
-    long_runs_in_a_short_in_b(ledger, clock.t - 24 * 3600.0)
+    clock, ledger, backend = Clock(), Ledger(tmp_path / "ledger.sqlite"), ZonedBackend(full={"a", "b"})
     spec = moving_spec(["a", "b"], deadline_hours=100)
     policy = moving_market_policy()
     actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1)), clock=clock)
@@ -895,12 +818,10 @@ def test_the_watcher_waits_for_the_best_zone_as_the_simulated_default_does(tmp_p
     watcher.start()
     ledger.record(heartbeat(10, 1000, step_time_s=36.0, written=clock.t))
     result = watcher.tick()
-    assert backend.zones_tried == [("a", 2)] and ledger.nodes(("up",)) == []
-    # the search was the tick's probe and found nothing: the policy decided the tick again with spot
-    # unavailable (it waits: the slack is abundant), learning an outage, not a run; the ledger keeps that
-    # observation, and a restarted watcher's policy learns the same from it
+    assert sorted(zone for zone, _ in backend.zones_tried) == ["a", "b"] and ledger.nodes(("up",)) == []
     assert result.decision == "wait", result
-    assert ledger.ticks()[-1]["observation"]["spot_available"] is False and ledger.ticks()[-1]["decision"] == "wait"
+    tick = ledger.ticks()[-1]
+    assert tick["observation"]["spot_available"] is False and tick["decision"] == "wait"
     assert policy.run_start is None and policy.outage_start is not None
     again = moving_market_policy()
     Watcher(spec, ledger, Actor(backend, ledger, spec, clock=clock), again, source=BackendSource(backend),
