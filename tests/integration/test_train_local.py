@@ -141,10 +141,18 @@ def test_node0_preempted(tmp_path):
     assert not leftovers(str(tmp_path / "deploy"))
 
 
+def interruptible() -> None:
+    """Popen ``preexec_fn``: SIGINT at its default, as in a terminal where a user presses Ctrl-C. A test run
+    started in the background (``nohup``, ``&`` in a script) ignores SIGINT, every child inherits that, and
+    Python then installs no KeyboardInterrupt handler: kit would never see the Ctrl-C this test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_then_continue(tmp_path):
     spec = small_spec(tmp_path, "ctrlc", 100, trace=None)
     proc = subprocess.Popen(KIT + ["train", str(spec), "--no-preemptions"], cwd=tmp_path, env=user_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=interruptible)  # noqa: PLW1509 (one thread here)
     progress = tmp_path / "deploy" / "ctrlc" / "local" / "run" / "node-0" / "progress.json"
     deadline = time.time() + 120
     step = 0
