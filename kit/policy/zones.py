@@ -315,80 +315,6 @@ class OutageLog:
         return censored_mean(self.ended[offer], prior_h, weight)
 
 
-class WaitForBest:
-    """The wait for the best offer, as the multi-zone ``default`` and the watcher decide it: which spot offers
-    are worth launching now rather than waiting for a better one, from the job's runs on each offer (``hours``
-    held, ``losses``), the outages it has seen (:class:`OutageLog`) and the market policy's value of slack
-    (``inner``: :func:`moving_market_policy`). ``weight``: the prior's, in runs and in outages."""
-
-    def __init__(self, inner: DefaultPolicy, moves: Moves, hours: Mapping[Offer, float], losses: Mapping[Offer, int],
-                 outages: OutageLog, *, weight: float = 1.0) -> None:
-        self.inner, self.moves, self.hours, self.losses, self.outages, self.w = inner, moves, hours, losses, outages, weight
-
-    def rate(self, offer: Offer, obs: ZoneObservation, m: float) -> float:
-        """$ per hour of progress on ``offer`` (:func:`progress_price`) from the checkpoint's zone."""
-        return progress_price(offer, m, changeover_h=obs.changeover_h, moves=self.moves,
-                              checkpoint_zone=obs.checkpoint_zone)
-
-    def _error(self, n: float) -> float:
-        """One confidence width (CONFIDENCE_SE standard errors) of a mean over ``n`` exponential lengths
-        and the prior's weight: the standard error of such a mean is the mean / sqrt(n)."""
-        return CONFIDENCE_SE / math.sqrt(n + self.w)
-
-    def run_bounds(self, offer: Offer, m: float) -> tuple[float, float]:
-        """The mean run ``m`` on ``offer`` one confidence width short (kept above 0) and one long."""
-        error = self._error(self.losses.get(offer, 0))
-        return max(EPS, m * (1 - error)), m * (1 + error)
-
-    def waiting_fits(self, obs: ZoneObservation, pool: list[Offer], runs: Mapping[Offer, float]) -> bool:
-        """Would the job finish by the deadline running only on the offers of ``pool``: waiting out the rest
-        of the outage now (until the first of them is back) and each later one, then a run on the one that
-        came back? Each offer's mean run (``runs``) and outages as the job has seen them, each taken one
-        confidence width on the cautious side. Outages of different offers are taken as independent
-        exponentials, so the first of them ends at the sum of their rates, and it is offer i's with
-        probability a_i / sum(a) (a_i: 1 / its mean outage). A changeover (and the transfer there) per run;
-        exponential runs: E[(L - c)+] = m exp(-c/m). With one offer: its own outages and runs."""
-        if obs.deadline_h is None:
-            return True
-        prior, back, rate, held, useful = self.inner.prior_down, 0.0, 0.0, 0.0, 0.0
-        for offer in pool:
-            longer = 1 + self._error(len(self.outages.ended[offer]))
-            a = 1 / max(EPS, longer * self.outages.mean(offer, prior, self.w))
-            back += 1 / max(EPS, longer * self.outages.rest(offer, obs.now_h, prior, self.w))
-            m = self.run_bounds(offer, runs[offer])[0]
-            c = self.moves.launch_h(obs.changeover_h, obs.checkpoint_zone, offer.zone)
-            rate, held, useful = rate + a, held + a * m, useful + a * m * math.exp(-c / m)
-        cycles = (obs.deadline_h - obs.now_h - 1 / back) / ((1 + held) / rate)  # a cycle: an outage, a run
-        return cycles * useful / rate >= obs.remaining_h
-
-    def worth_now(self, obs: ZoneObservation, single: Observation, ranked: list[Offer],
-                  runs: Mapping[Offer, float]) -> list[Offer]:
-        """The ranked offers worth launching now rather than waiting for a better one.
-
-        Running a dearer offer B now instead of waiting for the best offer A the job has run on makes
-        progress that would otherwise be bought on A later, at (rate B - rate A) more per hour of it, and
-        saves as many hours of slack. So B is worth it when its extra price per hour of progress is below the
-        value of an hour of slack, lambda (the inner policy's, in A's price). When the slack is abundant for
-        the job, the wait is bounded by a reservation rate as well: the best offers the job has run on, as
-        few as will finish the job in time waiting only for them (:meth:`waiting_fits`), are worth it, and
-        a dearer one is not. So lambda counts as 0 when A alone would finish in time, and a pricey offer is
-        not run just because A alone would not, while a few good zones together would. Being wrong about
-        the better offers is what makes waiting costly, so their rates are taken one confidence width high
-        (mean runs low) and B's low (UCB): an offer seen to lose once or twice is not ruled out, and a zone
-        looks better than another only once the difference is larger than the noise."""
-        known = [o for o in ranked if self.hours.get(o, 0.0) > 0]
-        if not known:
-            return ranked
-        high = {o: self.rate(o, obs, self.run_bounds(o, runs[o])[0]) for o in known}
-        lam, abundant = self.inner.slack_value(replace(single, spot_price=known[0].price))
-        ceiling = high[known[0]] + lam * known[0].price
-        if abundant:
-            fits = next((k for k in range(1, len(known) + 1) if self.waiting_fits(obs, known[:k], runs)), None)
-            if fits is not None:
-                ceiling = min(ceiling, max(high[o] for o in known[:fits]))
-        return [o for o in ranked if self.rate(o, obs, self.run_bounds(o, runs[o])[1]) <= ceiling + EPS]
-
-
 def zone_slack(obs: ZoneObservation, hours: float) -> float | None:
     if obs.deadline_h is None:
         return None
@@ -547,7 +473,6 @@ class ZoneDefault(NettedZonePolicy):
         self.held: Offer | None = None
         self.asked: tuple[Offer, ...] = ()  # spot offers the last plan would launch, in order
         self.outages = OutageLog(self.spot_offers())
-        self.wait = WaitForBest(self.inner, moves, self.hours, self.losses, self.outages, weight=prior_weight)
         order = sorted({o.zone for o in self.spot_offers()})
         self.rng.shuffle(order)  # ties between equally ranked zones: shuffled, as failover
         self.tie = {z: i for i, z in enumerate(order)}
@@ -608,13 +533,67 @@ class ZoneDefault(NettedZonePolicy):
                 return offer
         return None
 
+    def _error(self, n: float) -> float:
+        """One confidence width (CONFIDENCE_SE standard errors) of a mean over ``n`` exponential lengths
+        and the prior's weight: the standard error of such a mean is the mean / sqrt(n)."""
+        return CONFIDENCE_SE / math.sqrt(n + self.w)
+
+    def run_bounds(self, offer: Offer, m: float) -> tuple[float, float]:
+        """The mean run ``m`` on ``offer`` one confidence width short (kept above 0) and one long."""
+        error = self._error(self.losses[offer])
+        return max(EPS, m * (1 - error)), m * (1 + error)
+
+    def waiting_fits(self, obs: ZoneObservation, pool: list[Offer], runs: Mapping[Offer, float]) -> bool:
+        """Would the job finish by the deadline running only on the offers of ``pool``: waiting out the rest
+        of the outage now (until the first of them is back) and each later one, then a run on the one that
+        came back? Each offer's mean run (``runs``) and outages as the job has seen them, each taken one
+        confidence width on the cautious side. Outages of different offers are taken as independent
+        exponentials, so the first of them ends at the sum of their rates, and it is offer i's with
+        probability a_i / sum(a) (a_i: 1 / its mean outage). A changeover (and the transfer there) per run;
+        exponential runs: E[(L - c)+] = m exp(-c/m). With one offer: its own outages and runs."""
+        if obs.deadline_h is None:
+            return True
+        prior, back, rate, held, useful = self.inner.prior_down, 0.0, 0.0, 0.0, 0.0
+        for offer in pool:
+            longer = 1 + self._error(len(self.outages.ended[offer]))
+            a = 1 / max(EPS, longer * self.outages.mean(offer, prior, self.w))
+            back += 1 / max(EPS, longer * self.outages.rest(offer, obs.now_h, prior, self.w))
+            m = self.run_bounds(offer, runs[offer])[0]
+            c = self.moves.launch_h(obs.changeover_h, obs.checkpoint_zone, offer.zone)
+            rate, held, useful = rate + a, held + a * m, useful + a * m * math.exp(-c / m)
+        cycles = (obs.deadline_h - obs.now_h - 1 / back) / ((1 + held) / rate)  # a cycle: an outage, a run
+        return cycles * useful / rate >= obs.remaining_h
+
     def worth_now(self, obs: ZoneObservation, single: Observation, ranked: list[Offer]) -> list[Offer]:
-        """The ranked offers worth launching now rather than waiting for a better one (:class:`WaitForBest`)."""
+        """The ranked offers worth launching now rather than waiting for a better one.
+
+        Running a dearer offer B now instead of waiting for the best offer A the job has run on makes
+        progress that would otherwise be bought on A later, at (rate B - rate A) more per hour of it, and
+        saves as many hours of slack. So B is worth it when its extra price per hour of progress is below the
+        value of an hour of slack, lambda (the inner policy's, in A's price). When the slack is abundant for
+        the job, the wait is bounded by a reservation rate as well: the best offers the job has run on, as
+        few as will finish the job in time waiting only for them (:meth:`waiting_fits`), are worth it, and
+        a dearer one is not. So lambda counts as 0 when A alone would finish in time, and a pricey offer is
+        not run just because A alone would not, while a few good zones together would. Being wrong about
+        the better offers is what makes waiting costly, so their rates are taken one confidence width high
+        (mean runs low) and B's low (UCB): an offer seen to lose once or twice is not ruled out, and a zone
+        looks better than another only once the difference is larger than the noise."""
+        known = [o for o in ranked if self.hours[o] > 0]
+        if not known:
+            return ranked
         # The pool keeps the prior's weight here (not POOL_WEIGHT): the job sees a zone it joins when another
         # goes down late in that zone's runs, and with the smaller weight two zones that together would
         # finish the job looked too short to wait for (the few-good-zones test in tests/unit/kit/simulate/
         # test_zones.py: a pricey zone run in their outages again, 0.58 of on-demand vs 0.50)
-        return self.wait.worth_now(obs, single, ranked, self.mean_runs(obs.now_h, pool_weight=self.w))
+        runs = self.mean_runs(obs.now_h, pool_weight=self.w)
+        high = {o: self.rate(o, obs, self.run_bounds(o, runs[o])[0]) for o in known}
+        lam, abundant = self.inner.slack_value(replace(single, spot_price=known[0].price))
+        ceiling = high[known[0]] + lam * known[0].price
+        if abundant:
+            fits = next((k for k in range(1, len(known) + 1) if self.waiting_fits(obs, known[:k], runs)), None)
+            if fits is not None:
+                ceiling = min(ceiling, max(high[o] for o in known[:fits]))
+        return [o for o in ranked if self.rate(o, obs, self.run_bounds(o, runs[o])[1]) <= ceiling + EPS]
 
     def _decide(self, obs: ZoneObservation, market: Market) -> list[Offer]:
         od, hours = finishing_offer(obs, self.offers, self.moves)
