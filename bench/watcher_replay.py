@@ -173,7 +173,7 @@ def replay_watcher(traces: list[Trace], start: int, params: Params, workdir: Pat
         watcher.tick()
         if cloud.deployed:  # progress through the next tick, after the changeover
             useful_from = cloud.launched_at + params.changeover_h * 3600
-            progress += max(0.0, min(gap, clock.t + gap - useful_from)) / 3600 if clock.t + gap > useful_from else 0.0
+            progress += max(0.0, min(gap, clock.t + gap - useful_from)) / 3600
     cost = sum(((n.until if n.until is not None else clock.t) - n.since) / 3600 * (
         SPOT_PRICE if n.market == "spot" else ON_DEMAND_PRICE) for n in ledger.all_nodes())
     base = params.nodes * ON_DEMAND_PRICE * (params.job_h + params.changeover_h)

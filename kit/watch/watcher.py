@@ -112,11 +112,11 @@ class Watcher:
     def _policy_name(self) -> str:
         return self.policy.name
 
-    def _moves_on_loss(self) -> bool:
-        """Whether a lost spot run is relaunched elsewhere in the same tick: a job that may move, with the
-        market policy of the simulated multi-zone ``default`` (``ZoneDefault``), which searches the other
-        offers in the tick its run is lost (the lost zone last). A job in one place sees spot unavailable in
-        that tick, as the one-zone simulator does."""
+    def _as_zone_default(self) -> bool:
+        """Whether this job's ticks follow the simulated multi-zone ``default`` (``ZoneDefault``): a job that
+        may move, with that policy's market policy. It searches the other offers in the tick its spot run is
+        lost (the lost zone last), and a search that finds no spot is that tick's probe (:meth:`_ask_again`).
+        A job in one place sees spot unavailable in the tick of a loss, as the one-zone simulator does."""
         return isinstance(self.policy, DefaultPolicy) and self.actor.learns() and self.spec.can_move
 
     def _ask_again(self, now: float, observation: dict, before: dict, deployed_market: str | None, any_lost: bool,
@@ -177,7 +177,7 @@ class Watcher:
         observation = self._observation(now, progress, result.market, preempted, spot_available=False)
         # A spot run that holds goes on whatever its zone's record (the simulated default never leaves one
         # for the ceiling); only a launch needs an offer worth trying (asked last: it reads the ledger).
-        moving = self._moves_on_loss()
+        moving = self._as_zone_default()
         if observation is not None:
             observation["spot_available"] = not capacity_blocked and (not spot_lost or moving) and (
                 result.market == SPOT or self.actor.spot_worth_trying())
