@@ -18,6 +18,7 @@ tick could make the deadline unreachable). Policies (docs/policies.md):
 
 from __future__ import annotations
 
+import copy
 import math
 from abc import ABC, abstractmethod
 from collections import deque
@@ -96,6 +97,17 @@ class Policy(ABC):
             self.net_fired = True
             return ON_DEMAND
         return self._decide(obs)
+
+    def snapshot(self) -> dict:
+        """A copy of everything the policy has learned, for :meth:`restore`: a caller that asked on a guess
+        (the watcher asks with spot available before its capacity search has run) takes the answer back
+        and asks again on what it found, as if the first question had not been put."""
+        return copy.deepcopy(self.__dict__)
+
+    def restore(self, state: dict) -> None:
+        """Back to a :meth:`snapshot` (a copy of it: one snapshot may be restored more than once)."""
+        self.__dict__.clear()
+        self.__dict__.update(copy.deepcopy(state))
 
     def _observe(self, obs: Observation) -> None:
         """Bookkeeping every tick, net or not. Stateless policies have none; threshold and default

@@ -23,7 +23,6 @@ market and only recovers lost nodes. The policy's history (e.g. preemption times
 
 from __future__ import annotations
 
-import copy
 import logging
 import statistics
 import threading
@@ -126,8 +125,7 @@ class Watcher:
         (its state as before it) and decides the tick again with spot unavailable: it learns an outage, not a
         run, and may take on-demand at once (pacing) instead of idling until the search's backoff ends. The
         ledger keeps that observation, so a restarted watcher's replay learns the same."""
-        self.policy.__dict__.clear()
-        self.policy.__dict__.update(before)
+        self.policy.restore(before)
         observation = {**observation, "spot_available": False}
         decision = self._decide(observation)
         self.ledger.amend_last_tick(observation, decision)
@@ -185,7 +183,7 @@ class Watcher:
                 observation[LOST_SPOT] = True
         observed = max([cursor] + [e["id"] for e in fresh])
         # policy state before it decides, for a tick whose capacity search may turn out to be a failed probe
-        before = (copy.deepcopy(self.policy.__dict__) if moving and observation is not None
+        before = (self.policy.snapshot() if moving and observation is not None
                   and observation["spot_available"] and result.market != SPOT else None)
         if observation is not None:
             decision = self._decide(observation)

@@ -269,3 +269,39 @@ def test_replaying_the_same_ticks_gives_the_same_decisions():
     for name in POLICY_NAMES:
         first, second = make_policy(name), make_policy(name)
         assert [first.decide(t) for t in ticks] == [second.decide(t) for t in ticks], name
+
+
+def test_a_restored_policy_answers_as_if_the_withdrawn_question_had_not_been_put():
+    """The watcher asks with spot available before its capacity search runs; when the search finds none it
+    restores the policy's snapshot and asks again. Every policy must then answer every later tick as one
+    that was only ever asked the second question, and a snapshot must survive being restored twice."""
+    import random
+
+    rng = random.Random(11)
+    ticks, progress = [], 0.0
+    for i in range(240):
+        ticks.append(obs(i / 6, progress, job=30.0, deadline=40.0, spot=rng.random() < 0.6,
+                         market=rng.choice([None, SPOT]), preempted=rng.random() < 0.1, tick=1 / 6))
+        progress = min(30.0, progress + rng.choice([0.0, 1 / 6]))
+    for name in POLICY_NAMES:
+        asked, clean = make_policy(name), make_policy(name)
+        answers, expected = [], []
+        for i, t in enumerate(ticks):
+            if i % 7 == 3 and t.spot_available:  # a guess withdrawn: asked on spot, then on its absence
+                state = asked.snapshot()
+                asked.decide(t)
+                asked.restore(state)
+                asked.decide(replace(t, preempted=True))  # a second guess, taken back too
+                asked.restore(state)
+                t = replace(t, spot_available=False)
+            answers.append(asked.decide(t))
+            expected.append(clean.decide(t))
+        assert answers == expected, name
+    policy = make_policy("default")
+    for t in ticks[:60]:
+        policy.decide(t)
+    state = policy.snapshot()
+    policy.decide(replace(ticks[60], spot_available=False, preempted=True))
+    assert policy.snapshot() != state  # the check below can fail: deciding changed what it learned
+    policy.restore(state)
+    assert policy.snapshot() == state
