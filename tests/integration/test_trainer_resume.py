@@ -213,39 +213,49 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class TwoNodes:
+    """2 'nodes' on loopback: 2 torchrun agents (c10d rendezvous, node 0 the host), 1 rank each, each with
+    its own checkpoint dir, stop file and progress file."""
+
+    def __init__(self, root):
+        self.dirs = [root / "node0" / "ckpt", root / "node1" / "ckpt"]
+        self.stop_files = [root / "node0" / "stop", root / "node1" / "stop"]
+        self.progress = [root / "progress0.json", root / "progress1.json"]
+
+    def launch(self, node, port, throttle):
+        tr = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+              f"--rdzv-id=kit-test-{port}", f"--node-rank={node}", f"--rdzv-conf=is_host={str(node == 0).lower()}"]
+        extra = ["--stop-file", str(self.stop_files[node])]
+        return Run(command(2, args_for(self.dirs[node], self.progress[node], throttle=throttle, extra=extra),
+                           torchrun_args=tr))
+
+    def start(self, throttle=0.0):
+        port = _free_port()
+        return [self.launch(0, port, throttle), self.launch(1, port, throttle)]
+
+    def finish(self, runs):
+        """(exit codes, both nodes' output)"""
+        rcs = [r.finish() for r in runs]
+        return rcs, runs[0].output + runs[1].output
+
+    def state(self, node):
+        return json.loads(self.progress[node].read_text())
+
+
 def test_e_two_nodes_one_empty_checkpoint_dir(tmp_path, tmp_path_factory):
-    """2 'nodes' (2 torchrun agents, c10d rendezvous on loopback, 1 rank each, own ckpt dirs).
-    Stop via node 1's stop file only; every node's launcher sees 75 (its own progress file); wipe
+    """Stop via node 1's stop file only; every node's launcher sees 75 (its own progress file); wipe
     node 0's disk (the rendezvous host, rank 0); relaunch with node 1's stop file already there: the
     newest step comes from node 1 by broadcast and the immediate stop still gives node 0 its own
     copy; relaunch again: finishes with the digest of a 1-node 2-rank run."""
     ref = reference_digest(2, tmp_path_factory)
-    dirs = [tmp_path / "node0" / "ckpt", tmp_path / "node1" / "ckpt"]
-    stop_files = [tmp_path / "node0" / "stop", tmp_path / "node1" / "stop"]
-    progress = [tmp_path / "progress0.json", tmp_path / "progress1.json"]
-
-    def launch(node, port, throttle):
-        tr = ["--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-              f"--rdzv-id=kit-test-{port}", f"--node-rank={node}"]
-        if node == 0:
-            tr.append("--rdzv-conf=is_host=true")
-        else:
-            tr.append("--rdzv-conf=is_host=false")
-        extra = ["--stop-file", str(stop_files[node])]
-        return Run(command(2, args_for(dirs[node], progress[node], throttle=throttle, extra=extra),
-                           torchrun_args=tr))
-
-    def state(node):
-        return json.loads(progress[node].read_text())
-
-    port = _free_port()
+    nodes = TwoNodes(tmp_path)
+    dirs, stop_files = nodes.dirs, nodes.stop_files
     started = time.time()
-    runs = [launch(0, port, 0.3), launch(1, port, 0.3)]
+    runs = nodes.start(throttle=0.3)
     runs[0].wait_for(lambda: runs[0].max_step_logged() >= 4, what="step 4")
     stop_files[1].parent.mkdir(parents=True, exist_ok=True)
     stop_files[1].write_text("stop\n")
-    rcs = [r.finish() for r in runs]
-    out = runs[0].output + runs[1].output
+    rcs, out = nodes.finish(runs)
     stop_step = int(stop_line(runs[0].output)["step"])
     assert complete_steps(dirs[0])[-1] == complete_steps(dirs[1])[-1] == stop_step
     assert not stop_files[1].exists()  # consumed after the stop save
@@ -256,31 +266,26 @@ def test_e_two_nodes_one_empty_checkpoint_dir(tmp_path, tmp_path_factory):
         # down, and print that instead of the summary: the progress file below is what counts)
         assert rcs[node] == 1 and (re.search(r"exitcode\s*:\s*75", runs[node].output) or (
             node == 1 and "RendezvousConnectionError" in runs[node].output)), runs[node].output
-        assert state(node)["state"] == "preempted" and state(node)["step"] == stop_step, out
-        assert exit_status(rcs[node], str(progress[node]), started) == exitcodes.PREEMPTED
+        assert nodes.state(node)["state"] == "preempted" and nodes.state(node)["step"] == stop_step, out
+        assert exit_status(rcs[node], str(nodes.progress[node]), started) == exitcodes.PREEMPTED
 
     shutil.rmtree(dirs[0])  # node 0 replaced: empty disk
     stop_files[1].write_text("stop\n")  # ... and a stop request before the first step
-    port = _free_port()
-    runs = [launch(0, port, 0.0), launch(1, port, 0.0)]
-    rcs = [r.finish() for r in runs]
-    out = runs[0].output + runs[1].output
+    runs = nodes.start()
+    rcs, out = nodes.finish(runs)
     step, path = resumed(out)
     assert step == stop_step and str(dirs[1]) in path, out
     assert int(stop_line(runs[0].output)["step"]) == stop_step
     # the stop save was not skipped: the replaced node holds its own copy of the stop step
     assert complete_steps(dirs[0]) == [stop_step] and complete_steps(dirs[1])[-1] == stop_step, out
 
-    port = _free_port()
-    runs = [launch(0, port, 0.0), launch(1, port, 0.0)]
-    rcs = [r.finish() for r in runs]
-    out = runs[0].output + runs[1].output
+    rcs, out = nodes.finish(nodes.start())
     assert rcs == [0, 0], out
     assert resumed(out)[0] == stop_step
     assert digest(out) == ref
     assert complete_steps(dirs[0])[-1] == complete_steps(dirs[1])[-1] == STEPS
-    assert state(0)["state"] == state(1)["state"] == "done"
-    assert state(0)["params_sha256"] == state(1)["params_sha256"] == ref
+    assert nodes.state(0)["state"] == nodes.state(1)["state"] == "done"
+    assert nodes.state(0)["params_sha256"] == nodes.state(1)["params_sha256"] == ref
 
 
 def _image_folder(root):

@@ -22,7 +22,6 @@ def _case(tmp: Path, case: str) -> tuple[list[str], str]:
     """The command line for ``case`` (files made in ``tmp``) and a phrase its error must contain."""
     spec = str(EXAMPLES_DIR / "aws-g5-spot.yaml")
     local = str(EXAMPLES_DIR / "local.yaml")
-    trace = b'{"metadata": {"gap_seconds": 600}, "data": [1, %s, 3]}'
     # 9 levels of 9 aliases each: 9^9 strings once expanded (shared references in memory)
     bomb = b"name: demo\ncloud: local\na0: &a0 [x, x, x, x, x, x, x, x, x]\n" + b"".join(
         b"a%d: &a%d [%s]\n" % (i, i, b", ".join([b"*a%d" % (i - 1)] * 9)) for i in range(1, 9)) + b"nodes: *a8\n"
@@ -41,6 +40,18 @@ def _case(tmp: Path, case: str) -> tuple[list[str], str]:
         "inventory whose all is a list": (["bootstrap", local, "--hosts", _write(tmp, "j.yaml", b"all: [a, b]\n")],
                                           "must be a mapping"),
         "--out under a file": (["render", spec, "--out", str(tmp / "file" / "deploy")], "cannot create"),
+        # rich would read "[...]" in a message as markup: drop "[red]", and raise on a closing "[/b]"
+        "a spec path that looks like markup": (["validate", str(tmp / "[/b] [red]x.yaml")], "[/b] [red]x.yaml"),
+    }
+    (tmp / "file").write_text("a file, not a directory\n")
+    cases.update(_simulate_and_train_cases(tmp))
+    return cases[case]
+
+
+def _simulate_and_train_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    """The cases of ``kit simulate`` and ``kit train`` (:func:`_case`)."""
+    trace = b'{"metadata": {"gap_seconds": 600}, "data": [1, %s, 3]}'
+    return {
         "NaN in a trace": (["simulate", _write(tmp, "t.json", trace % b"NaN")], "data[1]"),
         "Infinity in a trace": (["simulate", _write(tmp, "u.json", trace % b"Infinity")], "data[1]"),
         "--deadline-hours nan": (["simulate", "gcp-a3-h100-2025-10", "--deadline-hours", "nan"], "--deadline-hours"),
@@ -66,8 +77,6 @@ def _case(tmp: Path, case: str) -> tuple[list[str], str]:
                                                                     b'"data": [1, 1, 1, 1]}'), "--nodes", "1",
                                    "--zones", "all"], "not shorter than the job's slack"),
         "--time-scale nan": (["train", "--time-scale", "nan"], "--time-scale"),
-        # rich would read "[...]" in a message as markup: drop "[red]", and raise on a closing "[/b]"
-        "a spec path that looks like markup": (["validate", str(tmp / "[/b] [red]x.yaml")], "[/b] [red]x.yaml"),
         "an unwritable --plot": (["simulate", "gcp-a3-h100-2025-10", "--plot", str(tmp / "file" / "p.png")],
                                  "--plot"),
         "kit train with a missing trace": (["train", _write(tmp, "g.yaml", b"name: g\ncloud: local\nlocal:\n"
@@ -80,8 +89,6 @@ def _case(tmp: Path, case: str) -> tuple[list[str], str]:
         "kit train --plot into a missing directory": (["train", "--plot", str(tmp / "no" / "such" / "p.png")],
                                                       "--plot"),
     }
-    (tmp / "file").write_text("a file, not a directory\n")
-    return cases[case]
 
 
 CASES = ["spec not UTF-8", "spec nested 20,000 deep", "spec with a key twice", "a YAML alias bomb in a typed field",

@@ -591,7 +591,16 @@ def test_a_preempted_zone_is_left_for_the_next_zone_with_capacity_in_the_search_
     flat = parse_spec({**spec.model_dump(exclude_unset=True), "policy": {"egress_per_gb": 0.01}})
     assert placement_changes(ledger, flat.policy.moves())["egress_per_checkpoint_gb"] == 0.01
     assert status_report(ledger, flat, now=clock.t)["egress_per_checkpoint_gb"] == 0.01
-    # every disk the job used, per zone: zone a's sit idle since the move; local disks cost nothing
+    _zone_a_disks_go_once_left_long_enough(watcher, ledger, backend, spec, clock)
+    # a restarted watcher's backend runs what was applied last
+    fresh = ZonedBackend(full=set())
+    Actor(fresh, ledger, spec, clock=clock).resume()
+    assert fresh.spec.start_zone == "b" and fresh.spec.nodes == 2
+
+
+def _zone_a_disks_go_once_left_long_enough(watcher, ledger, backend, spec, clock):
+    """After the move from a to b: every disk the job used, per zone (zone a's sit idle since the move;
+    local disks cost nothing), and a's go once left ``disk.keep_left_hours`` ago with b holding their step."""
     clock.t += 3600
     disks = status_report(ledger, spec, now=clock.t)
     assert [(d["zone"], d["disk_id"]) for d in disks["disks"]] == [("a", "disk-0"), ("a", "disk-1"), ("b", "disk-0"),
@@ -607,10 +616,6 @@ def test_a_preempted_zone_is_left_for_the_next_zone_with_capacity_in_the_search_
     assert backend.calls.count(("release_disks", "a")) == 1 and ("release_disks", "b") not in backend.calls
     gone = {d["disk_id"]: d["released"] for d in status_report(ledger, spec, now=clock.t + 3600)["disks"] if d["zone"] == "a"}
     assert set(gone) == {"disk-0", "disk-1"} and all(t is not None for t in gone.values())
-    # a restarted watcher's backend runs what was applied last
-    fresh = ZonedBackend(full=set())
-    Actor(fresh, ledger, spec, clock=clock).resume()
-    assert fresh.spec.start_zone == "b" and fresh.spec.nodes == 2
 
 
 def test_only_the_other_shape_fits_a_shape_switch_keeps_the_gpus(tmp_path):
