@@ -37,7 +37,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from training.contract import PROGRESS_DETAIL, read_json, write_atomic
+from training.contract import EVENTS_FILE, PREEMPTION_NOTICE, PROGRESS_DETAIL, read_json, write_atomic
 
 log = logging.getLogger("kit.agent")
 
@@ -91,7 +91,7 @@ class AwsProbe:
             except ValueError:
                 detail = {"raw": body}
             if detail.get("action") in ("terminate", "stop", "hibernate"):
-                events.append(("preemption-notice", detail))
+                events.append((PREEMPTION_NOTICE, detail))
         elif status != 404:
             raise MetadataError(f"spot/instance-action returned {status}")
         if not self.rebalance_seen:
@@ -116,7 +116,7 @@ class GcpProbe:
         if status != 200:
             raise MetadataError(f"instance/preempted returned {status}")
         if body.strip().upper() == "TRUE":
-            return [("preemption-notice", {"preempted": "TRUE"})]
+            return [(PREEMPTION_NOTICE, {"preempted": "TRUE"})]
         return []
 
 
@@ -130,7 +130,7 @@ class LocalProbe:
         except OSError:
             return []
         if text.strip().upper() == "TRUE":
-            return [("preemption-notice", {"preempted": "TRUE", "file": str(self.path)})]
+            return [(PREEMPTION_NOTICE, {"preempted": "TRUE", "file": str(self.path)})]
         return []
 
 
@@ -236,7 +236,7 @@ class Agent:
 
     def record(self, ev: dict) -> None:
         self.event_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.event_dir / "events.jsonl", "a") as f:
+        with open(self.event_dir / EVENTS_FILE, "a") as f:
             f.write(json.dumps(ev) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -281,16 +281,16 @@ class Agent:
             write_atomic(self.marker_file, json.dumps({"reason": reason, "time": time.time()}) + "\n")
 
     def handle(self, kind: str, detail: dict) -> None:
-        if kind == "preemption-notice":
+        if kind == PREEMPTION_NOTICE:
             if self.noticed:
                 # still active: the marker must stay (someone removed it? the trainer must not restart)
                 if self.marker_file is not None and not self.marker_file.exists():
-                    self.write_marker("preemption-notice")
+                    self.write_marker(PREEMPTION_NOTICE)
                 return
             self.noticed = True
             # marker first: training.launch checks it after removing a stale stop file
-            self.write_marker("preemption-notice")
-            self.write_stop_file("preemption-notice")
+            self.write_marker(PREEMPTION_NOTICE)
+            self.write_stop_file(PREEMPTION_NOTICE)
             log.warning("preemption notice: stop file written (%s)", self.stop_file)
         ev = self.event(kind, detail)
         self.record(ev)

@@ -18,6 +18,8 @@ PROGRESS_FILE = f"{DISK_MOUNT}/progress.json"   # the trainer's progress (kit re
 # what a progress report's detail repeats of that file (training/progress.py), for the watcher
 PROGRESS_DETAIL = ("state", "params_sha256", "checkpoint_step", "checkpoint_bytes")
 EVENTS_DIR = f"{DISK_MOUNT}/events"             # what the agent and the shutdown hook record
+EVENTS_FILE = "events.jsonl"                   # the agent's record in its event dir: one report a line
+PREEMPTION_NOTICE = "preemption-notice"        # the kind of report a cloud's preemption notice makes
 STOP_FILE = "/run/kit/stop"                     # its appearance asks the trainer to save and stop
 PREEMPTED_MARKER = "/run/kit/preempted"         # a node being preempted: the launcher does not restart
 RENDEZVOUS_PORT = 29500                         # torchrun's c10d store on node 0
@@ -67,3 +69,21 @@ def read_json(path: str | os.PathLike | None) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def recorded_reports(event_dir: str | os.PathLike) -> list[dict]:
+    """The reports the node agent recorded in ``event_dir`` (``EVENTS_FILE``), oldest first; a line that is
+    not a JSON object (torn by a crash mid-append) is skipped."""
+    try:
+        lines = (Path(event_dir) / EVENTS_FILE).read_text().splitlines()
+    except OSError:
+        return []
+    reports = []
+    for line in lines:
+        try:
+            report = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(report, dict):
+            reports.append(report)
+    return reports

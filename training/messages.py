@@ -12,7 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
-WIRE_KINDS = ("preemption-notice", "rebalance-recommendation", "shutdown", "progress")
+from training.contract import PREEMPTION_NOTICE
+
+WIRE_KINDS = (PREEMPTION_NOTICE, "rebalance-recommendation", "shutdown", "progress")  # AgentReport.kind's
 CLOUDS = ("aws", "gcp", "local")
 MAX_DETAIL_BYTES = 16_384
 MAX_STEPS = 10**12        # far beyond any job, and well inside SQLite's 64-bit integers

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, cast
 
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
-from training.contract import SPOT, read_json, write_json_atomic
+from training.contract import PREEMPTION_NOTICE, SPOT, read_json, recorded_reports, write_json_atomic
 
 if TYPE_CHECKING:
     from kit.clouds.local import LocalSpec
@@ -308,6 +308,12 @@ class LocalBackend(Backend):
 
     def stop_file(self, rank: int) -> Path:
         return self.node_dir(rank) / "stop"
+
+    def relayed(self, rank: int, instance: str) -> bool:
+        """Whether node ``rank``'s agent relayed a preemption notice to ``instance``: it records the report on the
+        node's disk when it writes the stop file, which the trainer removes after its stop save."""
+        return any(r.get("kind") == PREEMPTION_NOTICE and r.get("instance") == instance
+                   for r in recorded_reports(self.disk_dir(rank)))
 
     def notice_file(self, rank: int) -> Path:
         return self.node_dir(rank) / "metadata" / "preempted"

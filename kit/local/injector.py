@@ -40,6 +40,8 @@ class LocalNodes(Protocol):
 
     def stop_file(self, rank: int) -> Path: ...
 
+    def relayed(self, rank: int, instance: str) -> bool: ...
+
     def progress_file(self, rank: int) -> Path: ...
 
     def mark(self, rank: int, state: str, reason: str | None = None, *, instance_id: str | None = None,
@@ -167,7 +169,8 @@ class Injector:
             elif wall >= relay_by:
                 del self.relay_by[rank]
                 stop = self.backend.stop_file(rank)
-                if not stop.exists():
+                # the stop file may be gone because the trainer already saved and stopped on the agent's
+                if not stop.exists() and not self.backend.relayed(rank, instance):
                     log.warning("injector: node-%d's agent did not relay the notice; writing the stop file", rank)
                     stop.write_text("preempted\n")
 

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from training.contract import PREEMPTION_NOTICE
+
 # Event kinds. PREEMPTION and INSTANCE_LOST both mean "a node of the running cluster is gone";
 # PREEMPTION is used only when the cloud (or the agent's notice) says it was a spot reclaim.
 PREEMPTION = "preemption"
@@ -33,7 +35,7 @@ LOSS_KINDS = (PREEMPTION, INSTANCE_LOST)
 
 # Agent wire kinds -> event kinds.
 AGENT_KINDS = {
-    "preemption-notice": PREEMPTION,
+    PREEMPTION_NOTICE: PREEMPTION,
     "rebalance-recommendation": REBALANCE,
     "shutdown": SHUTDOWN,
     "progress": PROGRESS,

@@ -268,6 +268,42 @@ def test_injector_falls_back_when_the_agent_does_not_relay(backend):
     assert backend.stop_file(0).exists()
 
 
+def test_injector_does_not_relay_a_notice_the_agent_relayed_and_the_trainer_acted_on(backend, caplog):
+    """The agent writes the stop file and records the notice; the trainer saves, stops and removes the stop
+    file, all within the relay timeout (the local example's small model does). The injector took the missing
+    stop file for an agent that never relayed: it warned so at every preemption of `kit train` and wrote a
+    second stop file. A notice recorded for an earlier instance of that rank does not count."""
+    import logging
+
+    from training.contract import PREEMPTION_NOTICE, write_atomic
+
+    backend.use_agent = True
+    wall = Wall()
+    injector = Injector(backend, nodes=2, clock=VirtualClock(1000.0, 60, wall), origin=1000.0, preempt_every=1000,
+                        grace_seconds=4, wall=wall)
+    backend.bootstrap(backend.apply(backend.spec, "spot"))
+    events = [backend.disk_dir(r) / "events.jsonl" for r in (0, 1)]
+    for path in events:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    # node 1's disk holds the notice of the instance it ran before, and a line torn by a crash
+    earlier = {"kind": PREEMPTION_NOTICE, "instance": "an-earlier-instance", "node_rank": 1}
+    events[1].write_text(json.dumps(earlier) + "\n" + '{"kind": "preemption-not')
+    instance = backend.read_state(0)["instance_id"]
+    injector.notice(0)
+    injector.notice(1)
+    # node 0's agent relays; its trainer stops and consumes the stop file at once. Node 1's agent never does.
+    events[0].write_text(json.dumps({"kind": PREEMPTION_NOTICE, "instance": instance, "node_rank": 0}) + "\n")
+    write_atomic(backend.stop_file(0), "preemption-notice\n")
+    backend.stop_file(0).unlink()
+    wall.t += 2.1
+    with caplog.at_level(logging.WARNING, logger="kit.local"):
+        injector.step()
+    assert not backend.stop_file(0).exists(), "a second stop request for a notice the agent relayed"
+    assert backend.stop_file(1).exists(), "node 1's agent did not relay: the injector does"
+    relayed = [r.getMessage() for r in caplog.records if "did not relay" in r.getMessage()]
+    assert relayed == ["injector: node-1's agent did not relay the notice; writing the stop file"], relayed
+
+
 @pytest.mark.parametrize("replacement", ["on-demand", "spot"])
 def test_injector_kills_only_the_instance_it_noticed(backend, replacement):
     """Finding 5: the injector remembered only the rank, so a node replaced within the grace
