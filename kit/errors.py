@@ -29,3 +29,19 @@ class InputError(KitError):
     """Bad user input (spec, flags, files). Nothing has been written or applied."""
 
     exit_code = 2
+
+
+INTERRUPTED_EXIT = 130  # 128 + SIGINT: how a shell reports a process Ctrl-C ended
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread where Ctrl-C raises KeyboardInterrupt (``kit.cli.app`` arranges it
+    while a command runs): a service manager, ``timeout``, ``docker stop`` or a cancelled CI job stops kit
+    the same orderly way as Ctrl-C (the trainers save first, the ledger keeps the time), not mid-step."""
+
+    exit_code = 143  # 128 + SIGTERM
+
+
+def interrupted_exit_code(interrupt: BaseException) -> int:
+    """The exit code of a command that ``interrupt`` (a KeyboardInterrupt) ended."""
+    return Terminated.exit_code if isinstance(interrupt, Terminated) else INTERRUPTED_EXIT

@@ -1,21 +1,25 @@
 """The one error handler of kit's command line, and the Typer app class every command group uses.
 
 A command raises :class:`kit.errors.KitError` for anything the user can fix; :func:`handled`
-prints it (what, where, fix; no traceback) and exits with its code, and Ctrl-C exits 130. Every
+prints it (what, where, fix; no traceback) and exits with its code; Ctrl-C exits 130, and SIGTERM takes
+the same orderly path and exits 143 (:class:`kit.errors.Terminated`). Every
 command is registered through :class:`App`, which wraps it once, so no command catches errors itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from kit.errors import KitError
+from kit.errors import KitError, Terminated, interrupted_exit_code
 
 err_console = Console(stderr=True)
 
@@ -32,14 +36,35 @@ def handled(command: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
-            return command(*args, **kwargs)
+            with sigterm_as_interrupt():
+                return command(*args, **kwargs)
         except KitError as error:
             fail(error)
-        except KeyboardInterrupt:
-            raise typer.Exit(130) from None
+        except KeyboardInterrupt as interrupt:
+            raise typer.Exit(interrupted_exit_code(interrupt)) from None
         return None
 
     return run
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While a command runs, SIGTERM raises :class:`kit.errors.Terminated` (a KeyboardInterrupt), so every
+    path that handles Ctrl-C handles it: ``kit train`` lets its trainers save, ``kit watch`` says where it
+    stopped. Left alone where whoever started kit ignores SIGTERM, and outside the main thread (Python
+    runs handlers only there); the previous handler comes back after the command."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class App(typer.Typer):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
-from kit.errors import InputError, KitError
+from kit.errors import InputError, KitError, interrupted_exit_code
 from kit.watch.session import LEDGER_FILE, LOCK_FILE, make_policy_for, parse_listen  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
@@ -70,9 +70,9 @@ def run_watch(spec_path: Path, *, interval_s: float, listen: str, advertise_url:
 
             try:
                 result = session.watcher.run(stop, on_tick=show)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as interrupt:
                 console.print("stopped; the ledger keeps everything: `kit watch` again continues")
-                return 130
+                return interrupted_exit_code(interrupt)
     if result.done:
         console.print(f"[green]training done[/green] (step {result.step}/{result.total_steps})")
     return 0

@@ -148,7 +148,10 @@ def interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_ctrl_c_then_continue(tmp_path):
+@pytest.mark.parametrize(("sent", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_then_continue(tmp_path, sent, code):
+    """Ctrl-C, and SIGTERM as a service manager, ``timeout`` or a cancelled CI job sends it, stop kit the
+    same orderly way: the trainers save at a step boundary, kit says how to continue and exits 130 / 143."""
     spec = small_spec(tmp_path, "ctrlc", 100, trace=None)
     proc = subprocess.Popen(KIT + ["train", str(spec), "--no-preemptions"], cwd=tmp_path, env=user_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -163,9 +166,9 @@ def test_ctrl_c_then_continue(tmp_path):
         except (FileNotFoundError, ValueError, KeyError):
             pass
     assert step >= 30, "training never got going"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sent)
     out, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 130, out
+    assert proc.returncode == code, out
     assert "kit train` again continues" in out
     time.sleep(0.5)
     assert not leftovers(str(tmp_path / "deploy")), "nodes must not outlive kit"
