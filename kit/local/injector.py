@@ -169,7 +169,8 @@ class Injector:
             elif wall >= relay_by:
                 del self.relay_by[rank]
                 stop = self.backend.stop_file(rank)
-                # the stop file may be gone because the trainer already saved and stopped on the agent's
+                # no stop file, and no record of the notice: the agent did not relay it (a relayed one may be
+                # gone already: the trainer saves, stops and removes it within the timeout)
                 if not stop.exists() and not self.backend.relayed(rank, instance):
                     log.warning("injector: node-%d's agent did not relay the notice; writing the stop file", rank)
                     stop.write_text("preempted\n")
