@@ -133,7 +133,7 @@ class TrainRun:
             progress = f"step {result.step}/{result.total_steps}" if result.step is not None else "starting"
             self.console.print(escape(f"[{time.strftime('%H:%M:%S')}] {self.spec.name}: market {result.market or 'none'}, "
                                       f"{result.nodes_up}/{session.backend.spec.nodes} up, {progress}, "
-                                      f"policy {result.decision or '-'}"))
+                                      f"policy says {result.decision or '-'}"))
 
     def add_wall_time(self, ledger) -> float:
         wall, self.wall_start = ledger.add_wall_seconds(time.time() - self.wall_start), time.time()
