@@ -6,17 +6,20 @@ ansible-runner (the venv's ``bin`` on PATH) and returns a :class:`BootstrapResul
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kit.errors import InputError, KitError
+from kit.errors import InputError, KitError, Terminated
 from kit.paths import ANSIBLE_DIR, TRAINING_PACKAGE_DIR
 from training.contract import DISK_MOUNT, PREEMPTED_MARKER, PROGRESS_FILE, RENDEZVOUS_PORT, STOP_FILE
 
@@ -163,6 +166,29 @@ def _summarise(events: list[dict]) -> tuple[dict[str, list[str]], dict]:
     return failures, stats
 
 
+@contextlib.contextmanager
+def signals_cancel() -> Iterator[Callable[[], bool]]:
+    """A ``cancel_callback`` for ansible-runner: while a playbook runs, Ctrl-C and SIGTERM ask ansible-runner to
+    cancel it (it stops ansible-playbook and returns), then are raised as the interrupts they are, and the
+    handlers kit had come back. Without one, ansible-runner installs its own handlers for both signals
+    (``ansible_runner.utils.signal_handler``) and never restores them: every later Ctrl-C or SIGTERM only set
+    its flag, and ``kit train`` on a cloud could no longer be interrupted after its first bootstrap. A signal
+    ignored by whoever started kit stays ignored; outside the main thread nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    received: list[int] = []
+    caught = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) != signal.SIG_IGN]
+    previous = {s: signal.signal(s, lambda signum, frame: received.append(signum)) for s in caught}
+    try:
+        yield lambda: bool(received)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if received:
+        raise Terminated() if received[0] == signal.SIGTERM else KeyboardInterrupt()
+
+
 def bootstrap_nodes(inventory: dict, *, check: bool = False, limit: str | None = None,
                     extra_vars: dict | None = None, private_data_dir: str | Path | None = None,
                     verbosity: int = 0, on_event: Callable[[dict], None] | None = None,
@@ -191,11 +217,12 @@ def bootstrap_nodes(inventory: dict, *, check: bool = False, limit: str | None =
            "ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(ANSIBLE_DIR / "roles")}
     cmdline = "--check --diff" if check else None
     try:
-        runner = ansible_runner.run(private_data_dir=str(pdd), playbook=str(PLAYBOOK), inventory=inventory,
-                                    extravars=extra_vars or {}, limit=limit, envvars=env, cmdline=cmdline,
-                                    verbosity=verbosity or None, quiet=True, event_handler=_handler,
-                                    ssh_key=Path(ssh_key).read_text() if ssh_key else None,
-                                    project_dir=str(ANSIBLE_DIR))
+        with signals_cancel() as cancelled:
+            runner = ansible_runner.run(private_data_dir=str(pdd), playbook=str(PLAYBOOK), inventory=inventory,
+                                        extravars=extra_vars or {}, limit=limit, envvars=env, cmdline=cmdline,
+                                        verbosity=verbosity or None, quiet=True, event_handler=_handler,
+                                        ssh_key=Path(ssh_key).read_text() if ssh_key else None,
+                                        project_dir=str(ANSIBLE_DIR), cancel_callback=cancelled)
         failures, stats = _summarise(events)
         rc = runner.rc
         if runner.status != "successful" and not failures:

@@ -310,6 +310,52 @@ def test_bootstrap_unreachable_host_fails(tmp_path):
     assert "ghost" in result.failures
 
 
+def test_bootstrap_leaves_kits_signal_handlers_and_ctrl_c_cancels_the_playbook(tmp_path):
+    """ansible-runner, given no cancel callback, installs its own SIGINT and SIGTERM handlers for good: after the
+    first bootstrap, Ctrl-C in `kit train --cloud ...` only set a flag nobody read. The handlers must be kit's
+    after a run, and a Ctrl-C during one cancels the playbook and is raised as the KeyboardInterrupt it is."""
+    import os
+    import signal
+    import socket
+    import threading
+    import time
+
+    from kit.bootstrap import bootstrap_nodes
+
+    def handlers():
+        return signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+
+    before = handlers()
+    inv = {"all": {"hosts": {"ghost": {"ansible_host": "127.0.0.1", "ansible_port": 9, "node_rank": 0}},
+                   "vars": {"ansible_user": "root", "ansible_ssh_common_args": "-o ConnectTimeout=3"}}}
+    assert not bootstrap_nodes(inv, private_data_dir=tmp_path / "pdd").ok
+    assert handlers() == before, "the bootstrap left other signal handlers behind"
+
+    # a host that accepts the connection and never answers: the playbook hangs until Ctrl-C
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    inv["all"]["hosts"]["ghost"]["ansible_port"] = silent.getsockname()[1]
+    inv["all"]["vars"]["ansible_ssh_common_args"] = "-o ConnectTimeout=60 -o ServerAliveInterval=60"
+
+    def ctrl_c_once_connected():
+        silent.settimeout(120)
+        connection, _ = silent.accept()  # ansible-playbook is running and its ssh is waiting for a banner
+        # never while pytest's own handler is the one in place (that would end the test run)
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)
+        connection.close()
+
+    threading.Thread(target=ctrl_c_once_connected, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        bootstrap_nodes(inv, private_data_dir=tmp_path / "pdd2")
+    assert time.monotonic() - started < 30, "the playbook was not cancelled"
+    assert handlers() == before
+    silent.close()
+
+
 def test_gcp_shutdown_script_calls_the_hook_bootstrap_installs():
     """The instance metadata shutdown-script (Terraform) and the hook (Ansible) are written in two
     places; they must agree on the hook's path and on the trainer's stop file, or a GCP preemption

@@ -13,7 +13,15 @@ from kit.cli.app import handled, sigterm_as_interrupt
 from kit.errors import InputError, Terminated
 
 
-def test_sigterm_is_an_interrupt_while_a_command_runs_and_exits_143():
+@pytest.fixture
+def sigterm_default():
+    """SIGTERM at its default, as kit starts with it (and back to what it was after the test)."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_is_an_interrupt_while_a_command_runs_and_exits_143(sigterm_default):
     seen = {}
 
     def command():
