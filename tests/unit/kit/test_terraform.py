@@ -187,3 +187,55 @@ def test_cli_plan_checks_the_ssh_key_before_rendering(tmp_path, monkeypatch):
     _ssh_home(tmp_path, monkeypatch)
     assert CliRunner().invoke(app, ["plan", spec, "--format", "html"]).exit_code == 2
     assert not (tmp_path / "d").exists()
+
+
+# A Terraform that needs a moment to stop gracefully and writes its state on the way out, as Terraform does on
+# its first interrupt ("Gracefully shutting down"); it notes each interrupt and its session.
+GRACEFUL = """#!/bin/bash
+d="$FAKE_DIR"
+trap 'echo int >> "$d/signals"; sleep 1; echo saved > "$d/state"; exit 1' INT
+cut -d' ' -f6 /proc/$$/stat > "$d/sid"
+echo started > "$d/started"
+for i in $(seq 600); do sleep 0.1; done
+echo finished > "$d/state"
+"""
+
+
+@pytest.fixture
+def graceful_tf(tmp_path, monkeypatch):
+    script = tmp_path / "graceful-terraform"
+    script.write_text(GRACEFUL)
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("KIT_TERRAFORM_BIN", str(script))
+    monkeypatch.setenv("FAKE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_ctrl_c_lets_terraform_write_its_state_before_kit_stops(graceful_tf):
+    """Ctrl-C during a Terraform run: kit hands Terraform one interrupt and waits for it to write its state.
+    subprocess.run killed it 0.25 s after the interrupt, which in a cloud apply can leave a created disk out
+    of the state. Terraform runs in a session of its own, so a terminal's Ctrl-C reaches it only once, via kit."""
+    import os
+    import signal
+    import threading
+
+    def ctrl_c_once_started():
+        deadline = time.monotonic() + 30
+        while not (graceful_tf / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if (graceful_tf / "started").exists():  # (never once run_terraform has returned: that would end the run)
+            os.kill(os.getpid(), signal.SIGINT)  # kit's own Ctrl-C, raised in the main thread inside run_terraform
+
+    threading.Thread(target=ctrl_c_once_started, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        terraform.run_terraform(["apply"], graceful_tf)
+    assert (graceful_tf / "state").read_text() == "saved\n", "terraform was killed before it wrote its state"
+    assert (graceful_tf / "signals").read_text() == "int\n"
+    assert int((graceful_tf / "sid").read_text()) != os.getsid(0), "terraform shares kit's session"
+
+
+def test_a_timed_out_terraform_run_is_interrupted_first(graceful_tf):
+    with pytest.raises(KitError, match="did not finish within 1 s"):
+        terraform.run_terraform(["apply"], graceful_tf, timeout=1)
+    assert (graceful_tf / "state").read_text() == "saved\n"
+    assert (graceful_tf / "signals").read_text() == "int\n"
