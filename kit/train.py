@@ -166,6 +166,8 @@ class TrainRun:
         session.backend.destroy(keep_disks=not delete_disks)
         now = session.clock()
         session.ledger.release_nodes(now)
+        if delete_disks:
+            session.watcher.keeper.record_deleted_with_the_job(now)
         report = self.report(session, now, wall=self.add_wall_time(session.ledger), export=export,
                              disks="deleted" if delete_disks else "kept")
         render_report(report, self.console)

@@ -10,8 +10,10 @@ the clouds, a zone's directory locally) at a time, when both hold:
   (``checkpoint_step`` in its progress) after the set was left that is at least as new as the highest
   step any trainer had written by then. Until such a report arrives the set is kept, however long.
 
-Each release is recorded (``disks-released``, naming the disks); ``kit status`` and the cost report stop
-charging those disks from then on. A failed release is logged and tried again on a later tick.
+Each release is recorded (``disks-released``, naming the disks and why); ``kit status`` and the cost report
+stop charging those disks from then on. A failed release is logged and tried again on a later tick. When the
+job ends and ``kit train`` deletes every disk with its instances, that is recorded the same way
+(:meth:`DiskKeeper.record_deleted_with_the_job`).
 """
 from __future__ import annotations
 
@@ -29,6 +31,10 @@ if TYPE_CHECKING:
     from kit.watch.ledger import Ledger
 
 log = logging.getLogger("kit.watch")
+
+# why a disk set was deleted (the ``why`` of its ``disks-released`` event; ``kit status`` shows it)
+LEFT = "zone left"
+JOB_ENDED = "job ended"
 
 
 @dataclass(frozen=True)
@@ -95,9 +101,21 @@ class DiskKeeper:
                 continue
             self.ledger.record(Event(kind=DISKS_RELEASED, instance=disk_set.name, time=now, source="watcher",
                                      detail={"zone": disk_set.zone, "shapes": list(disk_set.shapes),
-                                             "disks": list(disk_set.disk_ids)},
+                                             "disks": list(disk_set.disk_ids), "why": LEFT},
                                      dedup_key=f"{DISKS_RELEASED}:{disk_set.name}:{disk_set.left_at}"))
             log.warning("deleted the disks of %s (left %.1f h ago): %s", disk_set.name,
                         (now - disk_set.left_at) / 3600.0, ", ".join(disk_set.disk_ids) or "no ids recorded")
             done.append(disk_set)
         return done
+
+    def record_deleted_with_the_job(self, now: float) -> None:
+        """The job ended and ``Backend.destroy`` deleted every data disk with the instances: record them, zone by
+        zone, as released ``now``, so ``kit status`` stops charging them there and says they are gone."""
+        zones: dict[str | None, list[str]] = {}
+        for row in self.ledger.disks():
+            zones.setdefault(row["zone"], []).append(row["disk_id"])  # zone None: a node that named none
+        for zone, disk_ids in zones.items():
+            name = self.backend.disk_set(zone, None) or zone or self.spec.name
+            self.ledger.record(Event(kind=DISKS_RELEASED, instance=name, time=now, source="watcher",
+                                     detail={"zone": zone, "disks": sorted(disk_ids), "why": JOB_ENDED},
+                                     dedup_key=f"{DISKS_RELEASED}:{JOB_ENDED}:{zone}:{now}"))

@@ -170,15 +170,16 @@ def disk_report(ledger: Ledger, spec: SpecBase, now: float) -> dict[str, Any]:
     or shape the job left), cost so far (size x the cloud's $/GB-month, from the first node on it until
     ``now`` or until the watcher deleted it, ``released``); ``disk_cost`` None when the disk type's price
     is unknown."""
+    from kit.watch.disks import LEFT
     from kit.watch.events import DISKS_RELEASED
 
     price = spec.cloud_facts.disk_price(spec)
-    released = {(e["detail"].get("zone"), disk): e["time"] for e in ledger.events(kinds=(DISKS_RELEASED,))
-                for disk in e["detail"].get("disks", [])}
+    released = {(e["detail"].get("zone"), disk): (e["time"], e["detail"].get("why", LEFT))
+                for e in ledger.events(kinds=(DISKS_RELEASED,)) for disk in e["detail"].get("disks", [])}
     disks, total = [], 0.0
     for row in ledger.disks():
         last = now if row["attached_now"] else max(row["last_until"], row["first_used"])
-        gone = released.get((row["zone"], row["disk_id"]))
+        gone, why = released.get((row["zone"], row["disk_id"]), (None, None))
         gone = gone if gone is not None and not row["attached_now"] and gone >= last else None  # not one made again
         end = now if gone is None else gone
         hours = max(0.0, end - row["first_used"]) / 3600.0
@@ -187,7 +188,8 @@ def disk_report(ledger: Ledger, spec: SpecBase, now: float) -> dict[str, Any]:
         total += cost or 0.0
         disks.append({"disk_id": row["disk_id"], "zone": row["zone"], "size_gb": spec.disk.size_gb,
                       "hours": round(hours, 6), "idle_hours": round(idle, 6),
-                      "cost": None if cost is None else round(cost, 4), "released": gone})
+                      "cost": None if cost is None else round(cost, 4), "released": gone,
+                      "released_why": why if gone is not None else None})
     return {"disks": disks, "disk_cost": None if price is None else round(total, 4),
             "idle_disk_hours": round(sum(d["idle_hours"] for d in disks), 6)}
 
@@ -289,7 +291,7 @@ def render_status(report: dict[str, Any], console) -> None:
         disks.add_column(column)
     for d in report["disks"]:
         disks.add_row(escape(str(d["disk_id"])), escape(d["zone"] or "?"), str(d["size_gb"]), f"{d['hours']:.2f}",
-                      f"{d['idle_hours']:.2f}", money(d["cost"]), "deleted (zone left)" if d["released"] is not None else "kept")
+                      f"{d['idle_hours']:.2f}", money(d["cost"]), "kept" if d["released"] is None else f"deleted ({d['released_why']})")
     console.print(disks)
     decisions = Table(title="decisions (newest first)", title_justify="left")
     for column in ("id", "action", "from", "to", "status", "tries", "reason"):

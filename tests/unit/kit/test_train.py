@@ -71,6 +71,19 @@ class AgentBackend(RecordingBackend):
             time.sleep(0.02)
 
 
+def _disks_in_status(tmp_path, now=None):
+    """The data disks as `kit status` reports them for the example's deployment, an hour after now."""
+    import time
+
+    from kit.spec import load_spec
+    from kit.watch.ledger import Ledger
+    from kit.watch.status import status_report
+
+    spec = load_spec(EXAMPLES_DIR / "aws-g5-spot.yaml")
+    ledger = Ledger(tmp_path / "deploy" / spec.name / "ledger.sqlite")
+    return status_report(ledger, spec, now=time.time() + 3600 if now is None else now)["disks"]
+
+
 def test_cloud_loop_recovers_and_keeps_disks(tmp_path, monkeypatch):
     from kit.backends import cloud
     from kit.train import run_train
@@ -93,6 +106,7 @@ def test_cloud_loop_recovers_and_keeps_disks(tmp_path, monkeypatch):
     assert len(backend.of("bootstrap")) == 2, "recovered once"
     assert backend.of("destroy") == [("destroy", True)], "no export (this fake has no checkpoints): disks kept"
     assert report["export"] is None and report["disks"] == "kept"
+    assert {d["released"] for d in _disks_in_status(tmp_path)} == {None}, "kept disks are not shown deleted"
     written = json.loads((tmp_path / "r.json").read_text())
     assert written == {k: v for k, v in report.items()}
     # cost: the node-hours held x their prices; cost_on_demand: the same *job* all on-demand, the
@@ -155,6 +169,10 @@ def test_cloud_disks_deleted_only_after_a_verified_export(tmp_path, monkeypatch)
     assert report["params_sha256"] == sha
     assert report["export"].endswith("export/step-00000020") and report["disks"] == "deleted"
     assert made["b"].of("destroy") == [("destroy", False)]
+    # `kit status` says so too, and charges the disks only until then (it showed them "kept" and counting)
+    disks = _disks_in_status(tmp_path)
+    assert disks and {d["released_why"] for d in disks} == {"job ended"}, disks
+    assert all(d["released"] is not None and d["idle_hours"] < 0.01 for d in disks), disks
     assert "skipping step-00000020" in (tmp_path / "out").read_text()
 
 
