@@ -25,3 +25,15 @@ def example_key_home(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HOME", str(make_home(tmp_path_factory.mktemp("home"))))
         yield
+
+
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt in this process during the test, as in a terminal. A suite started in the
+    background by a non-interactive shell (``nohup``, ``&``: CI runners do) ignores SIGINT, and a test that
+    sends itself a Ctrl-C would see nothing. The disposition before the test comes back after it."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

@@ -310,7 +310,7 @@ def test_bootstrap_unreachable_host_fails(tmp_path):
     assert "ghost" in result.failures
 
 
-def test_bootstrap_leaves_kits_signal_handlers_and_ctrl_c_cancels_the_playbook(tmp_path):
+def test_bootstrap_leaves_kits_signal_handlers_and_ctrl_c_cancels_the_playbook(tmp_path, ctrl_c_raises):
     """ansible-runner, given no cancel callback, installs its own SIGINT and SIGTERM handlers for good: after the
     first bootstrap, Ctrl-C in `kit train --cloud ...` only set a flag nobody read. The handlers must be kit's
     after a run, and a Ctrl-C during one cancels the playbook and is raised as the KeyboardInterrupt it is."""

@@ -191,27 +191,38 @@ def test_cli_plan_checks_the_ssh_key_before_rendering(tmp_path, monkeypatch):
 
 # A Terraform that needs a moment to stop gracefully and writes its state on the way out, as Terraform does on
 # its first interrupt ("Gracefully shutting down"); it notes each interrupt and its session.
-GRACEFUL = """#!/bin/bash
-d="$FAKE_DIR"
-trap 'echo int >> "$d/signals"; sleep 1; echo saved > "$d/state"; exit 1' INT
-cut -d' ' -f6 /proc/$$/stat > "$d/sid"
-echo started > "$d/started"
-for i in $(seq 600); do sleep 0.1; done
-echo finished > "$d/state"
+# (Python, not a shell trap: a shell cannot trap a signal ignored when it started, and a suite run in the
+# background starts every child with SIGINT ignored; Terraform, like Python here, installs its handler anyway.)
+GRACEFUL = """#!{python}
+import os, pathlib, signal, sys, time
+d = pathlib.Path(os.environ["FAKE_DIR"])
+
+def graceful(signum, frame):
+    with open(d / "signals", "a") as f:
+        f.write("int\\n")
+    time.sleep(1)
+    (d / "state").write_text("saved\\n")
+    sys.exit(1)
+
+signal.signal(signal.SIGINT, graceful)
+(d / "sid").write_text(str(os.getsid(0)))
+(d / "started").write_text("started")
+time.sleep(60)
+(d / "state").write_text("finished\\n")
 """
 
 
 @pytest.fixture
 def graceful_tf(tmp_path, monkeypatch):
     script = tmp_path / "graceful-terraform"
-    script.write_text(GRACEFUL)
+    script.write_text(GRACEFUL.format(python=sys.executable))
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("KIT_TERRAFORM_BIN", str(script))
     monkeypatch.setenv("FAKE_DIR", str(tmp_path))
     return tmp_path
 
 
-def test_ctrl_c_lets_terraform_write_its_state_before_kit_stops(graceful_tf):
+def test_ctrl_c_lets_terraform_write_its_state_before_kit_stops(graceful_tf, ctrl_c_raises):
     """Ctrl-C during a Terraform run: kit hands Terraform one interrupt and waits for it to write its state.
     subprocess.run killed it 0.25 s after the interrupt, which in a cloud apply can leave a created disk out
     of the state. Terraform runs in a session of its own, so a terminal's Ctrl-C reaches it only once, via kit."""
