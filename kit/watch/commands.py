@@ -87,7 +87,9 @@ def run_status(spec_path: Path, *, as_json: bool) -> None:
     if not path.exists():
         raise KitError(f"no ledger for cluster {spec.name!r} yet", where=str(path),
                        fix=f"run `kit watch {spec_path}` (or `kit train`) first")
-    report = status_report(Ledger(path), spec)
+    ledger = Ledger(path)
+    # a finished job's figures stand as they were when it ended (its disks and hours do not go on counting)
+    report = status_report(ledger, spec, now=ledger.ended_at())
     if as_json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:

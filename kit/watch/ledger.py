@@ -323,6 +323,14 @@ class Ledger:
     def mark_finished(self) -> None:
         self._set_run("finished", 1)
 
+    def ended_at(self) -> float | None:
+        """When a finished job's last node was released (``kit train`` tears it down before it marks the run
+        finished), on the ledger's clock; None while the job is not finished."""
+        if not self.finished():
+            return None
+        ended = self._query("SELECT MAX(until) AS ended FROM nodes")[0]["ended"]
+        return None if ended is None else float(ended)
+
     def observed_event_id(self) -> int:
         return int(self._run("observed_event_id"))
 

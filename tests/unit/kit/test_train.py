@@ -141,7 +141,7 @@ class DiskBackend(AgentBackend):
         return self.disks / f"node-{node.rank}"
 
 
-def test_cloud_disks_deleted_only_after_a_verified_export(tmp_path, monkeypatch):
+def test_cloud_disks_deleted_only_after_a_verified_export(tmp_path, monkeypatch, capsys):
     import shutil
 
     from kit.backends import cloud
@@ -174,6 +174,22 @@ def test_cloud_disks_deleted_only_after_a_verified_export(tmp_path, monkeypatch)
     assert disks and {d["released_why"] for d in disks} == {"job ended"}, disks
     assert all(d["released"] is not None and d["idle_hours"] < 0.01 for d in disks), disks
     assert "skipping step-00000020" in (tmp_path / "out").read_text()
+    # and a day later `kit status` shows the finished job as it ended (it went on counting hours and cost)
+    _status_a_day_later_is_the_report(report, capsys, monkeypatch)
+
+
+def _status_a_day_later_is_the_report(report, capsys, monkeypatch):
+    import time
+
+    from kit.watch.commands import run_status
+
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 86400)
+    capsys.readouterr()
+    run_status(EXAMPLES_DIR / "aws-g5-spot.yaml", as_json=True)
+    status = json.loads(capsys.readouterr().out)
+    assert status["wall_hours"] < 0.1 and status["cost"] == pytest.approx(report["cost"], abs=0.01), status
+    assert status["idle_disk_hours"] < 0.01
 
 
 def test_no_trainer_digest_keeps_the_disks_and_export_time_is_billed(tmp_path, monkeypatch):
