@@ -122,10 +122,10 @@ def _interrupt(proc: subprocess.Popen, command: str) -> None:
     the grace running out, sends the second SIGINT (Terraform's hard stop); ``HARD_STOP_S`` later it is killed."""
     log.warning("stopping terraform %s: it finishes the calls in flight and writes its state "
                 "(up to %.0f s; Ctrl-C again stops it at once)", command, STOP_GRACE_S)
-    for signum, wait_s in ((signal.SIGINT, STOP_GRACE_S), (signal.SIGINT, HARD_STOP_S)):
+    for wait_s in (STOP_GRACE_S, HARD_STOP_S):
         if proc.poll() is not None:
             return
-        proc.send_signal(signum)
+        proc.send_signal(signal.SIGINT)
         try:
             proc.communicate(timeout=wait_s)
             return
