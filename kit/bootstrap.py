@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kit.errors import InputError, KitError, Terminated
+from kit.errors import InputError, KitError, interrupt_for
 from kit.paths import ANSIBLE_DIR, TRAINING_PACKAGE_DIR
 from training.contract import DISK_MOUNT, PREEMPTED_MARKER, PROGRESS_FILE, RENDEZVOUS_PORT, STOP_FILE
 
@@ -186,7 +186,7 @@ def signals_cancel() -> Iterator[Callable[[], bool]]:
         for s, handler in previous.items():
             signal.signal(s, handler)
     if received:
-        raise Terminated() if received[0] == signal.SIGTERM else KeyboardInterrupt()
+        raise interrupt_for(received[0])
 
 
 def bootstrap_nodes(inventory: dict, *, check: bool = False, limit: str | None = None,

@@ -6,6 +6,8 @@ the CLI prints it without a traceback and exits with ``exit_code``.
 
 from __future__ import annotations
 
+import signal
+
 
 class KitError(Exception):
     """An error the user can act on. ``exit_code`` 2 means bad input, 1 a failed operation."""
@@ -40,6 +42,12 @@ class Terminated(KeyboardInterrupt):
     the same orderly way as Ctrl-C (the trainers save first, the ledger keeps the time), not mid-step."""
 
     exit_code = 143  # 128 + SIGTERM
+
+
+def interrupt_for(signum: int) -> KeyboardInterrupt:
+    """The interrupt a signal that ends a command stands for: SIGTERM :class:`Terminated`, SIGINT (Ctrl-C)
+    KeyboardInterrupt."""
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def interrupted_exit_code(interrupt: BaseException) -> int:

@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from kit.errors import KitError, Terminated, interrupted_exit_code
+from kit.errors import KitError, interrupt_for, interrupted_exit_code
 
 err_console = Console(stderr=True)
 
@@ -47,8 +47,8 @@ def handled(command: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise Terminated()
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise interrupt_for(signum)
 
 
 @contextlib.contextmanager
@@ -60,7 +60,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         yield
     finally:
