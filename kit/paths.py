@@ -28,6 +28,7 @@ TEMPLATES_DIR = RESOURCES_DIR / "templates"
 TERRAFORM_MODULES_DIR = RESOURCES_DIR / "terraform" / "modules"
 ANSIBLE_DIR = RESOURCES_DIR / "ansible"
 EXAMPLES_DIR = RESOURCES_DIR / "examples"
+DEFAULT_SPEC = EXAMPLES_DIR / "local.yaml"  # the built-in example: `kit train` and `kit status` without a spec
 
 # The node-side package (trainer, agent); bootstrap ships its sources to cloud nodes.
 TRAINING_PACKAGE_DIR = Path(importlib.util.find_spec("training").origin).resolve().parent  # type: ignore[union-attr, arg-type]

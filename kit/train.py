@@ -23,14 +23,13 @@ from typing import TYPE_CHECKING
 from rich.markup import escape
 
 from kit.errors import InputError, KitError
-from kit.paths import EXAMPLES_DIR
+from kit.paths import DEFAULT_SPEC
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from kit.spec import SpecBase
 
-DEFAULT_SPEC = EXAMPLES_DIR / "local.yaml"
 REPORT_FILE = "report.json"  # deploy/<name>/report.json: the finished run's cost report
 PREVIOUS_DIR = "previous"  # deploy/<name>/previous/<stamp>/: finished runs kept by `kit train --fresh`
 log = logging.getLogger("kit.train")

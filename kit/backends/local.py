@@ -158,7 +158,7 @@ class LocalBackend(Backend):
         clock) and the injector that replays preemptions on it."""
         from kit.local.injector import Injector, VirtualClock
 
-        origin = ledger.clock_origin(time.time())
+        origin = ledger.clock_origin(time.time(), self.time_scale)
         self.clock = clock = VirtualClock(origin, self.time_scale)
         self.reconcile(clock.at)
         local = self.local

@@ -28,10 +28,12 @@ def watch(
 
 @app.command("status")
 def status(
-    spec: Annotated[Path, typer.Argument(help="cluster.yaml of the cluster")],
+    spec: Annotated[Path | None, typer.Argument(
+        help="cluster.yaml of the cluster (default: the built-in examples/local.yaml, as `kit train`)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """The ledger's view: nodes, market, preemptions, decisions, progress and cost so far."""
+    from kit.paths import DEFAULT_SPEC
     from kit.watch.commands import run_status
 
-    run_status(spec, as_json=json_out)
+    run_status(spec or DEFAULT_SPEC, as_json=json_out)

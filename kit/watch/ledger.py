@@ -8,7 +8,7 @@ accounting; one row per incarnation, since a stopped GCP spot VM comes back unde
 ``nodes`` also keeps each incarnation's shape and
 price per hour (where the job ran on several shapes or zones, the cost is theirs), ``applies`` the
 offer (zone x shape x market) each apply was for; ``run`` (one row: the job's own facts, typed: when it started, the deployed market, the final
-digest, whether it finished, the local clock's origin, the spot backoff, the wall time so far)
+digest, whether it finished, the local clock's origin and scale, the spot backoff, the wall time so far)
 and ``capacity_failures`` (per market). The schema version is SQLite's ``user_version``.
 
 Exactly-once acting. A decision is committed as ``pending`` *before* anything is applied; an
@@ -41,7 +41,7 @@ from typing import Any
 from kit.errors import KitError
 from kit.watch.events import PROGRESS, Event
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, recorded REAL NOT NULL, kind TEXT NOT NULL,
@@ -76,6 +76,7 @@ CREATE TABLE IF NOT EXISTS run (
     finished INTEGER NOT NULL DEFAULT 0,    -- kit train finished this job (exported, torn down)
     observed_event_id INTEGER NOT NULL DEFAULT 0,  -- the newest event a policy tick covered
     clock_origin REAL,                      -- the local backend's compressed clock starts here
+    clock_scale REAL,                       -- and runs this many seconds per wall second
     spot_blocked_until REAL NOT NULL DEFAULT 0,    -- spot launches back off until then
     wall_seconds_done REAL NOT NULL DEFAULT 0);    -- kit train's wall time in earlier sessions
 INSERT OR IGNORE INTO run(id) VALUES (1);
@@ -95,10 +96,10 @@ CREATE TABLE IF NOT EXISTS nodes (
 CREATE UNIQUE INDEX IF NOT EXISTS nodes_current ON nodes(instance_id) WHERE state IN ('up', 'lost');
 """
 NODE_COLUMNS = "instance_id, name, rank, market, zone, private_ip, public_ip, disk_id, state, since, until, apply_id"
-# Columns versions 4 to 6 added to tables that older ledgers already have (ALTER TABLE ... ADD COLUMN).
+# Columns versions 4 to 7 added to tables that older ledgers already have (ALTER TABLE ... ADD COLUMN).
 ADDED_COLUMNS = (("nodes", "shape", "TEXT"), ("nodes", "price", "REAL"), ("applies", "offer", "TEXT"),
                  ("progress", "written", "REAL"), ("progress", "checkpoint_step", "INTEGER"),
-                 ("progress", "checkpoint_bytes", "INTEGER"))
+                 ("progress", "checkpoint_bytes", "INTEGER"), ("run", "clock_scale", "REAL"))
 # Heartbeats in the order the trainer wrote them. Every node writes its own progress file, each at its
 # own moment, and agents and the puller relay them late and in any order; a row without the write time
 # (an older agent's) counts as written when it was recorded.
@@ -201,7 +202,7 @@ class Ledger:
         self._db.execute("PRAGMA foreign_keys=ON")
         with self._lock:
             version = self._version()
-            if version not in (0, 1, 2, 3, 4, 5, SCHEMA_VERSION):
+            if version not in (0, 1, 2, 3, 4, 5, 6, SCHEMA_VERSION):
                 raise KitError(f"ledger schema version {version}, this kit writes {SCHEMA_VERSION}",
                                where=str(self.path), fix="use the kit version that created this ledger")
             if version == 1:
@@ -243,7 +244,7 @@ class Ledger:
                 " WHERE until IS NOT NULL")
 
     def _add_columns(self) -> None:
-        """The columns versions 4 to 6 added, on an older ledger's tables (new ledgers are created with them)."""
+        """The columns versions 4 to 7 added, on an older ledger's tables (new ledgers are created with them)."""
         with self.transaction() as db:
             for table, column, kind in ADDED_COLUMNS:
                 if not db.execute(f"SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?", (column,)).fetchone():
@@ -334,11 +335,22 @@ class Ledger:
     def observed_event_id(self) -> int:
         return int(self._run("observed_event_id"))
 
-    def clock_origin(self, now: float) -> float:
-        """The local backend's compressed clock origin: ``now`` the first time, kept after."""
+    def clock_origin(self, now: float, scale: float = 1.0) -> float:
+        """The local backend's compressed clock origin: ``now`` the first time, kept after. Its
+        ``scale`` (seconds per wall second) is kept as the latest attach gave it, so that a reader
+        that attaches nothing (``kit status`` of a running job) reads the times on the same clock."""
         with self.transaction() as db:
-            db.execute("UPDATE run SET clock_origin = COALESCE(clock_origin, ?) WHERE id = 1", (now,))
+            db.execute("UPDATE run SET clock_origin = COALESCE(clock_origin, ?), clock_scale = ? WHERE id = 1",
+                       (now, scale))
         return float(self._run("clock_origin"))
+
+    def clock(self) -> tuple[float, float] | None:
+        """The compressed clock the job's times are on, (origin, scale), or None for the wall clock (a
+        cloud's job; or a ledger from before the scale was kept, whose clock cannot be read again)."""
+        row = self._query("SELECT clock_origin, clock_scale FROM run WHERE id = 1")[0]
+        if row["clock_origin"] is None or row["clock_scale"] is None:
+            return None
+        return float(row["clock_origin"]), float(row["clock_scale"])
 
     def spot_blocked_until(self) -> float:
         return float(self._run("spot_blocked_until"))

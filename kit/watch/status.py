@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kit.policy import DEFAULT_CHANGEOVER_H
@@ -223,8 +224,19 @@ def move_facts(ledger: Ledger, spec: SpecBase) -> dict[str, Any]:
             "transfer_gbps": moves.transfer_gbps}
 
 
+def ledger_now(ledger: Ledger, wall: Callable[[], float] | None = None) -> float:
+    """Now, on the clock the ledger's times are on: a local job's compressed clock (its origin and scale
+    are kept in the ledger, kit.local.injector.VirtualClock), else the wall clock. Without it a
+    running local job's status set wall seconds against trace hours (0.01 h run after 1.3 trace hours)."""
+    from kit.local.injector import VirtualClock
+
+    wall = wall or time.time
+    kept = ledger.clock()
+    return wall() if kept is None else VirtualClock(*kept, wall=wall)()
+
+
 def status_report(ledger: Ledger, spec: SpecBase, now: float | None = None) -> dict[str, Any]:
-    now = time.time() if now is None else now
+    now = ledger_now(ledger) if now is None else now
     progress = ledger.latest_progress()
     started = ledger.started_at()
     decisions = ledger.decisions()

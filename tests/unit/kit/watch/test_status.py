@@ -156,6 +156,38 @@ def test_kit_status_json_and_missing_ledger(tmp_path, monkeypatch, capsys):
         commands.run_status(tmp_path / "cluster.yaml", as_json=False)
 
 
+def test_status_of_a_running_local_job_is_read_on_the_ledger_s_compressed_clock(tmp_path, monkeypatch, capsys):
+    """The local backend's times are trace times (kit.local.injector.VirtualClock: origin + wall seconds x
+    scale). `kit status` of a running local job read them against the wall clock: 0.01 h of running and
+    $0.04 at step 341 of 400, where the job had run 1.3 trace hours. Here the clock started at the
+    scenario's first tick and has run the scenario's 1.5 h since: status now is status at its end."""
+    import time
+
+    ledger, spec, clock = run_scenario(tmp_path)
+    t0, wall = Clock.t, 1_900_000_000.0
+    assert ledger.clock_origin(t0, (clock.t - t0) / (wall - t0)) == t0  # what LocalBackend.attach writes
+    monkeypatch.setattr(time, "time", lambda: wall)
+    monkeypatch.setattr(commands, "_load", lambda path: (spec, tmp_path))
+    commands.run_status(tmp_path / "cluster.yaml", as_json=True)
+    report = json.loads(capsys.readouterr().out)
+    assert report["wall_hours"] == pytest.approx(1.5)
+    assert report == json.loads(json.dumps(status_report(ledger, spec, now=clock.t)))
+
+
+def test_a_ledger_clock_without_its_scale_reads_as_the_wall_clock(tmp_path):
+    """A version-6 ledger kept the origin only: its clock cannot be read again, so status uses the wall clock
+    (as before) instead of guessing a scale; the next attach records the scale."""
+    import sqlite3
+
+    Ledger(tmp_path / "l.sqlite").clock_origin(100.0, 150.0)
+    db = sqlite3.connect(tmp_path / "l.sqlite")
+    db.executescript("ALTER TABLE run DROP COLUMN clock_scale; PRAGMA user_version = 6;")
+    db.close()
+    ledger = Ledger(tmp_path / "l.sqlite")
+    assert ledger.clock() is None
+    assert ledger.clock_origin(999.0, 60.0) == 100.0 and ledger.clock() == (100.0, 60.0)
+
+
 def test_local_source_reads_node_state_files(tmp_path):
     nodes = LocalSource.state_dir_for(tmp_path)
     nodes.mkdir(parents=True)

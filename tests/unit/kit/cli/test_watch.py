@@ -1,0 +1,24 @@
+"""``kit status`` and ``kit watch`` on the command line."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from kit.cli import app
+from kit.paths import DEPLOY_ROOT_ENV
+from kit.watch.ledger import Ledger
+from kit.watch.session import LEDGER_FILE
+
+
+def test_kit_status_without_a_spec_shows_the_built_in_example_as_kit_train_does(tmp_path, monkeypatch):
+    """A new user runs `kit train`, then `kit status`: it answered "Missing argument 'spec'"."""
+    monkeypatch.setenv(DEPLOY_ROOT_ENV, str(tmp_path))
+    missing = CliRunner().invoke(app, ["status"])
+    assert missing.exit_code == 1 and "no ledger for cluster 'local-example'" in missing.output, missing.output
+    Ledger(tmp_path / "local-example" / LEDGER_FILE).job_started(100.0)
+    shown = CliRunner().invoke(app, ["status", "--json"])
+    assert shown.exit_code == 0, shown.output
+    report = json.loads(shown.output)
+    assert report["cluster"] == "local-example" and report["cloud"] == "local" and report["job_started"] == 100.0
