@@ -154,17 +154,21 @@ class LocalBackend(Backend):
         return float(self.local.time_scale)
 
     def attach(self, ledger) -> Callable[[], float]:
-        """The compressed clock (its origin kept in the ledger, so a continued run continues the
-        clock) and the injector that replays preemptions on it."""
+        """The compressed clock (kept in the ledger, so a continued run continues the clock, at this run's
+        scale from now on) and the injector that replays preemptions on it."""
         from kit.local.injector import Injector, VirtualClock
 
-        origin = ledger.clock_origin(time.time(), self.time_scale)
-        self.clock = clock = VirtualClock(origin, self.time_scale)
-        self.reconcile(clock.at)
+        now, kept = time.time(), ledger.clock()
+        # a ledger from before the scale was kept: its origin, at this run's scale (as it was read then)
+        before = VirtualClock(now, self.time_scale) if kept is None else VirtualClock(
+            kept[0], kept[1] or self.time_scale, offset=kept[2])
+        self.reconcile(before.at)  # the leftovers' last writes, on the clock they were made under
+        self.clock = clock = before.rescaled(self.time_scale, now)
+        ledger.keep_clock(clock.origin, clock.scale, clock.offset)
         local = self.local
         spec = cast("LocalSpec", self.spec)
         zones = {zone: spec.trace_of(zone) for zone in spec.zone_list}
-        self.injector = Injector(self, nodes=spec.nodes, clock=self.clock, origin=origin,
+        self.injector = Injector(self, nodes=spec.nodes, clock=self.clock, origin=clock.origin,
                                  preempt_every=local.preempt_every_seconds, grace_seconds=local.grace_seconds,
                                  enabled=local.preemptions, zones=zones, zone=spec.start_zone)
         return self.clock
@@ -418,8 +422,8 @@ class LocalBackend(Backend):
     def wall_time(self, t: float) -> float:
         from kit.local.injector import VirtualClock
 
-        clock = self.clock  # the compressed clock once attached (kit.local.injector.VirtualClock.at inverted)
-        return clock.origin + (t - clock.origin) / clock.scale if isinstance(clock, VirtualClock) else t
+        clock = self.clock  # the compressed clock once attached
+        return clock.wall_at(t) if isinstance(clock, VirtualClock) else t
 
     def destroy(self, keep_disks: bool = True) -> None:
         with self.lock:

@@ -8,7 +8,7 @@ accounting; one row per incarnation, since a stopped GCP spot VM comes back unde
 ``nodes`` also keeps each incarnation's shape and
 price per hour (where the job ran on several shapes or zones, the cost is theirs), ``applies`` the
 offer (zone x shape x market) each apply was for; ``run`` (one row: the job's own facts, typed: when it started, the deployed market, the final
-digest, whether it finished, the local clock's origin and scale, the spot backoff, the wall time so far)
+digest, whether it finished, the local clock, the spot backoff, the wall time so far)
 and ``capacity_failures`` (per market). The schema version is SQLite's ``user_version``.
 
 Exactly-once acting. A decision is committed as ``pending`` *before* anything is applied; an
@@ -77,6 +77,7 @@ CREATE TABLE IF NOT EXISTS run (
     observed_event_id INTEGER NOT NULL DEFAULT 0,  -- the newest event a policy tick covered
     clock_origin REAL,                      -- the local backend's compressed clock starts here
     clock_scale REAL,                       -- and runs this many seconds per wall second
+    clock_offset REAL,                      -- plus this (its scale changed in a continued run)
     spot_blocked_until REAL NOT NULL DEFAULT 0,    -- spot launches back off until then
     wall_seconds_done REAL NOT NULL DEFAULT 0);    -- kit train's wall time in earlier sessions
 INSERT OR IGNORE INTO run(id) VALUES (1);
@@ -99,7 +100,8 @@ NODE_COLUMNS = "instance_id, name, rank, market, zone, private_ip, public_ip, di
 # Columns versions 4 to 7 added to tables that older ledgers already have (ALTER TABLE ... ADD COLUMN).
 ADDED_COLUMNS = (("nodes", "shape", "TEXT"), ("nodes", "price", "REAL"), ("applies", "offer", "TEXT"),
                  ("progress", "written", "REAL"), ("progress", "checkpoint_step", "INTEGER"),
-                 ("progress", "checkpoint_bytes", "INTEGER"), ("run", "clock_scale", "REAL"))
+                 ("progress", "checkpoint_bytes", "INTEGER"), ("run", "clock_scale", "REAL"),
+                 ("run", "clock_offset", "REAL"))
 # Heartbeats in the order the trainer wrote them. Every node writes its own progress file, each at its
 # own moment, and agents and the puller relay them late and in any order; a row without the write time
 # (an older agent's) counts as written when it was recorded.
@@ -335,22 +337,22 @@ class Ledger:
     def observed_event_id(self) -> int:
         return int(self._run("observed_event_id"))
 
-    def clock_origin(self, now: float, scale: float = 1.0) -> float:
-        """The local backend's compressed clock origin: ``now`` the first time, kept after. Its
-        ``scale`` (seconds per wall second) is kept as the latest attach gave it, so that a reader
-        that attaches nothing (``kit status`` of a running job) reads the times on the same clock."""
-        with self.transaction() as db:
-            db.execute("UPDATE run SET clock_origin = COALESCE(clock_origin, ?), clock_scale = ? WHERE id = 1",
-                       (now, scale))
-        return float(self._run("clock_origin"))
-
-    def clock(self) -> tuple[float, float] | None:
-        """The compressed clock the job's times are on, (origin, scale), or None for the wall clock (a
-        cloud's job; or a ledger from before the scale was kept, whose clock cannot be read again)."""
-        row = self._query("SELECT clock_origin, clock_scale FROM run WHERE id = 1")[0]
-        if row["clock_origin"] is None or row["clock_scale"] is None:
+    def clock(self) -> tuple[float, float | None, float] | None:
+        """The local backend's compressed clock as :meth:`keep_clock` kept it, (origin, scale, offset)
+        (kit.local.injector.VirtualClock), or None: the job's times are wall-clock times (a cloud's job,
+        or nothing attached yet). The scale is None in a ledger from before it was kept."""
+        row = self._query("SELECT clock_origin, clock_scale, clock_offset FROM run WHERE id = 1")[0]
+        if row["clock_origin"] is None:
             return None
-        return float(row["clock_origin"]), float(row["clock_scale"])
+        scale = None if row["clock_scale"] is None else float(row["clock_scale"])
+        return float(row["clock_origin"]), scale, float(row["clock_offset"] or 0.0)
+
+    def keep_clock(self, origin: float, scale: float, offset: float) -> None:
+        """The compressed clock the local backend attached, so that a continued run continues it and a
+        reader that attaches nothing (``kit status`` of a running job) reads the times on it."""
+        with self.transaction() as db:
+            db.execute("UPDATE run SET clock_origin = ?, clock_scale = ?, clock_offset = ? WHERE id = 1",
+                       (origin, scale, offset))
 
     def spot_blocked_until(self) -> float:
         return float(self._run("spot_blocked_until"))

@@ -225,14 +225,17 @@ def move_facts(ledger: Ledger, spec: SpecBase) -> dict[str, Any]:
 
 
 def ledger_now(ledger: Ledger, wall: Callable[[], float] | None = None) -> float:
-    """Now, on the clock the ledger's times are on: a local job's compressed clock (its origin and scale
-    are kept in the ledger, kit.local.injector.VirtualClock), else the wall clock. Without it a
+    """Now, on the clock the ledger's times are on: a local job's compressed clock (kept in the
+    ledger, kit.local.injector.VirtualClock), else the wall clock. Without it a
     running local job's status set wall seconds against trace hours (0.01 h run after 1.3 trace hours)."""
     from kit.local.injector import VirtualClock
 
     wall = wall or time.time
     kept = ledger.clock()
-    return wall() if kept is None else VirtualClock(*kept, wall=wall)()
+    if kept is None or kept[1] is None:  # no compressed clock, or one from before its scale was kept
+        return wall()
+    origin, scale, offset = kept
+    return VirtualClock(origin, scale, wall, offset)()
 
 
 def status_report(ledger: Ledger, spec: SpecBase, now: float | None = None) -> dict[str, Any]:

@@ -136,9 +136,9 @@ def _assert_not_billed_while_dead(deploy: Path, instances: list[str], killed_at:
     spec = load_spec(deploy.parent.parent / "crash.yaml")
     ledger = Ledger(deploy / "ledger.sqlite")
     try:
-        origin, scale = ledger.clock()  # the compressed clock the backend attached
+        origin, scale, offset = ledger.clock()  # the compressed clock the backend attached
         assert scale == spec.local.time_scale
-        clock = VirtualClock(origin, scale)
+        clock = VirtualClock(origin, scale, offset=offset)
         rows = {row.instance_id: row for row in ledger.all_nodes()}
     finally:
         ledger.close()

@@ -251,6 +251,42 @@ def test_injector_bad_inputs(backend, tmp_path):
         VirtualClock(0, 0)
 
 
+def test_a_rescaled_clock_goes_on_from_where_it_stood():
+    clock = VirtualClock(1000.0, 150.0)
+    assert clock.at(1010.0) == 1000.0 + 1500.0 and clock.wall_at(2500.0) == 1010.0
+    slower = clock.rescaled(1.0, 1010.0)
+    assert (slower.origin, slower.at(1010.0), slower.at(1020.0)) == (1000.0, 2500.0, 2510.0)
+    assert slower.wall_at(2510.0) == pytest.approx(1020.0)
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(InputError):
+            VirtualClock(0, bad)
+
+
+def test_a_continued_run_at_another_time_scale_continues_the_job_s_clock(tmp_path, monkeypatch):
+    """`kit train` continued with another --time-scale: the clock rescaled about its origin, so a smaller
+    scale set it back behind the ledger's newest times (150 -> 1 after 10 wall seconds: 1500 s back to 10)."""
+    from kit.watch.ledger import Ledger
+    from kit.watch.status import ledger_now
+
+    ledger, wall = Ledger(tmp_path / "ledger.sqlite"), [1000.0]
+    monkeypatch.setattr(time, "time", lambda: wall[0])
+
+    def attach(scale):
+        spec = fake_spec(1).with_run_options(time_scale=scale, no_preemptions=True)
+        return LocalBackend(spec, tmp_path / "deploy", use_agent=False).attach(ledger)
+
+    first = attach(150.0)
+    wall[0] += 10.0
+    stood = first()
+    assert stood == 1000.0 + 1500.0
+    continued = attach(1.0)
+    assert continued() == stood and ledger_now(ledger) == stood
+    wall[0] += 20.0
+    assert continued() == stood + 20.0 and ledger_now(ledger) == stood + 20.0
+    again = attach(1.0)  # the same scale again: the same clock
+    assert again() == stood + 20.0 and ledger.clock() == (1000.0, 1.0, 1490.0)
+
+
 def test_injector_falls_back_when_the_agent_does_not_relay(backend):
     backend.use_agent = True  # an agent that never writes the stop file
     wall = Wall()

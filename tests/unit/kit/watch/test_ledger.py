@@ -226,7 +226,7 @@ def test_a_version_1_ledger_is_migrated(tmp_path):
         assert ledger._query("SELECT 1 FROM pragma_table_info('progress') WHERE name = ?", (column,)), "later columns"
     # the job's facts, from text in `meta` to typed columns (and `meta` is gone)
     assert (ledger.market(), ledger.started_at(), ledger.capacity_failures("spot")) == ("spot", 0.0, 3)
-    assert ledger.clock_origin(999.0) == 12.5 and not ledger._query(
+    assert ledger.clock() == (12.5, None, 0.0) and not ledger._query(
         "SELECT 1 FROM sqlite_master WHERE name = 'meta'")
     rows = {n.instance_id: n for n in ledger.all_nodes()}
     assert {i: (n.state, n.lost_kind) for i, n in rows.items()} == {

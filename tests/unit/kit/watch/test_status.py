@@ -17,7 +17,7 @@ from kit.watch.acting import Actor, Backoff
 from kit.watch.ledger import Ledger
 from kit.watch.sources.base import RUNNING, TERMINATED, SourceError
 from kit.watch.sources.local import LocalSource
-from kit.watch.status import render_status, status_report
+from kit.watch.status import ledger_now, render_status, status_report
 from kit.watch.watcher import Watcher
 from tests.support.watch import (
     BackendSource,
@@ -165,7 +165,7 @@ def test_status_of_a_running_local_job_is_read_on_the_ledger_s_compressed_clock(
 
     ledger, spec, clock = run_scenario(tmp_path)
     t0, wall = Clock.t, 1_900_000_000.0
-    assert ledger.clock_origin(t0, (clock.t - t0) / (wall - t0)) == t0  # what LocalBackend.attach writes
+    ledger.keep_clock(t0, (clock.t - t0) / (wall - t0), 0.0)  # as LocalBackend.attach keeps it
     monkeypatch.setattr(time, "time", lambda: wall)
     monkeypatch.setattr(commands, "_load", lambda path: (spec, tmp_path))
     commands.run_status(tmp_path / "cluster.yaml", as_json=True)
@@ -174,18 +174,23 @@ def test_status_of_a_running_local_job_is_read_on_the_ledger_s_compressed_clock(
     assert report == json.loads(json.dumps(status_report(ledger, spec, now=clock.t)))
 
 
-def test_a_ledger_clock_without_its_scale_reads_as_the_wall_clock(tmp_path):
-    """A version-6 ledger kept the origin only: its clock cannot be read again, so status uses the wall clock
-    (as before) instead of guessing a scale; the next attach records the scale."""
+def test_a_ledger_clock_without_its_scale_reads_as_the_wall_clock(tmp_path, monkeypatch):
+    """A version-6 ledger kept the clock's origin only: its times cannot be read again, so status uses the
+    wall clock (as before) instead of guessing a scale; the next attach keeps the scale."""
     import sqlite3
+    import time
 
-    Ledger(tmp_path / "l.sqlite").clock_origin(100.0, 150.0)
+    Ledger(tmp_path / "l.sqlite").keep_clock(100.0, 150.0, 0.0)
     db = sqlite3.connect(tmp_path / "l.sqlite")
-    db.executescript("ALTER TABLE run DROP COLUMN clock_scale; PRAGMA user_version = 6;")
+    db.executescript("ALTER TABLE run DROP COLUMN clock_scale; ALTER TABLE run DROP COLUMN clock_offset;"
+                     " PRAGMA user_version = 6;")
     db.close()
     ledger = Ledger(tmp_path / "l.sqlite")
-    assert ledger.clock() is None
-    assert ledger.clock_origin(999.0, 60.0) == 100.0 and ledger.clock() == (100.0, 60.0)
+    assert ledger.clock() == (100.0, None, 0.0)
+    monkeypatch.setattr(time, "time", lambda: 200.0)
+    assert ledger_now(ledger) == 200.0
+    ledger.keep_clock(100.0, 60.0, 0.0)
+    assert ledger_now(ledger) == 100.0 + 100.0 * 60.0
 
 
 def test_local_source_reads_node_state_files(tmp_path):
