@@ -6,7 +6,7 @@ asks the policy and re-applies until the trainer reports ``done``. ``kit train``
 interruption continues from the ledger (deploy/NAME/ledger.sqlite).
 
 Local time: the local cloud runs on a compressed clock (``local.time_scale`` trace seconds per
-wall second, :class:`kit.local.injector.VirtualClock`). The ledger, the policy and the cost report
+wall second, :class:`kit.clock.VirtualClock`). The ledger, the policy and the cost report
 all use that clock, so node-hours and costs are trace hours (what the same job would have cost
 at the trace's pace); ``wall_seconds`` is real time.
 """

@@ -156,7 +156,8 @@ class LocalBackend(Backend):
     def attach(self, ledger) -> Callable[[], float]:
         """The compressed clock (kept in the ledger, so a continued run continues the clock, at this run's
         scale from now on) and the injector that replays preemptions on it."""
-        from kit.local.injector import Injector, VirtualClock
+        from kit.clock import VirtualClock
+        from kit.local.injector import Injector
 
         now, kept = time.time(), ledger.clock()
         # a ledger from before the scale was kept: its origin, at this run's scale (as it was read then)
@@ -420,7 +421,7 @@ class LocalBackend(Backend):
             shutil.rmtree(self.root / "disks" / name, ignore_errors=True)
 
     def wall_time(self, t: float) -> float:
-        from kit.local.injector import VirtualClock
+        from kit.clock import VirtualClock
 
         clock = self.clock  # the compressed clock once attached
         return clock.wall_at(t) if isinstance(clock, VirtualClock) else t

@@ -339,7 +339,7 @@ class Ledger:
 
     def clock(self) -> tuple[float, float | None, float] | None:
         """The local backend's compressed clock as :meth:`keep_clock` kept it, (origin, scale, offset)
-        (kit.local.injector.VirtualClock), or None: the job's times are wall-clock times (a cloud's job,
+        (kit.clock.VirtualClock), or None: the job's times are wall-clock times (a cloud's job,
         or nothing attached yet). The scale is None in a ledger from before it was kept."""
         row = self._query("SELECT clock_origin, clock_scale, clock_offset FROM run WHERE id = 1")[0]
         if row["clock_origin"] is None:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kit.clock import VirtualClock
 from kit.policy import DEFAULT_CHANGEOVER_H
 from kit.policy.offers import Moves, offer_parts, region_of
 from kit.watch.events import CAPACITY_ERROR, NOTICE, PREEMPTION, REBALANCE
@@ -226,15 +227,12 @@ def move_facts(ledger: Ledger, spec: SpecBase) -> dict[str, Any]:
 
 def ledger_now(ledger: Ledger, wall: Callable[[], float] | None = None) -> float:
     """Now, on the clock the ledger's times are on: a local job's compressed clock (kept in the
-    ledger, kit.local.injector.VirtualClock), else the wall clock. Without it a
+    ledger, kit.clock.VirtualClock), else the wall clock. Without it a
     running local job's status set wall seconds against trace hours (0.01 h run after 1.3 trace hours)."""
-    from kit.local.injector import VirtualClock
-
     wall = wall or time.time
-    kept = ledger.clock()
-    if kept is None or kept[1] is None:  # no compressed clock, or one from before its scale was kept
+    origin, scale, offset = ledger.clock() or (None, None, 0.0)
+    if origin is None or scale is None:  # no compressed clock, or one from before its scale was kept
         return wall()
-    origin, scale, offset = kept
     return VirtualClock(origin, scale, wall, offset)()
 
 

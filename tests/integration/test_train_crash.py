@@ -129,7 +129,7 @@ def _crash_and_continue(tmp: Path, undisturbed, flags: list[str], kill_when: Cal
 def _assert_not_billed_while_dead(deploy: Path, instances: list[str], killed_at: float, restarted_at: float) -> None:
     """The nodes a killed kit left "running" stopped costing when their processes died: their
     ledger rows end within a few seconds of the kill, not when kit came back."""
-    from kit.local.injector import VirtualClock
+    from kit.clock import VirtualClock
     from kit.spec import load_spec
     from kit.watch.ledger import Ledger
 

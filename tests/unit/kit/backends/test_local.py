@@ -12,9 +12,10 @@ import pytest
 
 from kit.backends.base import CapacityError
 from kit.backends.local import LocalBackend
+from kit.clock import VirtualClock
 from kit.clouds.local import LocalSpec
 from kit.errors import InputError, KitError
-from kit.local.injector import Injector, VirtualClock
+from kit.local.injector import Injector
 from kit.watch.sources.local import LocalSource
 from tests.support.watch import local_spec
 
@@ -247,19 +248,6 @@ def test_injector_bad_inputs(backend, tmp_path):
         Injector(backend, nodes=2, clock=time.time, origin=0, trace=str(tmp_path / "nope.json"))
     with pytest.raises(InputError):
         Injector(backend, nodes=2, clock=time.time, origin=0, preempt_every=0)
-    with pytest.raises(InputError):
-        VirtualClock(0, 0)
-
-
-def test_a_rescaled_clock_goes_on_from_where_it_stood():
-    clock = VirtualClock(1000.0, 150.0)
-    assert clock.at(1010.0) == 1000.0 + 1500.0 and clock.wall_at(2500.0) == 1010.0
-    slower = clock.rescaled(1.0, 1010.0)
-    assert (slower.origin, slower.at(1010.0), slower.at(1020.0)) == (1000.0, 2500.0, 2510.0)
-    assert slower.wall_at(2510.0) == pytest.approx(1020.0)
-    for bad in (0, -1.0, float("nan")):
-        with pytest.raises(InputError):
-            VirtualClock(0, bad)
 
 
 def test_a_continued_run_at_another_time_scale_continues_the_job_s_clock(tmp_path, monkeypatch):

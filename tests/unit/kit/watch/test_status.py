@@ -157,7 +157,7 @@ def test_kit_status_json_and_missing_ledger(tmp_path, monkeypatch, capsys):
 
 
 def test_status_of_a_running_local_job_is_read_on_the_ledger_s_compressed_clock(tmp_path, monkeypatch, capsys):
-    """The local backend's times are trace times (kit.local.injector.VirtualClock: origin + wall seconds x
+    """The local backend's times are trace times (kit.clock.VirtualClock: origin + wall seconds x
     scale). `kit status` of a running local job read them against the wall clock: 0.01 h of running and
     $0.04 at step 341 of 400, where the job had run 1.3 trace hours. Here the clock started at the
     scenario's first tick and has run the scenario's 1.5 h since: status now is status at its end."""
