@@ -167,8 +167,7 @@ class Watcher:
                 return result
 
         losses = [e for e in fresh if e["kind"] in LOSS_KINDS and e["source"] != "agent"]
-        preempted = bool(losses) or any(
-            e["kind"] == CAPACITY_ERROR and e["detail"].get("market") == SPOT for e in fresh)
+        preempted = bool(losses)
         markets = {n.instance_id: n.market for n in self.ledger.all_nodes()}  # newest incarnation last
         spot_lost = any(markets.get(e["instance"]) == SPOT for e in losses)
         capacity_blocked = now < self.ledger.spot_blocked_until()

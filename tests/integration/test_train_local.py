@@ -78,7 +78,10 @@ def test_default_run_matches_undisturbed_run(tmp_path):
                 "steps", "steps_lost", "wall_seconds", "params_sha256"):
         assert key in report
     assert report["preemptions"] >= 2, report
-    assert report["market_switches"] >= 1, report
+    # threshold (k = 2 within 3 trace hours) counts preemptions, not the capacity search's failed tries: one
+    # gang loss (both nodes) leaves the job on spot (a failed try counted as a second one switched it)
+    if report["preemptions"] == 2:
+        assert report["market_switches"] == 0 and report["on_demand_hours"] == 0, report
     # us-central1-c preempts; europe-west3-c (tried first, the preempting zone last) fits only 1 node:
     # the job moves and reshapes at once, restoring from the bucket (a directory), with the same digest
     assert report["moves"] >= 1 and report["shape_switches"] >= 1, report

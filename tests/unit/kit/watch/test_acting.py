@@ -112,7 +112,26 @@ def test_preemption_without_switch_reapplies_and_moves_the_rendezvous(tmp_path):
     assert again.new_events == [] and policy.seen[-1].preempted is False and len(backend.of("apply")) == 1
 
 
-def test_capacity_errors_back_off_exponentially_with_jitter_and_count_as_pressure(tmp_path):
+def test_a_failed_relaunch_is_not_a_second_preemption_for_the_threshold_policy(tmp_path):
+    """The threshold policy counts preemptions (k within a window), in the simulator a spot run lost. The
+    watcher counted a spot launch that found no capacity as one more, so one preemption and one failed try
+    tripped k = 2: `kit train`'s example ran on-demand after its move (twice the cost of staying on spot)."""
+    from kit.policy.market import ThresholdPolicy
+
+    watcher, backend, ledger, _, clock = make(tmp_path, [])
+    watcher.policy = ThresholdPolicy(k=2, window_hours=3, cooldown_hours=6)
+    ledger.record(heartbeat(10, 1000))
+    backend.preempt(1)
+    backend.capacity_failures = 1
+    decisions = [watcher.tick().decision]  # the loss: a preemption; the recovery finds no capacity
+    for _ in range(3):
+        clock.t = max(clock.t + 15, ledger.pending_decision().next_attempt if ledger.pending_decision() else 0)
+        decisions.append(watcher.tick().decision)
+    assert "on-demand" not in decisions and ledger.decision(1).status == "done", decisions
+    assert ledger.market() == "spot"
+
+
+def test_capacity_errors_back_off_exponentially_with_jitter_and_show_spot_unavailable(tmp_path):
     watcher, backend, ledger, policy, clock = make(tmp_path, ["spot"])
     ledger.record(heartbeat(10, 1000))
     backend.preempt(1)
@@ -124,7 +143,8 @@ def test_capacity_errors_back_off_exponentially_with_jitter_and_count_as_pressur
     clock.t = first.next_attempt - 1
     watcher.tick()  # still backing off: no apply
     assert len(backend.of("apply")) == 1
-    assert policy.seen[-1].preempted is True and policy.seen[-1].spot_available is False  # pressure
+    # as the simulator's tick without capacity: spot unavailable, and not a preemption (none was)
+    assert policy.seen[-1].preempted is False and policy.seen[-1].spot_available is False
     clock.t = first.next_attempt
     watcher.tick()  # attempt 2 fails, longer wait
     second = ledger.pending_decision()
