@@ -35,7 +35,7 @@ class RunPlot:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(9, 4))
+        fig, ax = plt.subplots(figsize=(10.5, 4))
         ax.plot([self.hours(at) for at, _ in self.rows], [step for _, step in self.rows], color="black", lw=1.5,
                 label="step")
         self.markets(ax)
@@ -47,7 +47,9 @@ class RunPlot:
         ax.set_ylabel("step")
         ax.set_title(f"kit train {self.spec.name}: progress, market (shaded), zone and shape (blue), preemptions "
                      "(red)", fontsize=9)
-        ax.legend(loc="lower right", fontsize=7)
+        # beside the axes: inside, it hid the ends of the idle-disk bars and their zones (lower right) or
+        # the first zone's label (upper left)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, borderaxespad=0.0)
         fig.tight_layout()
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=100)
@@ -72,11 +74,17 @@ class RunPlot:
                         va="top", fontsize=7, color="tab:blue")
 
     def losses(self, ax) -> None:
-        from kit.watch.events import LOSS_KINDS
+        from kit.watch.events import LOSS_KINDS, PREEMPTION
 
         losses = [e for e in self.ledger.events(kinds=LOSS_KINDS) if e["source"] != "agent"]
-        for i, event in enumerate(losses):
-            ax.axvline(self.hours(event["time"]), color="tab:red", ls="--", lw=1, label="preemption" if i == 0 else None)
+        labelled: set[str] = set()
+        for event in losses:
+            # a preemption, or a node lost for another reason (a crash; local nodes kit stopped when it was interrupted)
+            preempted = event["kind"] == PREEMPTION
+            label = "preemption" if preempted else "node lost (not a preemption)"
+            ax.axvline(self.hours(event["time"]), color="tab:red" if preempted else "grey", ls="--" if preempted else ":",
+                       lw=1, label=None if label in labelled else label)
+            labelled.add(label)
 
     def attempts(self, ax) -> None:
         """Launch attempts on offers that had no capacity (free, as the simulator's failed probes)."""

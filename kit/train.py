@@ -114,7 +114,7 @@ class TrainRun:
         try:
             return session.watcher.run(threading.Event(), on_tick=lambda result: self.on_tick(session, result))
         except BaseException as error:  # the loop failed or was interrupted, not the trainers: they save
-            backend.interrupted(lambda note: self.console.print(escape(f"interrupted: {note}")))
+            session.stop_early(lambda note: self.console.print(escape(f"interrupted: {note}")))
             self.add_wall_time(session.ledger)
             if isinstance(error, KeyboardInterrupt):
                 self.console.print(escape("interrupted: `kit train` again continues from the ledger "

@@ -68,11 +68,19 @@ def run_watch(spec_path: Path, *, interval_s: float, listen: str, advertise_url:
                 session.backend.on_tick()
                 live.update(status_line(result, cost_of(session.ledger, spec, result.now), spec))
 
+            def announce(note: str) -> None:
+                console.print(escape(f"stopping: {note}"))
+
             try:
                 result = session.watcher.run(stop, on_tick=show)
-            except KeyboardInterrupt as interrupt:
+            except BaseException as error:  # the loop failed or was interrupted: nothing it started runs on unseen
+                session.stop_early(announce)
+                if not isinstance(error, KeyboardInterrupt):
+                    raise
                 console.print("stopped; the ledger keeps everything: `kit watch` again continues")
-                return interrupted_exit_code(interrupt)
+                return interrupted_exit_code(error)
+            if not result.done:  # --once
+                session.stop_early(announce)
     if result.done:
         console.print(f"[green]training done[/green] (step {result.step}/{result.total_steps})")
     return 0

@@ -9,6 +9,7 @@ the endpoint, closes the backend and releases the lock.
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from kit.watch.server import WatcherServer
 
 LEDGER_FILE = "ledger.sqlite"
+log = logging.getLogger("kit.watch")
 LOCK_FILE = "watcher.lock"
 
 
@@ -113,6 +115,18 @@ class Session:
         self.watcher.wake = self.wake
         self.puller = ProgressPuller(backend, self.ledger, source=spec.cloud, clock=self.clock,
                                      time_scale=backend.time_scale, every_s=backend.progress_every_s)
+
+    def stop_early(self, announce) -> None:
+        """The loop stopped before the job was done (Ctrl-C, SIGTERM, ``--once``, a failure): the backend
+        stops what cannot outlive kit (the local nodes save, then stop; cloud nodes keep running), and the
+        ledger records it now, so its view (``kit status``) does not charge nodes that stopped. A failure
+        to record is only logged: the next run's first poll records the same, and the reason the loop
+        stopped is what the user must see."""
+        self.backend.interrupted(announce)
+        try:
+            self.watcher.record_losses()
+        except Exception as error:  # noqa: BLE001 - see above
+            log.warning("could not record the stopped nodes now (the next run will): %s", error)
 
     @property
     def backend(self) -> Backend:

@@ -203,6 +203,16 @@ class Watcher:
             self.keeper.tick()
         return result
 
+    def record_losses(self) -> None:
+        """Poll once and record the nodes the source reports lost, without asking the policy. The loop calls
+        it on its way out, after the backend stopped what cannot outlive it (the local nodes save and stop):
+        the ledger then says at once that they stopped, and when, so `kit status` stops charging them. The
+        next tick's policy still sees those events (the observed cursor does not move), as it did when the
+        next run's first poll recorded them."""
+        now = self.clock()
+        self._poll(now, TickResult(now=now, market=None, nodes_up=0, nodes_lost=0))
+        self._mark_losses(self.ledger.events(after_id=self.ledger.observed_event_id()))
+
     def _poll(self, now: float, result: TickResult) -> None:
         if self.source is None:
             return

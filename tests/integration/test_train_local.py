@@ -177,6 +177,17 @@ def test_ctrl_c_then_continue(tmp_path, sent, code):
     assert not leftovers(str(tmp_path / "deploy")), "nodes must not outlive kit"
     states = [json.loads(p.read_text())["state"] for p in (tmp_path / "deploy" / "ctrlc" / "local" / "nodes").glob("*.json")]
     assert states and set(states) == {"stopped"}
+    # ... and the ledger says so: `kit status` shows no node up, and its cost does not grow while nothing runs
+    costs = []
+    for _ in range(2):
+        shown = subprocess.run(KIT + ["status", str(spec), "--json"], check=False, cwd=tmp_path, env=user_env(),
+                               capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        status = json.loads(shown.stdout)
+        assert not [n for n in status["nodes"] if n["state"] == "up"], status["nodes"]
+        costs.append(status["cost"])
+        time.sleep(1.0)  # 150 trace seconds
+    assert costs[0] == costs[1], costs
     started = time.time()
     again = kit_train(tmp_path, str(spec), "--no-preemptions", "--json-report", str(tmp_path / "r.json"), "--keep-disks")
     second = time.time() - started

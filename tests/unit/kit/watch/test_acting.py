@@ -131,6 +131,27 @@ def test_a_failed_relaunch_is_not_a_second_preemption_for_the_threshold_policy(t
     assert ledger.market() == "spot"
 
 
+def test_nodes_stopped_on_the_way_out_are_recorded_at_once_and_the_next_tick_still_sees_them(tmp_path):
+    """`kit train` interrupted: the local nodes saved and stopped, but the ledger kept them up until the next
+    run's first poll, so `kit status` in between charged them on ($6.30 -> $8.35 in 10 s, nothing running)."""
+    watcher, backend, ledger, policy, clock = make(tmp_path, ["spot", "spot"])
+    ledger.record(heartbeat(10, 1000))
+    watcher.tick()
+    asked = len(policy.seen)
+    clock.t += 15
+    stopped_at = clock.t
+    for rank in (0, 1):
+        backend.preempt(rank)  # the source now reports both gone
+    clock.t += 5
+    watcher.record_losses()
+    assert ledger.nodes(("up",)) == [] and len(ledger.nodes(("lost",))) == 2
+    assert {n.until for n in ledger.nodes(("lost",))} <= {stopped_at, clock.t}
+    assert len(policy.seen) == asked, "recording is not a tick: the policy is not asked"
+    clock.t += 15
+    watcher.tick()
+    assert policy.seen[-1].preempted is True, "the next tick still sees what happened"
+
+
 def test_capacity_errors_back_off_exponentially_with_jitter_and_show_spot_unavailable(tmp_path):
     watcher, backend, ledger, policy, clock = make(tmp_path, ["spot"])
     ledger.record(heartbeat(10, 1000))

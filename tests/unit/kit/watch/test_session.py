@@ -52,3 +52,31 @@ def test_a_default_job_that_may_move_decides_its_market_as_the_multi_zone_defaul
     assert paced is not None and waited is not None and paced < waited - 4.0, (paced, waited)
     # other policies are built as before on a spec that may move
     assert make_policy_for(_moving_spec(policy={"name": "up"})).name == "up"
+
+
+def test_stopping_early_stops_what_cannot_outlive_kit_then_records_it_and_never_hides_why(tmp_path, caplog):
+    from kit.watch.session import Session
+
+    calls = []
+
+    class Backend:
+        def interrupted(self, announce):
+            calls.append("interrupted")
+            announce("the trainers save and stop")
+
+    class Watcher:
+        fail = False
+
+        def record_losses(self):
+            calls.append("recorded")
+            if self.fail:
+                raise RuntimeError("database is locked")
+
+    session = Session(local_spec(), tmp_path)
+    session._backend, session.watcher = Backend(), Watcher()
+    notes: list[str] = []
+    session.stop_early(notes.append)
+    assert calls == ["interrupted", "recorded"] and notes == ["the trainers save and stop"]
+    session.watcher.fail = True
+    session.stop_early(notes.append)  # logged, not raised: the loop's own reason is what the user sees
+    assert "could not record the stopped nodes" in caplog.text
