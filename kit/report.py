@@ -74,14 +74,15 @@ class RunPlot:
                         va="top", fontsize=7, color="tab:blue")
 
     def losses(self, ax) -> None:
-        from kit.watch.events import LOSS_KINDS, PREEMPTION
+        from kit.watch.events import BY_KIT, LOSS_KINDS, PREEMPTION
 
         losses = [e for e in self.ledger.events(kinds=LOSS_KINDS) if e["source"] != "agent"]
         labelled: set[str] = set()
         for event in losses:
             # a preemption, or a node lost for another reason (a crash; local nodes kit stopped when it was interrupted)
             preempted = event["kind"] == PREEMPTION
-            label = "preemption" if preempted else "node lost (not a preemption)"
+            label = "preemption" if preempted else (
+                "nodes stopped by kit (interrupted)" if event["detail"].get(BY_KIT) else "node lost (not a preemption)")
             ax.axvline(self.hours(event["time"]), color="tab:red" if preempted else "grey", ls="--" if preempted else ":",
                        lw=1, label=None if label in labelled else label)
             labelled.add(label)

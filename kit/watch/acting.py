@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
 from kit.policy.zones import RunRecord, learned_order, search_order, spot_ceiling
-from kit.watch.events import CAPACITY_ERROR, PREEMPTION, Event
+from kit.watch.events import CAPACITY_ERROR, PREEMPTION, STOPPED_BY_KIT, Event
 from kit.watch.ledger import Apply, Decision, Ledger
 from kit.watch.sources.base import EventSource, SourceError
 from training.contract import SPOT
@@ -177,7 +177,9 @@ class Actor:
 
     def search(self, decision: Decision | None, market: str) -> list:
         """The offers a launch on ``market`` tries, in order (module docstring); ``decision`` seeds the shuffle."""
-        lost = [n.zone for n in self.ledger.nodes(("lost",)) if n.zone]
+        # the zone whose spot run just ended is tried last; nodes kit stopped itself (an interrupted local run)
+        # say nothing about their zone
+        lost = [n.zone for n in self.ledger.nodes(("lost",)) if n.zone and n.lost_kind != STOPPED_BY_KIT]
         current = self.current_offer() or self.spec.own_offer(market)  # a first launch: the spec's own
         rng = random.Random(f"{self.spec.name}:{decision.id if decision is not None else 0}")
         preempted = lost[-1] if lost else None

@@ -32,6 +32,10 @@ DISKS_RELEASED = "disks-released"  # the watcher deleted the disks of a zone and
 KINDS = (PREEMPTION, NOTICE, REBALANCE, INSTANCE_LOST, CAPACITY_ERROR, PROGRESS, NODE_UP, SHUTDOWN, DISKS_RELEASED)
 # Kinds that mean the running cluster lost a node and must be recovered.
 LOSS_KINDS = (PREEMPTION, INSTANCE_LOST)
+# A loss event's detail key: kit stopped the node itself (local nodes cannot outlive kit: stopped when it
+# is interrupted, killed with it when it dies). Recovered like any loss, but not news about the market.
+BY_KIT = "by_kit"
+STOPPED_BY_KIT = "stopped-by-kit"  # how such a node's incarnation ended (the ledger's nodes.lost_kind)
 
 # Agent wire kinds -> event kinds.
 AGENT_KINDS = {

@@ -91,7 +91,7 @@ CREATE TABLE IF NOT EXISTS nodes (
     market TEXT, zone TEXT, private_ip TEXT, public_ip TEXT, disk_id TEXT,
     state TEXT NOT NULL CHECK (state IN ('up', 'lost', 'replaced', 'released')),
     since REAL NOT NULL, until REAL, apply_id INTEGER,
-    lost_kind TEXT,  -- how this incarnation was lost ('preemption' / 'instance-lost'), NULL if it was not
+    lost_kind TEXT,  -- how this incarnation was lost ('preemption' / 'instance-lost' / 'stopped-by-kit'), NULL if it was not
     shape TEXT,      -- the shape it belonged to (kit.policy.offers.Shape.name), NULL before version 4
     price REAL);     -- $/h of this node on its market, NULL before version 4 (the spec's prices apply)
 CREATE UNIQUE INDEX IF NOT EXISTS nodes_current ON nodes(instance_id) WHERE state IN ('up', 'lost');
@@ -168,7 +168,7 @@ class NodeRow:
     until: float | None
     apply_id: int | None = None
     id: int | None = None  # the incarnation (an instance id can come back after a stop)
-    lost_kind: str | None = None  # 'preemption' / 'instance-lost' when this incarnation was lost
+    lost_kind: str | None = None  # 'preemption' / 'instance-lost' / 'stopped-by-kit' when this incarnation was lost
     shape: str | None = None
     price: float | None = None  # $/h (None: the spec's price for its market)
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from kit.clock import VirtualClock
 from kit.policy import DEFAULT_CHANGEOVER_H
 from kit.policy.offers import Moves, offer_parts, region_of
-from kit.watch.events import CAPACITY_ERROR, NOTICE, PREEMPTION, REBALANCE
+from kit.watch.events import CAPACITY_ERROR, NOTICE, PREEMPTION, REBALANCE, STOPPED_BY_KIT
 from kit.watch.ledger import Ledger
 from training.contract import ON_DEMAND, SPOT
 
@@ -145,9 +145,10 @@ def cost_of(ledger: Ledger, spec: SpecBase, now: float, *, steps: int | None = N
 def preemption_counts(ledger: Ledger) -> dict[str, int]:
     """Losses are counted once per instance *incarnation* (the node table says how each ended),
     whichever sources reported them; notices (agents', the AWS spot request's two-minute warning),
-    which precede the cloud's confirmation, are counted separately."""
+    which precede the cloud's confirmation, are counted separately. Nodes kit stopped itself (an interrupted
+    local run's) were not lost."""
     events = ledger.events(kinds=(PREEMPTION, NOTICE, REBALANCE, CAPACITY_ERROR))
-    ended = [n.lost_kind for n in ledger.all_nodes() if n.lost_kind]
+    ended = [n.lost_kind for n in ledger.all_nodes() if n.lost_kind and n.lost_kind != STOPPED_BY_KIT]
     return {
         "preemptions": sum(1 for kind in ended if kind == PREEMPTION),
         "nodes_lost": len(ended),

@@ -35,7 +35,7 @@ from kit.policy import WAIT, Observation, Policy
 from kit.policy.market import DefaultPolicy
 from kit.watch.acting import Actor, Outcome
 from kit.watch.disks import DiskKeeper
-from kit.watch.events import CAPACITY_ERROR, LOSS_KINDS, Event
+from kit.watch.events import BY_KIT, CAPACITY_ERROR, LOSS_KINDS, STOPPED_BY_KIT, Event
 from kit.watch.ledger import Ledger
 from kit.watch.sources.base import EventSource, SourceError, loss_events
 from kit.watch.status import changeover_of, prices_of
@@ -166,7 +166,9 @@ class Watcher:
                 result.done = True
                 return result
 
-        losses = [e for e in fresh if e["kind"] in LOSS_KINDS and e["source"] != "agent"]
+        # what the market did: not the agents' notices, nor the nodes kit stopped itself (an interrupted local
+        # run's: recovered, but neither a preemption nor the end of the zone's spot run)
+        losses = [e for e in fresh if e["kind"] in LOSS_KINDS and e["source"] != "agent" and not e["detail"].get(BY_KIT)]
         preempted = bool(losses)
         markets = {n.instance_id: n.market for n in self.ledger.all_nodes()}  # newest incarnation last
         spot_lost = any(markets.get(e["instance"]) == SPOT for e in losses)
@@ -235,7 +237,8 @@ class Watcher:
         for event in fresh:
             # Only the cloud (or the local backend) confirms a loss; notices precede it.
             confirmed = event["kind"] in LOSS_KINDS and event["source"] != "agent"
-            if confirmed and self.ledger.mark_lost(event["instance"], event["time"], event["kind"]):
+            kind = STOPPED_BY_KIT if event["detail"].get(BY_KIT) else event["kind"]
+            if confirmed and self.ledger.mark_lost(event["instance"], event["time"], kind):
                 log.warning("node %s lost (%s: %s)", event["instance"], event["kind"], event["detail"].get("reason"))
 
     def tick_hours(self, changeover_h: float) -> float:

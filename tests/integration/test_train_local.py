@@ -200,6 +200,8 @@ def test_ctrl_c_then_continue(tmp_path, sent, code):
     # stopped: nothing is redone (a kill lost up to ckpt_every steps, more with a write in flight)
     assert report["steps_lost"] == 0, report
     assert report["wall_seconds"] > second, "the ledger carried the first run's time over"
+    # the nodes kit stopped on the interrupt were not lost to the market (nor a preemption for the policy)
+    assert report["nodes_lost"] == 0 and report["preemptions"] == 0, report
 
 
 def test_bad_cloud_and_spec(tmp_path):

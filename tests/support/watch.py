@@ -12,7 +12,7 @@ from kit.backends.base import Backend, CapacityError, Node, rendezvous_endpoint
 from kit.clouds.local import LocalSpec
 from kit.policy import Observation, Policy
 from kit.spec import CloudSpec, SpecBase, parse_spec
-from kit.watch.sources.base import RUNNING, TERMINATED, EventSource, InstanceStatus, Poll
+from kit.watch.sources.base import RUNNING, STOPPED, TERMINATED, EventSource, InstanceStatus, Poll
 
 PRICES = {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0}
 
@@ -75,6 +75,7 @@ class RecordingBackend(Backend):
         self.size = nodes
         self.deployed: list[Node] = []
         self.gone: dict[str, Node] = {}  # preempted instances, still visible to the source
+        self.stopped: dict[str, Node] = {}  # instances kit stopped itself (a local run interrupted)
         self.calls: list[tuple] = []
         self.capacity_failures = 0  # how many next applies fail for lack of capacity
         self._serial = 0
@@ -110,6 +111,12 @@ class RecordingBackend(Backend):
         self.gone[node.instance_id] = node
         return node
 
+    def stop_by_kit(self, rank: int) -> Node:
+        node = next(n for n in self.deployed if n.rank == rank)
+        self.deployed = [n for n in self.deployed if n.rank != rank]
+        self.stopped[node.instance_id] = node
+        return node
+
     def of(self, kind: str) -> list[tuple]:
         return [c for c in self.calls if c[0] == kind]
 
@@ -126,6 +133,8 @@ class BackendSource(EventSource):
         poll = Poll([InstanceStatus(n.instance_id, RUNNING, n.market) for n in self.backend.deployed])
         poll.instances += [InstanceStatus(i, TERMINATED, n.market, preempted=True, reason="spot reclaim")
                            for i, n in self.backend.gone.items()]
+        poll.instances += [InstanceStatus(i, STOPPED, n.market, reason="kit exited", by_kit=True)
+                           for i, n in self.backend.stopped.items()]
         return poll
 
 

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from kit.watch.events import INSTANCE_LOST, PREEMPTION, Event
+from kit.watch.events import BY_KIT, INSTANCE_LOST, PREEMPTION, Event
 
 # Normalised instance states.
 RUNNING = "running"
@@ -32,6 +32,7 @@ class InstanceStatus:
     preempted: bool = False  # the cloud says a spot reclaim caused the state
     reason: str | None = None  # the cloud's reason code/message, verbatim
     time: float | None = None  # when the state changed, if the cloud says
+    by_kit: bool = False  # kit stopped it itself (the local nodes, which cannot outlive kit), not the cloud
 
 
 @dataclass
@@ -83,7 +84,7 @@ def loss_events(poll: Poll, current: Mapping[str, int | None], source: str, now:
             state, reason, when = status.state, status.reason, status.time or now
         events.append(Event(
             kind=kind, instance=instance, time=when, source=source, node_rank=rank,
-            detail={"state": state, "reason": reason},
+            detail={"state": state, "reason": reason, **({BY_KIT: True} if status and status.by_kit else {})},
             # One loss per incarnation, however often the poller sees it gone.
             dedup_key=f"loss:{instance}" + (f"@{since[instance]!r}" if since and instance in since else ""),
         ))

@@ -8,7 +8,9 @@ Contract (the local backend writes, this source reads): one JSON file per node a
      "reason": "injected preemption" | null, "time": 1730000000.0}
 
 ``instance_id`` must change every time the backend (re)starts the node (like a cloud instance
-id), so a second loss of node-0 is a new fact. ``preempted`` is a spot reclaim by the injector.
+id), so a second loss of node-0 is a new fact. ``preempted`` is a spot reclaim by the injector;
+``stopped`` is kit's own doing (nodes stopped when kit was interrupted, or found orphaned by a kit
+that was killed), so it is reported as such (``InstanceStatus.by_kit``).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class LocalSource(EventSource):
                     state=STATES.get(state["state"], TERMINATED),
                     market=state.get("market"),
                     preempted=state["state"] == "preempted",
+                    by_kit=state["state"] == "stopped",
                     reason=state.get("reason"),
                     time=state.get("time"),
                 ))

@@ -590,6 +590,35 @@ class ZonedBackend(RecordingBackend):
         self.calls.append(("release_disks", name))
 
 
+def test_nodes_kit_stopped_itself_are_recovered_where_they_ran_and_are_no_news_about_the_market(tmp_path):
+    """An interrupted local run: kit stopped its nodes (they cannot outlive it). Continued, the watcher took
+    that for a preemption of their zone: the policy saw one (threshold counts them), and the search tried
+    that zone last, so a Ctrl-C moved the job out of a zone with capacity (to a 1-node shape elsewhere)."""
+    from kit.spec import parse_spec
+    from kit.watch.status import preemption_counts
+
+    spec = parse_spec({"name": "demo", "cloud": "local", "zones": ["a", "b", "c"], "market": "spot", "nodes": 2,
+                       "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0}, "policy": {}})
+    clock, ledger, backend = Clock(), Ledger(tmp_path / "ledger.sqlite"), ZonedBackend(full=set())
+    policy = ScriptedPolicy(["spot"])
+    actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1)), clock=clock)
+    watcher = Watcher(spec, ledger, actor, policy, source=BackendSource(backend), interval_s=15, clock=clock)
+    watcher.start()
+    watcher.tick()
+    ledger.record(heartbeat(10, 1000, written=clock.t))
+    for rank in (0, 1):
+        backend.stop_by_kit(rank)
+    watcher.record_losses()  # on the way out
+    assert {n.lost_kind for n in ledger.nodes(("lost",))} == {"stopped-by-kit"}
+    backend.zones_tried.clear()
+    clock.t += 15
+    result = watcher.tick()  # the continued run's first tick
+    assert result.action == "recover" and result.outcome.status == "done"
+    assert policy.seen[-1].preempted is False and policy.seen[-1].spot_available is True
+    assert backend.zones_tried == [("a", 2)], "relaunched where it ran, not moved away"
+    assert preemption_counts(ledger)["nodes_lost"] == 0 and preemption_counts(ledger)["preemptions"] == 0
+
+
 def test_a_preempted_zone_is_left_for_the_next_zone_with_capacity_in_the_search_order(tmp_path):
     """Zone a preempts and has no spot left; c has none either; b has: the recover tries the zones in
     the search order (a last), records one capacity error per offer without capacity, lands in b, and

@@ -201,9 +201,15 @@ def test_local_source_reads_node_state_files(tmp_path):
     (nodes / "node-1.json").write_text(json.dumps({"name": "node-1", "instance_id": "node-1-2", "rank": 1,
                                                    "market": "spot", "state": "preempted",
                                                    "reason": "injected", "time": 9.0}))
+    (nodes / "node-3.json").write_text(json.dumps({"name": "node-3", "instance_id": "node-3-4", "rank": 3,
+                                                   "market": "spot", "state": "stopped", "reason": "kit exited",
+                                                   "time": 11.0}))
     statuses = {s.instance: s for s in LocalSource("demo", nodes).poll().instances}
     assert statuses["node-0-1"].state == RUNNING and not statuses["node-0-1"].preempted
     assert statuses["node-1-2"].state == TERMINATED and statuses["node-1-2"].preempted
+    # only kit stops a local node (interrupted, or killed with it): no news about the market
+    assert [s.instance for s in statuses.values() if s.by_kit] == ["node-3-4"]
+    assert not statuses["node-3-4"].preempted
     (nodes / "node-2.json").write_text("{broken")
     with pytest.raises(SourceError, match="node-2.json"):
         LocalSource("demo", nodes).poll()
