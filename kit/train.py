@@ -340,6 +340,8 @@ def export_final(backend, nodes, dest: Path, *, step: int | None, params_sha256:
 def render_report(report: dict, console) -> None:
     from rich.table import Table
 
+    from kit.watch.status import route
+
     money = lambda v: "?" if v is None else f"${v:,.2f}"
     table = Table(title=escape(f"kit train {report['cluster']} ({report['cloud']}, policy {report['policy']})"),
                   title_justify="left")
@@ -359,7 +361,7 @@ def render_report(report: dict, console) -> None:
     for key, value in rows:
         table.add_row(key, escape(value))  # the export's path, for one
     console.print(table)
-    if len(report.get("offers") or []) > 1:
-        console.print(escape("ran on: " + " -> ".join(report["offers"])), highlight=False)
+    if len(set(report.get("offers") or [])) > 1:
+        console.print(escape("ran on: " + route(report["offers"])), highlight=False)
     if report.get("time_scale", 1.0) != 1.0:  # a compressed clock: the local backend's trace time
         console.print(f"(local hours are trace hours: wall time × time scale {report['time_scale']:g})")

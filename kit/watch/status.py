@@ -215,6 +215,12 @@ def placement_changes(ledger: Ledger, moves: Moves | None = None) -> dict[str, A
                                                   for a, b in zone_moves), 4)}
 
 
+def route(offers: list[str]) -> str:
+    """Where the job ran, for people: the offers in order, a relaunch on the same one (a recovery, a run
+    continued after an interrupt) shown once. ``offers`` keeps every apply (each is a probe)."""
+    return " -> ".join(offer for i, offer in enumerate(offers) if i == 0 or offer != offers[i - 1])
+
+
 def move_facts(ledger: Ledger, spec: SpecBase) -> dict[str, Any]:
     """What the capacity search charges a move to another zone (kit.watch.acting): the checkpoint's size
     (``policy.checkpoint_gb``, else the newest the trainer reported, else the simulator's default), where
@@ -286,7 +292,7 @@ def render_status(report: dict[str, Any], console) -> None:
                   f"moves: {report['moves']}  shape switches: {report['shape_switches']}  "
                   f"probes: {report['probes']} ({report['probes_without_capacity']} without capacity)")
     if report["offers"]:
-        console.print(escape(f"ran on: {' -> '.join(report['offers'])}"))
+        console.print(escape(f"ran on: {route(report['offers'])}"))
     if report["can_move"]:
         console.print(f"a move copies the checkpoint: {report['checkpoint_gb']:g} GB ({report['checkpoint_gb_source']}) "
                       f"at {report['transfer_gbps']:g} Gbit/s")

@@ -17,7 +17,7 @@ from kit.watch.acting import Actor, Backoff
 from kit.watch.ledger import Ledger
 from kit.watch.sources.base import RUNNING, TERMINATED, SourceError
 from kit.watch.sources.local import LocalSource
-from kit.watch.status import ledger_now, render_status, status_report
+from kit.watch.status import ledger_now, render_status, route, status_report
 from kit.watch.watcher import Watcher
 from tests.support.watch import (
     BackendSource,
@@ -304,3 +304,9 @@ def test_every_data_disk_is_listed_with_its_zone_size_idle_time_and_cost(tmp_pat
     assert report["disk_cost"] == pytest.approx(3.2)
     hyper = cloud_spec("gcp", instance_type="a3-highgpu-8g", disk={"size_gb": 100, "type": "hyperdisk-balanced"})
     assert disk_report(ledger, hyper, t0 + 3600)["disk_cost"] is None
+
+
+def test_the_route_shows_a_relaunch_on_the_same_offer_once():
+    offers = ["a/2xlocal/spot", "a/2xlocal/spot", "b/1xlocal/spot", "a/2xlocal/spot"]
+    assert route(offers) == "a/2xlocal/spot -> b/1xlocal/spot -> a/2xlocal/spot"
+    assert route([]) == ""
