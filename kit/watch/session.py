@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from kit.watch.server import WatcherServer
 
 LEDGER_FILE = "ledger.sqlite"
-log = logging.getLogger("kit.watch")
 LOCK_FILE = "watcher.lock"
+log = logging.getLogger("kit.watch")
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

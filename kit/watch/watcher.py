@@ -237,9 +237,12 @@ class Watcher:
         for event in fresh:
             # Only the cloud (or the local backend) confirms a loss; notices precede it.
             confirmed = event["kind"] in LOSS_KINDS and event["source"] != "agent"
-            kind = STOPPED_BY_KIT if event["detail"].get(BY_KIT) else event["kind"]
-            if confirmed and self.ledger.mark_lost(event["instance"], event["time"], kind):
-                log.warning("node %s lost (%s: %s)", event["instance"], event["kind"], event["detail"].get("reason"))
+            by_kit = bool(event["detail"].get(BY_KIT))
+            if confirmed and self.ledger.mark_lost(event["instance"], event["time"], STOPPED_BY_KIT if by_kit else event["kind"]):
+                if by_kit:
+                    log.info("node %s stopped by kit (%s)", event["instance"], event["detail"].get("reason"))
+                else:
+                    log.warning("node %s lost (%s: %s)", event["instance"], event["kind"], event["detail"].get("reason"))
 
     def tick_hours(self, changeover_h: float) -> float:
         """How long until the loop can act on a decision again, in hours: the deadline safety net
