@@ -83,9 +83,11 @@ class Backend(ABC):
     def settle(self) -> None:
         """The trainers reported done: wait until they have written their last files."""
 
-    def interrupted(self, announce: Callable[[str], None]) -> None:
+    def interrupted(self, announce: Callable[[str], None]) -> bool:
         """The loop stopped early (Ctrl-C, a failure). Cloud nodes keep running (kit train or kit
-        watch again picks them up); ``announce`` tells the user about anything that takes time."""
+        watch again picks them up); ``announce`` tells the user about anything that takes time.
+        True when it stopped nodes (the ledger is then told at once)."""
+        return False
 
     def close(self) -> None:
         """The run is over (done or not)."""

@@ -280,12 +280,13 @@ class LocalBackend(Backend):
         while time.time() < deadline and any(self.trainer_exit(r) is None for r in list(self.procs)):
             time.sleep(0.2)
 
-    def interrupted(self, announce) -> None:
+    def interrupted(self, announce) -> bool:
         """The trainers save first (their stop files, as a preemption notice asks), then the nodes stop."""
         if self.injector is not None:
             self.injector.close()
         announce(f"the trainers save and stop (up to {self.save_grace_s:g} s; Ctrl-C again kills them)")
         self.stop_all(grace_s=self.save_grace_s)
+        return True
 
     def close(self) -> None:
         if self.injector is not None:

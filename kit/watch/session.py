@@ -122,7 +122,8 @@ class Session:
         ledger records it now, so its view (``kit status``) does not charge nodes that stopped. A failure
         to record is only logged: the next run's first poll records the same, and the reason the loop
         stopped is what the user must see."""
-        self.backend.interrupted(announce)
+        if not self.backend.interrupted(announce):
+            return  # nothing stopped (cloud nodes run on): nothing to tell the ledger, no cloud call to fail again
         try:
             self.watcher.record_losses()
         except Exception as error:  # noqa: BLE001 - see above

@@ -60,9 +60,12 @@ def test_stopping_early_stops_what_cannot_outlive_kit_then_records_it_and_never_
     calls = []
 
     class Backend:
+        stops = True
+
         def interrupted(self, announce):
             calls.append("interrupted")
             announce("the trainers save and stop")
+            return self.stops
 
     class Watcher:
         fail = False
@@ -80,3 +83,7 @@ def test_stopping_early_stops_what_cannot_outlive_kit_then_records_it_and_never_
     session.watcher.fail = True
     session.stop_early(notes.append)  # logged, not raised: the loop's own reason is what the user sees
     assert "could not record the stopped nodes" in caplog.text
+    calls.clear()
+    session._backend.stops = False  # a cloud's: its nodes run on, so the ledger has nothing to learn now
+    session.stop_early(notes.append)
+    assert calls == ["interrupted"]
