@@ -57,6 +57,7 @@ class Cloud(ABC, Generic[S]):
     name: ClassVar[str]
     spec_model: ClassVar[type[SpecBase]]
     renders_terraform: ClassVar[bool] = True
+    nodes_outlive_kit: ClassVar[bool] = True  # a cloud's instances run on when kit stops (and are billed)
     cluster_tag: ClassVar[str] = ""        # the tag (AWS) / label (GCP) whose value is the cluster name
     tags_variable: ClassVar[str] = "tags"  # the rendered variable holding the tags or labels
     capacity_patterns: ClassVar[tuple[str, ...]] = ()

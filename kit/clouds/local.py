@@ -120,6 +120,7 @@ class Local(Cloud[LocalSpec]):
     bucket_schemes = ("file", "s3")  # a directory here, or S3 (moto in the tests)
     spec_model = LocalSpec
     renders_terraform = False
+    nodes_outlive_kit = False  # its nodes are kit's child processes: they stop, or die, with it
 
     def disk_price(self, spec: LocalSpec) -> float | None:
         return 0.0  # a directory on this machine

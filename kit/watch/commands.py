@@ -86,6 +86,21 @@ def run_watch(spec_path: Path, *, interval_s: float, listen: str, advertise_url:
     return 0
 
 
+def _as_of(ledger, spec: SpecBase, deploy_dir: Path) -> tuple[float | None, bool]:
+    """When the status's figures stand, and whether the job's nodes stopped with a kit that is gone: a finished
+    job's as it ended (its disks and hours do not go on counting); a job whose nodes cannot outlive kit (the
+    local cloud's) left up in the ledger while no kit runs it (kit was killed: nothing recorded their end) as
+    of the ledger's last record; any other now (None)."""
+    from kit.watch.ledger import WatcherLock
+
+    ended = ledger.ended_at()
+    if ended is not None:
+        return ended, False
+    if spec.cloud_facts.nodes_outlive_kit or not ledger.nodes(("up",)) or WatcherLock.held(deploy_dir / LOCK_FILE):
+        return None, False
+    return ledger.last_record(), True
+
+
 def run_status(spec_path: Path, *, as_json: bool) -> None:
     from kit.watch.ledger import Ledger
     from kit.watch.status import render_status, status_report
@@ -96,8 +111,8 @@ def run_status(spec_path: Path, *, as_json: bool) -> None:
         raise KitError(f"no ledger for cluster {spec.name!r} yet", where=str(path),
                        fix=f"run `kit watch {spec_path}` (or `kit train`) first")
     ledger = Ledger(path)
-    # a finished job's figures stand as they were when it ended (its disks and hours do not go on counting)
-    report = status_report(ledger, spec, now=ledger.ended_at())
+    now, stopped_with_kit = _as_of(ledger, spec, deploy_dir)
+    report = {**status_report(ledger, spec, now=now), "stopped_with_kit": stopped_with_kit}
     if as_json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:

@@ -334,6 +334,15 @@ class Ledger:
         ended = self._query("SELECT MAX(until) AS ended FROM nodes")[0]["ended"]
         return None if ended is None else float(ended)
 
+    def last_record(self) -> float | None:
+        """The newest time the ledger holds (a tick, a heartbeat, an event, a launch), on its clock: the last
+        sign that the loop ran."""
+        row = self._query(
+            "SELECT MAX(t) AS t FROM (SELECT MAX(time) AS t FROM ticks UNION ALL SELECT MAX(time) FROM progress"
+            " UNION ALL SELECT MAX(time) FROM events UNION ALL SELECT MAX(since) FROM nodes"
+            " UNION ALL SELECT MAX(finished) FROM applies)")[0]
+        return None if row["t"] is None else float(row["t"])
+
     def observed_event_id(self) -> int:
         return int(self._run("observed_event_id"))
 
@@ -722,6 +731,22 @@ class WatcherLock:
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd
         return self
+
+    @staticmethod
+    def held(path: Path) -> bool:
+        """Whether a watcher holds the lock at ``path`` now (a reader's question: it takes the lock shared for
+        an instant, which only a watcher starting in that instant would notice)."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # closing drops a lock it took
+        return False
 
     def release(self) -> None:
         if self._fd is not None:

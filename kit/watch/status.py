@@ -281,6 +281,9 @@ def render_status(report: dict[str, Any], console) -> None:
     progress = report["progress"]
     console.print(f"[bold]{escape(report['cluster'])}[/bold] ({escape(report['cloud'])})  market: "
                   f"[bold]{escape(report['market'] or 'none')}[/bold]  running {report['wall_hours']:.2f} h")
+    if report.get("stopped_with_kit"):
+        console.print("[yellow]kit is not running this job: its nodes stopped with it (kit was killed), so the "
+                      "figures are as of the ledger's last record; `kit train` again continues[/yellow]")
     if progress:
         console.print(escape(f"progress: step {progress['step']}/{progress['total_steps']} "
                              f"({100 * progress['fraction']:.1f} %), {progress['step_time_s'] or 0:.3f} s/step, "

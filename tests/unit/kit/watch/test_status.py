@@ -174,6 +174,39 @@ def test_status_of_a_running_local_job_is_read_on_the_ledger_s_compressed_clock(
     assert report == json.loads(json.dumps(status_report(ledger, spec, now=clock.t)))
 
 
+def test_status_of_local_nodes_left_up_by_a_killed_kit_stops_at_the_ledger_s_last_record(tmp_path, monkeypatch, capsys):
+    """kit train SIGKILLed: its local nodes died with it, but nothing recorded their end, so `kit status` charged
+    them on until kit ran again. With no kit holding the cluster's lock, a local job's figures stand as of the
+    ledger's last record, and status says why; while a kit runs it, or for a cloud's nodes (they run on and are
+    billed), status counts to now."""
+    import time
+
+    from kit.watch.ledger import WatcherLock
+    from kit.watch.session import LOCK_FILE
+
+    ledger, spec, clock = run_scenario(tmp_path)
+    last = ledger.last_record()
+    assert last is not None and last < clock.t and ledger.nodes(("up",))
+    monkeypatch.setattr(time, "time", lambda: clock.t + 5 * HOUR)
+    monkeypatch.setattr(commands, "_load", lambda path: (spec, tmp_path))
+
+    def status() -> dict:
+        commands.run_status(tmp_path / "cluster.yaml", as_json=True)
+        return json.loads(capsys.readouterr().out)
+
+    orphaned = status()
+    assert orphaned["stopped_with_kit"] is True
+    assert orphaned["cost"] == pytest.approx(status_report(ledger, spec, now=last)["cost"])
+    with WatcherLock(tmp_path / LOCK_FILE):  # a kit runs the job: its nodes are up, now
+        running = status()
+    assert running["stopped_with_kit"] is False and running["cost"] > orphaned["cost"]
+    monkeypatch.setattr(commands, "_load", lambda path: (cloud_spec("aws"), tmp_path))
+    assert status()["stopped_with_kit"] is False
+    monkeypatch.setattr(commands, "_load", lambda path: (spec, tmp_path))
+    commands.run_status(tmp_path / "cluster.yaml", as_json=False)
+    assert "kit is not running this job" in capsys.readouterr().out
+
+
 def test_a_ledger_clock_without_its_scale_reads_as_the_wall_clock(tmp_path, monkeypatch):
     """A version-6 ledger kept the clock's origin only: its times cannot be read again, so status uses the
     wall clock (as before) instead of guessing a scale; the next attach keeps the scale."""
