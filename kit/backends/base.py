@@ -50,7 +50,7 @@ class Node:
 
 class CapacityError(KitError):
     """The cloud had no capacity for the requested instances (spot or on-demand). Retried with
-    backoff by the watcher and counted as preemption pressure for the policy."""
+    backoff by the watcher; until the retry the policy sees spot unavailable."""
 
 
 class Backend(ABC):

@@ -323,7 +323,7 @@ class Watcher:
             return None
         outcome = self.actor.execute(pending)
         if outcome.capacity_error and pending.market_after == SPOT:
-            # Spot counts as unavailable until the retry; the policy sees it as preemption pressure.
+            # Spot counts as unavailable until the retry (not a preemption: the simulator's tick without capacity).
             self.ledger.block_spot_until(self.ledger.decision(pending.id).next_attempt)
         return outcome
 
