@@ -163,14 +163,18 @@ def test_status_of_a_running_local_job_is_read_on_the_ledger_s_compressed_clock(
     scenario's first tick and has run the scenario's 1.5 h since: status now is status at its end."""
     import time
 
+    from kit.watch.ledger import WatcherLock
+    from kit.watch.session import LOCK_FILE
+
     ledger, spec, clock = run_scenario(tmp_path)
     t0, wall = Clock.t, 1_900_000_000.0
     ledger.keep_clock(t0, (clock.t - t0) / (wall - t0), 0.0)  # as LocalBackend.attach keeps it
     monkeypatch.setattr(time, "time", lambda: wall)
     monkeypatch.setattr(commands, "_load", lambda path: (spec, tmp_path))
-    commands.run_status(tmp_path / "cluster.yaml", as_json=True)
+    with WatcherLock(tmp_path / LOCK_FILE):  # the job runs: a kit holds its lock
+        commands.run_status(tmp_path / "cluster.yaml", as_json=True)
     report = json.loads(capsys.readouterr().out)
-    assert report["wall_hours"] == pytest.approx(1.5)
+    assert report.pop("stopped_with_kit") is False and report["wall_hours"] == pytest.approx(1.5)
     assert report == json.loads(json.dumps(status_report(ledger, spec, now=clock.t)))
 
 
