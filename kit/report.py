@@ -24,7 +24,7 @@ class RunPlot:
         self.started = ledger.started_at() or 0.0
         self.rows = ledger.progress_history()
         self.top = max([step for _, step in self.rows] + [1])
-        self.now = ledger_now(self.rows, self.started)
+        self.now = newest_progress(self.rows, self.started)
 
     def hours(self, t: float) -> float:
         return (t - self.started) / 3600.0
@@ -126,5 +126,6 @@ def idle_disk_spans(ledger, now: float) -> dict[str, tuple[float, float]]:
     return spans
 
 
-def ledger_now(rows, default: float) -> float:
+def newest_progress(rows, default: float) -> float:
+    """The time of the newest heartbeat in ``rows`` (``default`` without one): where the plot ends."""
     return max([at for at, _ in rows] + [default])

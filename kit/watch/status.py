@@ -28,7 +28,6 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kit.clock import VirtualClock
@@ -232,15 +231,14 @@ def move_facts(ledger: Ledger, spec: SpecBase) -> dict[str, Any]:
             "transfer_gbps": moves.transfer_gbps}
 
 
-def ledger_now(ledger: Ledger, wall: Callable[[], float] | None = None) -> float:
+def ledger_now(ledger: Ledger) -> float:
     """Now, on the clock the ledger's times are on: a local job's compressed clock (kept in the
     ledger, kit.clock.VirtualClock), else the wall clock. Without it a
     running local job's status set wall seconds against trace hours (0.01 h run after 1.3 trace hours)."""
-    wall = wall or time.time
     origin, scale, offset = ledger.clock() or (None, None, 0.0)
     if origin is None or scale is None:  # no compressed clock, or one from before its scale was kept
-        return wall()
-    return VirtualClock(origin, scale, wall, offset)()
+        return time.time()
+    return VirtualClock(origin, scale, offset=offset)()
 
 
 def status_report(ledger: Ledger, spec: SpecBase, now: float | None = None) -> dict[str, Any]:
