@@ -220,8 +220,21 @@ def run_trainer(a, ckpt_dir: Path, compile_: bool, env) -> dict:
     return res
 
 
+def _stop_save_in_flight(ck, state: dict, step: int, cancel: bool, after_s: float) -> float:
+    """A stop save that lands ``after_s`` into a periodic background write of an older step, as
+    training.train's save_for_stop does it (``cancel``) or as it did before (wait for the write)."""
+    ck.save(step, state)
+    time.sleep(after_s)
+    t0 = time.perf_counter()
+    ck.cancel() if cancel else ck.wait()
+    ck.save(step + 1, state, sync=True)
+    return time.perf_counter() - t0
+
+
 def run_ckpt_io(a) -> dict:
-    """Synchronous save (stop-save path) and verified load of the real model + AdamW state, host side."""
+    """Synchronous save (stop-save path) and verified load of the real model + AdamW state, host side;
+    then a stop save that lands a quarter into a periodic write (by the fastest save's time), waiting
+    for it (the baseline) and cancelling it (the trainer's way), alternating in the same run."""
     import torch
 
     sys.path.insert(0, str(REPO))
@@ -237,7 +250,8 @@ def run_ckpt_io(a) -> dict:
     opt.step()  # materialise the AdamW moments
     sched = make_scheduler(opt, 10, 100)
     root = Path(a.ckpt_dir) if a.ckpt_dir else Path(tempfile.mkdtemp(prefix="kit-ckpt-io-"))
-    res = {"model": a.model, "save_s": [], "stall_s": [], "load_s": [], "bytes": None, "dir": str(root)}
+    res = {"model": a.model, "save_s": [], "stall_s": [], "load_s": [], "bytes": None, "dir": str(root),
+           "stop_in_flight_wait_s": [], "stop_in_flight_cancel_s": []}
     try:
         ck = Checkpointer(root / "ckpt", keep=2)
         for i in range(a.repeats):
@@ -253,6 +267,10 @@ def run_ckpt_io(a) -> dict:
             step, _, _ = newest_loadable(root / "ckpt")
             res["load_s"].append(time.perf_counter() - t0)
             assert step == i + 1
+        for i in range(a.repeats):
+            for cancel, key in ((False, "stop_in_flight_wait_s"), (True, "stop_in_flight_cancel_s")):
+                res[key].append(_stop_save_in_flight(ck, state, 100 + 10 * i + 2 * cancel, cancel,
+                                                     min(res["save_s"]) / 4))
     finally:
         if not a.ckpt_dir:
             shutil.rmtree(root, ignore_errors=True)

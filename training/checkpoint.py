@@ -90,19 +90,43 @@ def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
-class _HashingWriter:
-    """File-like object: torch.save writes through it, so hashing costs no second read."""
+class SaveCancelled(Exception):
+    """A background write given up for a newer save that supersedes it (:meth:`Checkpointer.cancel`)."""
 
-    def __init__(self, f):
+
+SYNC_EVERY = 64 << 20  # bytes written between two fdatasync calls of a checkpoint file
+
+
+class _HashingWriter:
+    """File-like object torch.save writes through: sha256 on the way (no second read), the file synced
+    every ``SYNC_EVERY`` bytes and ``cancel`` checked before each such chunk.
+
+    Syncing as it goes bounds what a cancelled write leaves for the disk to flush (otherwise the whole
+    file sits in the page cache until the final fsync, which a cancel cannot interrupt), and splitting
+    one large tensor into chunks bounds how long a cancel waits."""
+
+    def __init__(self, f, cancel: threading.Event | None = None):
         self.f = f
+        self.cancel = cancel
         self.h = hashlib.sha256()
         self.n = 0
+        self.unsynced = 0
 
     def write(self, b) -> int:
-        mv = memoryview(b)
-        self.h.update(mv)
-        self.n += mv.nbytes
-        return self.f.write(mv)
+        mv = memoryview(b).cast("B")
+        for i in range(0, mv.nbytes, SYNC_EVERY):
+            if self.cancel is not None and self.cancel.is_set():
+                raise SaveCancelled()
+            chunk = mv[i:i + SYNC_EVERY]
+            self.h.update(chunk)
+            self.f.write(chunk)
+            self.n += chunk.nbytes
+            self.unsynced += chunk.nbytes
+            if self.unsynced >= SYNC_EVERY:
+                self.f.flush()
+                os.fdatasync(self.f.fileno())
+                self.unsynced = 0
+        return mv.nbytes
 
     def flush(self) -> None:
         self.f.flush()
@@ -259,6 +283,7 @@ class SaveStats:
     path: str | None = None
     error: str | None = None
     skipped: bool = False     # this node already had a complete checkpoint of this step (if_missing)
+    cancelled: bool = False   # given up for a newer save (:meth:`Checkpointer.cancel`); nothing written
     previous: SaveStats | None = None  # the earlier background write this save waited for, if any
 
 
@@ -302,6 +327,7 @@ class Checkpointer:
         self.stager = HostStager()
         self._thread: threading.Thread | None = None
         self._pending: SaveStats | None = None
+        self._cancel = threading.Event()  # of the write in flight; each write gets a fresh one
         self.history: list[SaveStats] = []
         self.write_delay_s = write_delay_s  # tests only: two sleeps inside every write
         if writer:
@@ -335,6 +361,17 @@ class Checkpointer:
         done, self._pending = self._pending, None
         return done
 
+    def cancel(self) -> SaveStats | None:
+        """Give up the in-flight background write, if any, and return its stats like :meth:`wait`.
+
+        For a save whose newer state supersedes it (the stop save): waiting for it can take as long
+        as the stop save itself, out of a preemption notice's seconds. It stops at its next chunk
+        (:data:`SYNC_EVERY`) and leaves nothing behind; one whose state file is written completes.
+        The complete checkpoints before it are untouched, so nothing saved is lost."""
+        if self._thread is not None:
+            self._cancel.set()
+        return self.wait()
+
     def has(self, step: int) -> bool:
         return (self.directory / step_dir_name(step) / MARKER).is_file()
 
@@ -362,17 +399,18 @@ class Checkpointer:
         stats.stall_s = time.perf_counter() - t0
         self.history.append(stats)
         if sync:
-            self._write(step, staged, stats)
+            self._write(step, staged, stats, threading.Event())
             if stats.error:
                 raise OSError(stats.error)
         else:
             self._pending = stats
-            self._thread = threading.Thread(target=self._write, args=(step, staged, stats),
+            self._cancel = threading.Event()
+            self._thread = threading.Thread(target=self._write, args=(step, staged, stats, self._cancel),
                                             name=f"ckpt-write-{step}", daemon=True)
             self._thread.start()
         return stats
 
-    def _write(self, step: int, staged: dict, stats: SaveStats) -> None:
+    def _write(self, step: int, staged: dict, stats: SaveStats, cancel: threading.Event) -> None:
         t0 = time.perf_counter()
         final = self.directory / step_dir_name(step)
         tmp = self.directory / f".tmp-{step_dir_name(step)}-{os.getpid()}-{threading.get_ident()}"
@@ -380,15 +418,15 @@ class Checkpointer:
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
-            if self.write_delay_s:  # tests: before the staged buffers are read ...
-                time.sleep(self.write_delay_s)
+            if self.write_delay_s and cancel.wait(self.write_delay_s):  # tests: before the buffers are read ...
+                raise SaveCancelled()
             with open(tmp / STATE_FILE, "wb") as f:
-                w = _HashingWriter(f)
+                w = _HashingWriter(f, cancel)
                 torch.save(staged, cast(IO[bytes], w))  # duck-typed: torch.save only calls write and flush
                 f.flush()
                 os.fsync(f.fileno())
-            if self.write_delay_s:  # ... and with state.pt written but no marker yet
-                time.sleep(self.write_delay_s)
+            if self.write_delay_s:  # ... and with state.pt written but no marker yet (completes)
+                cancel.wait(self.write_delay_s)
             marker = Marker(format=FORMAT, step=step, time=time.time(),
                             files={STATE_FILE: FileEntry(bytes=w.n, sha256=w.h.hexdigest())})
             with open(tmp / MARKER, "w") as f:
@@ -408,9 +446,15 @@ class Checkpointer:
             stats.path = str(final)
             self._prune()
         except Exception as e:  # noqa: BLE001 - reported, training continues (periodic) / raises (sync)
-            stats.error = f"checkpoint step {step} failed: {e}"
-            self.log(f"ERROR {stats.error}")
             shutil.rmtree(tmp, ignore_errors=True)
+            # torch.save's C++ writer turns SaveCancelled into its own error ("unexpected pos"), so a
+            # cancel is known by its event, not by the exception that reached here
+            if cancel.is_set():
+                stats.cancelled = True
+                self.log(f"checkpoint step {step} cancelled: a newer save supersedes it")
+            else:
+                stats.error = f"checkpoint step {step} failed: {e}"
+                self.log(f"ERROR {stats.error}")
         stats.write_s = time.perf_counter() - t0
 
     def _prune(self) -> None:

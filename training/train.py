@@ -370,10 +370,10 @@ class Trainer:
                 "data": {f"rank_{r}": s for r, s in enumerate(datas)}}
 
     def note_finished(self, stats) -> None:
-        """A background write that finished: logged, or (failed) the step counts as unsaved."""
+        """A background write that finished: logged, or (failed, cancelled) the step counts as unsaved."""
         if stats is None:
             return
-        if stats.error:
+        if stats.error or stats.cancelled:
             self.last_saved = -1
         elif stats.path and stats.write_s is not None:
             if stats.step >= (self.progress.checkpoint_step or -1):
@@ -407,14 +407,17 @@ class Trainer:
             self.progress.checkpoint(self.step, self.ckpt.bytes_of(self.step))
 
     def save_for_stop(self) -> int:
-        """A stop request all ranks agreed on: finish an in-flight write, save this step
-        synchronously (unless every node holds it), and report the run as preempted."""
+        """A stop request all ranks agreed on: save this step synchronously (unless every node holds
+        it) and report the run as preempted. An in-flight periodic write of an older step is given up
+        (this save supersedes it, and waiting for it doubled the stop save on an H100's disk: 5.6 s
+        against 2.8 s, docs/benchmarks.md); one of this very step is waited for."""
         from . import bucket
         from . import distributed as D
 
         t0 = time.perf_counter()
         reason = self.stop.reason()
-        self.note_finished(self.ckpt.wait())  # an in-flight periodic write finishes first
+        in_flight = self.ckpt.wait() if self.last_saved == self.step else self.ckpt.cancel()
+        self.note_finished(in_flight)
         wait_s = time.perf_counter() - t0
         if self.last_saved != self.step:
             self.ckpt.save(self.step, self.full_state(self.step), sync=True, if_missing=True)

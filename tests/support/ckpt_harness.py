@@ -31,7 +31,7 @@ def state(step: int) -> dict:
             "rng": {"rank_0": {"python": random.getstate()}}}
 
 
-def naive_write(self, step, staged, stats):
+def naive_write(self, step, staged, stats, cancel=None):
     """Negative control: marker first, data written in place (no tmp dir, no rename)."""
     import hashlib
     import io
