@@ -233,8 +233,9 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
               console=None) -> dict:
     from rich.console import Console
 
-    from kit.watch.session import Session
+    from kit.watch.session import Session, check_interval
 
+    check_interval(interval_s)  # before anything is read or started
     spec = load_train_spec(spec_path, cloud=cloud, time_scale=time_scale, preempt_every=preempt_every,
                            no_preemptions=no_preemptions)
     run = TrainRun(spec, console=console or Console(), json_report=json_report, plot=plot, keep_disks=keep_disks,

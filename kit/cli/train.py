@@ -22,6 +22,8 @@ def train(
     json_report: Annotated[Path | None, typer.Option(help="write the cost report as JSON")] = None,
     plot: Annotated[Path | None, typer.Option(help="PNG of progress over time, markets, preemptions")] = None,
     keep_disks: Annotated[bool, typer.Option("--keep-disks", help="keep the data disks after completion")] = False,
+    interval: Annotated[float | None, typer.Option(
+        help="seconds between cloud polls (agent notices wake it early; default 15, local 0.5)")] = None,
     listen: Annotated[str | None, typer.Option(help="HOST:PORT of the agents' endpoint (default 127.0.0.1:0; 0.0.0.0:8787 with --advertise-url)")] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="train again although this spec's job already "
                                                          "finished (the finished run is kept under previous/)")] = False,
@@ -38,4 +40,4 @@ def train(
         raise InputError(f"--cloud {cloud!r}", where="--cloud", fix=f"use one of: {', '.join(clouds.NAMES)}")
     run_train(spec, cloud=cloud, time_scale=time_scale, preempt_every=preempt_every,
               no_preemptions=no_preemptions, json_report=json_report, plot=plot, keep_disks=keep_disks,
-              listen=listen, advertise_url=advertise_url, fresh=fresh)
+              interval_s=interval, listen=listen, advertise_url=advertise_url, fresh=fresh)

@@ -12,8 +12,14 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
-from kit.errors import InputError, KitError, interrupted_exit_code
-from kit.watch.session import LEDGER_FILE, LOCK_FILE, make_policy_for, parse_listen  # noqa: F401 - re-exported
+from kit.errors import KitError, interrupted_exit_code
+from kit.watch.session import (  # noqa: F401 - re-exported
+    LEDGER_FILE,
+    LOCK_FILE,
+    check_interval,
+    make_policy_for,
+    parse_listen,
+)
 
 if TYPE_CHECKING:
     from kit.spec import SpecBase
@@ -45,8 +51,7 @@ def run_watch(spec_path: Path, *, interval_s: float, listen: str, advertise_url:
     from kit.watch.session import Session
     from kit.watch.status import cost_of
 
-    if interval_s <= 0:
-        raise InputError(f"--interval {interval_s} must be > 0", where="--interval", fix="e.g. --interval 15")
+    check_interval(interval_s)
     parse_listen(listen)  # a bad --listen is refused before anything is started
     spec, deploy_dir = _load(spec_path)
     console = Console()

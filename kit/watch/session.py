@@ -36,6 +36,19 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+def check_interval(interval_s: float | None) -> float | None:
+    """``--interval`` (seconds between the watcher's polls of the cloud), refused unless a finite positive
+    number; None: the backend's own (15 s for the clouds, SkyPilot's controller cadence)."""
+    import math
+
+    from kit.errors import InputError
+
+    if interval_s is not None and not (math.isfinite(interval_s) and interval_s > 0):
+        raise InputError(f"--interval {interval_s} must be a number of seconds > 0", where="--interval",
+                         fix="e.g. --interval 15 (agent notices wake the watcher earlier anyway)")
+    return interval_s
+
+
 def make_policy_for(spec: SpecBase):
     """The spec's ``policy`` section -> a kit.policy Policy. A ``default`` job that may move (several zones or
     shapes) decides its market as the simulator's multi-zone ``default`` does (its market is "the best spot
