@@ -98,13 +98,14 @@ def progress_step(hosts, key: Path) -> int:
     return 0
 
 
-def ledger_events(deploy_dir: Path) -> list[dict]:
+def ledger_events(deploy_dir: Path) -> tuple[list[dict], dict]:
+    """The ledger's events and its newest progress record."""
     from kit.watch.ledger import Ledger
     from kit.watch.session import LEDGER_FILE
 
     ledger = Ledger(deploy_dir / LEDGER_FILE)
     try:
-        return ledger.events()
+        return ledger.events(), ledger.latest_progress()
     finally:
         ledger.close()
 
@@ -140,7 +141,10 @@ def interrupt_after_a_checkpoint(tmp_path: Path, kit: subprocess.Popen, hosts):
 def assert_recovered_the_aws_way(tmp_path: Path, hosts, victim, report: dict) -> None:
     """The agent saw the notice before EC2 said the instance was gone; one new instance took the victim's
     volume (the same filesystem: the trainer resumed from it and lost no step)."""
-    events = ledger_events(tmp_path / "deploy" / "e2e")
+    events, done = ledger_events(tmp_path / "deploy" / "e2e")
+    # the bootstraps restarted no agent (nor trainer) they had just started: no agent stopped before the end
+    assert done["state"] == "done" and not [e for e in events if e["source"] == "agent" and e["kind"] == "shutdown"
+                                            and e["time"] < done["time"]], events
     notice = next(e for e in events if e["source"] == "agent" and e["kind"] == "preemption")
     loss = next(e for e in events if e["source"] == "aws" and e["kind"] == "preemption")
     assert notice["instance"] == loss["instance"] == victim.id and notice["time"] < loss["time"], events
