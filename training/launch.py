@@ -20,8 +20,11 @@ Before starting torchrun :func:`main`:
 While torchrun runs, SIGTERM/SIGINT/SIGHUP (``systemctl stop``, an OS shutdown) are not fatal: the
 signal writes the stop file (all ranks agree on a step, save and exit 75, with no time cap of its own)
 and is forwarded to torchrun only after ``--signal-grace`` seconds (or at once on a second signal), in
-case torchrun is still in its rendezvous and no worker can see the stop file. torchrun SIGKILLs its
-workers 30 s after it gets a SIGTERM, so forwarding at once would cap the emergency save at 30 s.
+case a worker is still starting up and has not looked at the stop file yet. torchrun SIGKILLs its
+workers 30 s after it gets a SIGTERM, so forwarding at once would cap the emergency save at 30 s. While
+torchrun has no worker at all (still in its rendezvous: no one can see the stop file, and there is
+nothing to save) the signal is forwarded at once: a restart of a node waiting for a replaced head
+waited out the whole grace.
 """
 from __future__ import annotations
 
@@ -176,9 +179,31 @@ class _SignalRelay:
             pass
 
 
+def has_children(pid: int) -> bool | None:
+    """Whether process ``pid`` has a child (torchrun's workers are its children); None where ``/proc``
+    cannot tell (not Linux)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()  # after "(comm)", which may hold spaces
+        if len(fields) > 1 and fields[1] == str(pid).encode():
+            return True
+    return False
+
+
 def run(cmd: list[str], stop_file: str, grace: float) -> int:
     """Run torchrun; on SIGTERM/SIGINT/SIGHUP write the stop file, forward the signal after ``grace``
-    seconds (at once on a second signal) and keep waiting. Returns torchrun's exit code."""
+    seconds (at once on a second signal, or while torchrun has no worker) and keep waiting. Returns
+    torchrun's exit code."""
     proc = subprocess.Popen(cmd)
     relay = _SignalRelay(proc, stop_file, grace)
     previous = {s: signal.signal(s, relay.on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
@@ -187,7 +212,7 @@ def run(cmd: list[str], stop_file: str, grace: float) -> int:
             try:
                 return proc.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
-                if relay.due():
+                if relay.due() or (relay.forward_at is not None and has_children(proc.pid) is False):
                     relay.forward()
     finally:
         for s, h in previous.items():

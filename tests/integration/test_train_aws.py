@@ -98,14 +98,26 @@ def progress_step(hosts, key: Path) -> int:
     return 0
 
 
-def ledger_events(deploy_dir: Path) -> tuple[list[dict], dict]:
-    """The ledger's events and its newest progress record."""
+def ledger_events(deploy_dir: Path) -> tuple[list[dict], float]:
+    """The ledger's events, and when the trainer first reported the last step."""
     from kit.watch.ledger import Ledger
     from kit.watch.session import LEDGER_FILE
 
     ledger = Ledger(deploy_dir / LEDGER_FILE)
     try:
-        return ledger.events(), ledger.latest_progress()
+        return ledger.events(), min(t for t, step in ledger.progress_history() if step == STEPS)
+    finally:
+        ledger.close()
+
+
+def head_instance(deploy_dir: Path) -> str:
+    """The instance of rank 0: the rendezvous endpoint, whose loss changes every node's train.env."""
+    from kit.watch.ledger import Ledger
+    from kit.watch.session import LEDGER_FILE
+
+    ledger = Ledger(deploy_dir / LEDGER_FILE)
+    try:
+        return next(n.instance_id for n in ledger.all_nodes() if n.rank == 0)
     finally:
         ledger.close()
 
@@ -127,13 +139,15 @@ def start_kit_train(tmp_path: Path, spec: Path, url: str, hosts) -> subprocess.P
 
 
 def interrupt_after_a_checkpoint(tmp_path: Path, kit: subprocess.Popen, hosts):
-    """Once the job is past its first checkpoint, one of the two instances gets the spot interruption."""
-    first = hosts.wait_for(2, timeout=300)
+    """Once the job is past its first checkpoint, the head (rank 0) gets the spot interruption: its
+    replacement has a new address, so the survivor's train.env changes and its trainer is restarted
+    while it waits in the rendezvous (the harder of the two recoveries)."""
+    hosts.wait_for(2, timeout=300)
     deadline = time.time() + 600
     while progress_step(hosts, tmp_path / "key") < CKPT_EVERY + 10:
         assert kit.poll() is None and time.time() < deadline, (tmp_path / "kit-train.log").read_text()
         time.sleep(2)
-    victim = sorted(first, key=lambda h: h.ip)[1]
+    victim = hosts.hosts[head_instance(tmp_path / "deploy" / "e2e")]
     hosts.interrupt(victim.id)
     return victim
 
@@ -143,8 +157,7 @@ def assert_recovered_the_aws_way(tmp_path: Path, hosts, victim, report: dict) ->
     volume (the same filesystem: the trainer resumed from it and lost no step)."""
     events, done = ledger_events(tmp_path / "deploy" / "e2e")
     # the bootstraps restarted no agent (nor trainer) they had just started: no agent stopped before the end
-    assert done["state"] == "done" and not [e for e in events if e["source"] == "agent" and e["kind"] == "shutdown"
-                                            and e["time"] < done["time"]], events
+    assert not [e for e in events if e["source"] == "agent" and e["kind"] == "shutdown" and e["time"] < done], events
     notice = next(e for e in events if e["source"] == "agent" and e["kind"] == "preemption")
     loss = next(e for e in events if e["source"] == "aws" and e["kind"] == "preemption")
     assert notice["instance"] == loss["instance"] == victim.id and notice["time"] < loss["time"], events

@@ -2,7 +2,8 @@
 
 A fake ``KIT_PYTHON`` plays torchrun (``python -m torch.distributed.run ... -m training.train FLAGS``): it
 behaves like a training node (stops at the stop file after a "save", writes ``state: preempted`` to the
-progress file and exits 1, as torchrun does when a worker exits 75) and logs the signals it gets.
+progress file and exits 1, as torchrun does when a worker exits 75) and logs the signals it gets. Its
+workers are a child process, as torchrun's are, except in "rendezvous" mode (no worker started yet).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tests.support import REPO
 from training import launch
 
 FAKE_TORCHRUN = r'''#!{python}
-import json, os, signal, sys, time
+import atexit, json, os, signal, subprocess, sys, time
 log = open({log!r}, "a", buffering=1)
 log.write("started %s\n" % " ".join(sys.argv[1:]))
 args = sys.argv[1:]
@@ -29,11 +30,14 @@ progress = args[args.index("--progress-file") + 1]
 
 def on_term(signum, frame):
     log.write("signal %d\n" % signum)
-    if mode == "rendezvous":  # torchrun still waiting for its peers: the signal ends it
+    if mode in ("rendezvous", "slow-save"):  # torchrun ends at the signal (a slow save's workers are killed)
         sys.exit(1)
 
 signal.signal(signal.SIGTERM, on_term)
 signal.signal(signal.SIGINT, on_term)
+if mode != "rendezvous":  # the workers
+    worker = subprocess.Popen(["sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    atexit.register(worker.kill)
 open({ready!r}, "w").close()
 deadline = time.time() + 30
 while time.time() < deadline:
@@ -110,15 +114,25 @@ def test_sigterm_saves_through_the_stop_file_and_exits_75(tmp_path, node):
 
 
 def test_sigterm_is_forwarded_after_the_grace_time(tmp_path, node):
-    """torchrun still in its rendezvous (no worker to see the stop file): the signal reaches it."""
-    proc = start_launch(node("rendezvous"), "--signal-grace", "0.5")
+    """Workers that do not save within the grace (still starting up, say): the signal reaches torchrun."""
+    proc = start_launch(node("slow-save"), "--signal-grace", "0.5")
     out = sigterm_when_ready(tmp_path, proc)
     assert f"signal {int(signal.SIGTERM)}" in fake_log(tmp_path), out
     assert proc.returncode == 1, out  # a crash code, not 0 and not 75: nothing was saved
 
 
-def test_second_signal_is_forwarded_at_once(tmp_path, node):
+def test_sigterm_reaches_a_torchrun_without_workers_at_once(tmp_path, node):
+    """torchrun still in its rendezvous (a node waiting for a replaced head, say): no worker can see the
+    stop file and nothing is to be saved, so the stop does not wait out the grace (it did: 60 s)."""
     proc = start_launch(node("rendezvous"), "--signal-grace", "600")
+    t0 = time.monotonic()
+    out = sigterm_when_ready(tmp_path, proc)
+    assert f"signal {int(signal.SIGTERM)}" in fake_log(tmp_path), out
+    assert proc.returncode == 1 and time.monotonic() - t0 < 15, out
+
+
+def test_second_signal_is_forwarded_at_once(tmp_path, node):
+    proc = start_launch(node("slow-save"), "--signal-grace", "600")
     try:
         wait_for(tmp_path / "ready")
         proc.send_signal(signal.SIGTERM)
