@@ -36,16 +36,20 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+MIN_INTERVAL_S = 0.1  # a poll loop faster than this only hammers the cloud's API (EC2 throttles callers)
+
+
 def check_interval(interval_s: float | None) -> float | None:
-    """``--interval`` (seconds between the watcher's polls of the cloud), refused unless a finite positive
-    number; None: the backend's own (15 s for the clouds, SkyPilot's controller cadence)."""
+    """``--interval`` (seconds between the watcher's polls of the cloud), refused unless a finite number
+    of at least :data:`MIN_INTERVAL_S`; None: the backend's own (15 s for the clouds, SkyPilot's
+    controller cadence; 0.5 s for the local cloud)."""
     import math
 
     from kit.errors import InputError
 
-    if interval_s is not None and not (math.isfinite(interval_s) and interval_s > 0):
-        raise InputError(f"--interval {interval_s} must be a number of seconds > 0", where="--interval",
-                         fix="e.g. --interval 15 (agent notices wake the watcher earlier anyway)")
+    if interval_s is not None and not (math.isfinite(interval_s) and interval_s >= MIN_INTERVAL_S):
+        raise InputError(f"--interval {interval_s} must be a number of seconds >= {MIN_INTERVAL_S:g}",
+                         where="--interval", fix="e.g. --interval 15 (agent notices wake the watcher earlier anyway)")
     return interval_s
 
 

@@ -33,11 +33,12 @@ def test_interval_reaches_kit_train_as_kit_watch_and_a_bad_one_is_refused_before
 
     monkeypatch.setenv(DEPLOY_ROOT_ENV, str(tmp_path))
     for command in ("train", "watch"):
-        for bad in ("0", "-1", "nan", "inf"):
+        for bad in ("0", "-1", "nan", "inf", "1e-9"):
             args = [command, "--interval", bad] + (["examples/local.yaml"] if command == "watch" else [])
             refused = CliRunner().invoke(app, args)
             assert refused.exit_code == 2, (args, refused.output)
-            assert "--interval" in refused.output and "must be a number of seconds > 0" in refused.output, refused.output
+            assert "--interval" in refused.output and "must be a number of seconds >= 0.1" in refused.output, \
+                refused.output
     assert list(tmp_path.iterdir()) == []  # no deployment directory, ledger or lock
     seen = {}
     monkeypatch.setattr(kit.train, "run_train", lambda spec, **kw: seen.update(kw))
