@@ -176,7 +176,7 @@ def test_stop_during_an_in_flight_periodic_write_gives_it_up_at_once(chain):
     cancelled = [line for line in lines if f"checkpoint step {in_flight} cancelled" in line]  # [rank 0] ...
     written = [line for line in lines if line.startswith(f"ckpt_written step={in_flight} ")]
     assert len(cancelled) + len(written) == 1, chain["out2"]
-    assert float(chain["stop2"]["wait_s"]) < 0.5, chain["stop2"]  # waiting took >= 1 s
+    assert float(chain["stop2"]["wait_s"]) < 0.8, chain["stop2"]  # waiting took >= 1 s (the second pause)
     assert chain["stop_step"] > in_flight
     kept = chain["after_kill"] if cancelled else in_flight  # --keep 2
     assert chain["after_stop"] == [kept, chain["stop_step"]], (chain["after_stop"], chain["out2"])
