@@ -1,4 +1,4 @@
-"""Issue 3 (a)-(c), (e): interrupted + resumed runs end with the same params_sha256 as an uninterrupted one.
+"""Interrupted + resumed runs end with the same params_sha256 as an uninterrupted one.
 
 CPU, gloo, `vit_tiny_patch16_224 --image-size 32`, `--deterministic`, 1 and 2 ranks (2 ranks via torchrun).
 Every run uses stochastic depth (hidden `--drop-path`), so a training step consumes the torch RNG and

@@ -1,4 +1,4 @@
-"""Issue 3 (d): SIGKILL during checkpoint writes (>= 20 random moments) never leaves a newest complete
+"""SIGKILL during checkpoint writes (>= 20 random moments) never leaves a newest complete
 checkpoint that fails to load. A non-atomic writer (negative control) is caught by the same check."""
 from __future__ import annotations
 

@@ -237,7 +237,7 @@ def test_default_holds_up_on_markov_markets():
 
 
 def test_benchmark_target_default_beats_greedy_and_up():
-    """Issue 5's target on the shared GCP traces: default <= min(greedy, up), no misses, >= opt."""
+    """The one-zone target on the shared GCP traces: default <= min(greedy, up), no misses, >= opt."""
     traces = load_traces([SPOT_TRACES_DIR / "gcp-a3-h100-2025-10"])
     for deadline in (60.0, 72.0):
         s = simulate(traces, ["greedy", "up", "default"], Params(nodes=16, job_h=48.0, deadline_h=deadline,
