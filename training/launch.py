@@ -143,6 +143,27 @@ def _write_stop_file(path: str, reason: str) -> None:
         print(f"launch: cannot write the stop file {path}: {err}", file=sys.stderr, flush=True)
 
 
+def has_children(pid: int) -> bool | None:
+    """Whether process ``pid`` has a child (torchrun's workers are its children); None where ``/proc``
+    cannot tell (not Linux)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()  # after "(comm)", which may hold spaces
+        if len(fields) > 1 and fields[1] == str(pid).encode():
+            return True
+    return False
+
+
 class _SignalRelay:
     """The launcher's stop signals: the first writes the stop file and forwards the signal to
     torchrun ``grace`` seconds later (the trainer saves meanwhile); a second forwards at once."""
@@ -166,7 +187,9 @@ class _SignalRelay:
         print(f"launch: {name}: stop file written, waiting for the save", file=sys.stderr, flush=True)
 
     def due(self) -> bool:
-        return self.forward_at is not None and time.monotonic() >= self.forward_at
+        """A signal is waiting and its grace is over, or torchrun has no worker that could save."""
+        return self.forward_at is not None and (time.monotonic() >= self.forward_at
+                                                or has_children(self.proc.pid) is False)
 
     def forward(self) -> None:
         if self.forwarded or self.proc.poll() is not None:
@@ -177,27 +200,6 @@ class _SignalRelay:
             self.proc.send_signal(self.signum)
         except ProcessLookupError:
             pass
-
-
-def has_children(pid: int) -> bool | None:
-    """Whether process ``pid`` has a child (torchrun's workers are its children); None where ``/proc``
-    cannot tell (not Linux)."""
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return None
-    for name in entries:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:  # gone meanwhile
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()  # after "(comm)", which may hold spaces
-        if len(fields) > 1 and fields[1] == str(pid).encode():
-            return True
-    return False
 
 
 def run(cmd: list[str], stop_file: str, grace: float) -> int:
@@ -212,7 +214,7 @@ def run(cmd: list[str], stop_file: str, grace: float) -> int:
             try:
                 return proc.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
-                if relay.due() or (relay.forward_at is not None and has_children(proc.pid) is False):
+                if relay.due():
                     relay.forward()
     finally:
         for s, h in previous.items():
