@@ -18,6 +18,12 @@ instant (checkpoint_gb and egress 0 on both sides), so the comparison is about w
     .venv/bin/python bench/watcher_replay.py                     # seeds 11-13, d = 1, 2, 4 ticks, R0 = 60 h (~4 min)
     .venv/bin/python bench/watcher_replay.py --seeds 11 --d-ticks 4 --deadlines 72
     .venv/bin/python bench/watcher_replay.py --gcp --deadlines 60,72    # the GCP set, 16 nodes, d = 0.2 h, flat prices
+    .venv/bin/python bench/watcher_replay.py --gcp --zone-prices --deadlines 60,72   # each zone at its trace's prices
+
+``--zone-prices`` keeps each zone's prices from its trace (GCP prices by region: spot $1.86-8.74/h a node on the
+bundled set) and gives them to the watcher's spec as ``prices.zones``; the same loop with one price for every
+zone (the spec's own zone's, all a spec could say before ``prices.zones``) runs beside it, as the baseline, and
+both are billed at each zone's real prices.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from statistics import mean
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -139,22 +146,33 @@ class Clock:
         return self.t
 
 
-def spec_for(zones: list[str], params: Params) -> SpecBase:
+def zone_prices(traces: list[Trace]) -> dict[str, dict[str, float]]:
+    """Each zone's $/h per node from its trace's metadata, as a spec's ``prices.zones``."""
+    return {t.name: {"spot_per_hour": float(t.metadata["spot_price_per_hour"]),
+                     "on_demand_per_hour": float(t.metadata["on_demand_price_per_hour"])} for t in traces}
+
+
+def spec_for(zones: list[str], params: Params, prices: dict | None = None) -> SpecBase:
+    """The job's spec: ``prices`` a spec's ``prices`` section (default: one price for every zone)."""
+    prices = prices or {"spot_per_hour": SPOT_PRICE, "on_demand_per_hour": ON_DEMAND_PRICE}
     return parse_spec({"name": "replay", "cloud": "local", "nodes": params.nodes, "market": "spot", "zones": zones,
-                       "prices": {"spot_per_hour": SPOT_PRICE, "on_demand_per_hour": ON_DEMAND_PRICE},
+                       "prices": prices,
                        "policy": {"name": "default", "changeover_hours": params.changeover_h,
                                   "deadline_hours": params.deadline_h, "checkpoint_gb": 0.001, "egress_per_gb": 0,
                                   "transfer_gbps": 1000}})
 
 
-def replay_watcher(traces: list[Trace], start: int, params: Params, workdir: Path) -> dict:
-    """One start of the real watch loop: cost vs on-demand, deadline met, launches."""
+def replay_watcher(traces: list[Trace], start: int, params: Params, workdir: Path, *, prices: dict | None = None,
+                   billed: dict[str, dict[str, float]] | None = None) -> dict:
+    """One start of the real watch loop: cost vs on-demand, deadline met, launches. ``prices``: the spec's
+    (default: one for every zone); ``billed``: each zone's real prices, which the cost is counted at (default:
+    the flat prices)."""
     gap = traces[0].gap_seconds
     tick_h = gap / 3600.0
     clock = Clock(1_000_000.0)
     cloud = TraceCloud({t.name: t for t in traces}, params.nodes, clock)
     cloud.first_tick = start
-    spec = spec_for([t.name for t in traces], params)
+    spec = spec_for([t.name for t in traces], params, prices)
     ledger = Ledger(Path(tempfile.mkdtemp(dir=workdir)) / "ledger.sqlite")  # a fresh ledger for each run
     actor = Actor(cloud, ledger, spec, backoff=Backoff(initial_s=1.0, cap_s=1.0, jitter=0.0), clock=clock)
     watcher = Watcher(spec, ledger, actor, moving_market_policy(), source=CloudView(cloud), interval_s=gap, clock=clock)
@@ -174,9 +192,12 @@ def replay_watcher(traces: list[Trace], start: int, params: Params, workdir: Pat
         if cloud.deployed:  # progress through the next tick, after the changeover
             useful_from = cloud.launched_at + params.changeover_h * 3600
             progress += max(0.0, min(gap, clock.t + gap - useful_from)) / 3600
-    cost = sum(((n.until if n.until is not None else clock.t) - n.since) / 3600 * (
-        SPOT_PRICE if n.market == "spot" else ON_DEMAND_PRICE) for n in ledger.all_nodes())
-    base = params.nodes * ON_DEMAND_PRICE * (params.job_h + params.changeover_h)
+    flat = {"spot_per_hour": SPOT_PRICE, "on_demand_per_hour": ON_DEMAND_PRICE}
+    rate = {z: (billed or {}).get(z, flat) for z in cloud.traces}
+    cost = sum(((n.until if n.until is not None else clock.t) - n.since) / 3600 * rate[n.zone or ""][
+        "spot_per_hour" if n.market == "spot" else "on_demand_per_hour"] for n in ledger.all_nodes())
+    q_min = min(r["on_demand_per_hour"] for r in rate.values())  # the simulator's baseline: the cheapest zone
+    base = params.nodes * q_min * (params.job_h + params.changeover_h)
     finished_h = (clock.t - 1_000_000.0) / 3600
     launches = len({n.apply_id for n in ledger.all_nodes()})
     ledger.close()
@@ -184,15 +205,23 @@ def replay_watcher(traces: list[Trace], start: int, params: Params, workdir: Pat
             "missed": progress < JOB_H - 1e-9 or finished_h > params.deadline_h + tick_h}
 
 
-def compare(traces: list[Trace], params: Params, workdir: Path) -> dict:
-    traces = flat_priced(traces)
+def compare(traces: list[Trace], params: Params, workdir: Path, *, priced: bool = False) -> dict:
+    """opt, the simulated ``default`` and the watcher on one market; ``priced``: each zone at its trace's prices,
+    with the watcher that knows them (``prices.zones``) and the one that has one price for every zone."""
+    traces = traces if priced else flat_priced(traces)
     moves = Moves(checkpoint_gb=0.001, transfer_gbps=1000, egress_per_gb=0.0)
     sim = simulate_zones(traces, ["opt", "default"], params, moves)["cost_vs_on_demand"]
     starts = zone_starts(zone_market(traces, params, moves), params)
-    runs = [replay_watcher(traces, s, params, workdir) for s in starts]
-    real = sum(r["cost_vs_on_demand"] for r in runs) / len(runs)
-    return {"deadline_h": params.deadline_h, "opt": sim["opt"], "simulated": sim["default"], "watcher": real,
-            "watcher_misses": sum(r["missed"] for r in runs)}
+    billed = zone_prices(traces) if priced else None
+    known = {**billed[traces[0].name], "zones": billed} if billed else None
+    runs = [replay_watcher(traces, s, params, workdir, prices=known, billed=billed) for s in starts]
+    row = {"deadline_h": params.deadline_h, "opt": sim["opt"], "simulated": sim["default"],
+           "watcher": mean(r["cost_vs_on_demand"] for r in runs), "watcher_misses": sum(r["missed"] for r in runs)}
+    if billed:  # the baseline: the same loop with one price, the first zone's, for every zone
+        one = [replay_watcher(traces, s, params, workdir, prices=billed[traces[0].name], billed=billed) for s in starts]
+        row |= {"watcher_one_price": mean(r["cost_vs_on_demand"] for r in one),
+                "one_price_misses": sum(r["missed"] for r in one)}
+    return row
 
 
 def settings(args: argparse.Namespace):
@@ -220,19 +249,26 @@ def main() -> None:
     parser.add_argument("--gcp", action="store_true", help="the bundled GCP H100 set (13 zones, then one region "
                         "at a time) instead of the synthetic markets")
     parser.add_argument("--nodes", type=int, default=16, help="the gang with --gcp (default 16)")
+    parser.add_argument("--zone-prices", action="store_true", help="each zone at its trace's prices, known to the "
+                        "watcher's spec (prices.zones), beside the same loop with one price for every zone")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args()
     logging.getLogger("kit.watch").setLevel(logging.ERROR)  # each capacity error and loss is a warning
     rows = []
-    print("| market | R0 | opt | simulated default | watcher | watcher / simulated | watcher misses |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    extra = ("watcher, one price for every zone", "with prices.zones / one price") if args.zone_prices else ()
+    print("| market | R0 | opt | simulated default | watcher | watcher / simulated | watcher misses |"
+          + "".join(f" {h} |" for h in extra))
+    print("|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(extra))
     with tempfile.TemporaryDirectory() as tmp:
         for label, traces, params in settings(args):
-            row = {"market": label, **compare(traces, params, Path(tmp))}
+            row = {"market": label, **compare(traces, params, Path(tmp), priced=args.zone_prices)}
             rows.append(row)
-            print(f"| {label} | {params.deadline_h:g} h | {row['opt']:.4f} | {row['simulated']:.4f} | "
-                  f"{row['watcher']:.4f} | {row['watcher'] / row['simulated']:.3f} | {row['watcher_misses']} |",
-                  flush=True)
+            line = (f"| {label} | {params.deadline_h:g} h | {row['opt']:.4f} | {row['simulated']:.4f} | "
+                    f"{row['watcher']:.4f} | {row['watcher'] / row['simulated']:.3f} | {row['watcher_misses']} |")
+            if args.zone_prices:
+                line += (f" {row['watcher_one_price']:.4f} ({row['one_price_misses']}) | "
+                         f"{row['watcher'] / row['watcher_one_price']:.3f} |")
+            print(line, flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
 

@@ -186,9 +186,26 @@ class BootstrapSection(_Model):
         return values
 
 
-class PricesSection(_Model):
+class ZonePrices(_Model):
     spot_per_hour: Annotated[Finite, Field(gt=0)] | None = None
     on_demand_per_hour: Annotated[Finite, Field(gt=0)] | None = None
+
+
+class PricesSection(ZonePrices):
+    # Where a zone or a region prices the spec's own instance type otherwise (GCP sets prices per region,
+    # https://cloud.google.com/compute/vm-instance-pricing; AWS spot prices per Availability Zone,
+    # https://aws.amazon.com/ec2/spot/pricing/): its entry, a zone's before its region's, before the two above.
+    # The offers, the capacity search's ranking and the recorded cost of each node use it.
+    zones: dict[str, ZonePrices] = Field(default_factory=dict)
+
+    def of(self, zone: str | None) -> ZonePrices:
+        """The prices in ``zone`` (None: the spec's own), each one from the most specific entry that says it."""
+        from kit.policy.offers import region_of
+
+        entries = [self.zones.get(zone), self.zones.get(region_of(zone))] if zone else []
+        pick = {key: next((getattr(e, key) for e in entries if e is not None and getattr(e, key) is not None),
+                          getattr(self, key)) for key in ("spot_per_hour", "on_demand_per_hour")}
+        return ZonePrices(**pick)
 
 
 def _training_section() -> type[_Model]:
@@ -343,7 +360,18 @@ class SpecBase(_Model):
             raise SpecProblem("shapes", f"the job's own shape ({self.nodes} x {self.start_type}) is not one of shapes",
                               "leave nodes/instance_type out (the job starts on the first shape) or list it")
         self._check_bucket()
+        self._check_zone_prices()
         return self
+
+    def _check_zone_prices(self) -> None:
+        """Each entry of ``prices.zones`` names one of the job's zones or their region."""
+        from kit.policy.offers import region_of
+
+        places = list(dict.fromkeys([*self.zone_list, *(region_of(z) for z in self.zone_list)]))
+        for key in self.prices.zones:
+            if key not in places:
+                raise SpecProblem(f"prices.zones.{key}", f"{key!r} is not one of the job's zones or their regions",
+                                  f"use one of {', '.join(places)} (or add the zone to zones)")
 
     def _check_places(self) -> None:
         """The cloud's own rules for the listed zones and shapes (its catalog), before the shared ones."""
@@ -442,15 +470,17 @@ class SpecBase(_Model):
         bucket, _, prefix = self.bucket_url.split("://", 1)[1].partition("/")
         return bucket, prefix
 
-    def node_price(self, shape, market: str) -> float | None:
-        """$/h per node of ``shape``: the spec's prices for its own type, the catalog's for the others
-        (None: unknown, e.g. a type outside the catalog whose price the spec does not say)."""
+    def node_price(self, shape, market: str, zone: str | None = None) -> float | None:
+        """$/h per node of ``shape`` in ``zone`` (None: the spec's own): the spec's prices for its own type
+        (``prices.zones`` where it names the zone or its region), the catalog's for the others (None: unknown,
+        e.g. a type outside the catalog whose price the spec does not say)."""
         from training.contract import SPOT
 
         instance_type = shape.instance_type
         itype = self.cloud_facts.instance(instance_type)
         if instance_type == self.start_type or itype is None:
-            price = self.prices.spot_per_hour if market == SPOT else self.prices.on_demand_per_hour
+            prices = self.prices.of(zone)
+            price = prices.spot_per_hour if market == SPOT else prices.on_demand_per_hour
             return None if price is None else float(price)
         return itype.spot_per_hour if market == SPOT else itype.on_demand_per_hour
 
@@ -458,7 +488,7 @@ class SpecBase(_Model):
         """Every (zone, shape, market) the job may run on (kit.policy.offers.Offer), $/h for the gang."""
         from kit.policy.offers import Offer
 
-        return tuple(Offer(zone, shape, market, shape.nodes * (self.node_price(shape, market) or 0.0))
+        return tuple(Offer(zone, shape, market, shape.nodes * (self.node_price(shape, market, zone) or 0.0))
                      for zone in self.zone_list for shape in self.shape_list() for market in shape.markets)
 
     def with_offer(self, offer) -> SpecBase:
@@ -466,9 +496,11 @@ class SpecBase(_Model):
         from training.contract import ON_DEMAND, SPOT
 
         shape = offer.shape
-        # prices per node of the new shape, so that the moved spec's offers and costs stay its own
-        prices = self.prices.model_copy(update={"spot_per_hour": self.node_price(shape, SPOT),
-                                                "on_demand_per_hour": self.node_price(shape, ON_DEMAND)})
+        # prices per node of the new type (the zones' entries are for the spec's own type), so that the moved
+        # spec's offers and costs stay its own
+        prices = self.prices if shape.instance_type == self.start_type else PricesSection(
+            spot_per_hour=self.node_price(shape, SPOT, offer.zone),
+            on_demand_per_hour=self.node_price(shape, ON_DEMAND, offer.zone))
         update = {"nodes": shape.nodes, "gpus_per_node": shape.gpus_per_node, "market": offer.market,
                   "prices": prices, **self._offer_update(offer)}
         return self.model_copy(update=update, deep=True)

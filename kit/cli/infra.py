@@ -103,7 +103,8 @@ def plan(
     warn_about(s)
     r.render(s, out_dir, market=market)
     summary = terraform.plan(out_dir, roots=r.roots(s))
-    summary.cost = hourly_cost((s.prices.spot_per_hour, s.prices.on_demand_per_hour), s.nodes, market or s.market,
+    here = s.prices.of(s.start_zone)
+    summary.cost = hourly_cost((here.spot_per_hour, here.on_demand_per_hour), s.nodes, market or s.market,
                                terraform.deployed_nodes(out_dir))
     summary.warnings = s.cloud_facts.plan_warnings(s)
     typer.echo(summary.markdown() if fmt == "markdown" else summary.text())

@@ -10,12 +10,14 @@ from pydantic import Field, StrictBool, ValidationInfo, model_validator
 
 from kit.clouds.base import Cloud
 from kit.errors import InputError
-from kit.spec import Finite, SpecBase, SpecProblem, _Model, spec_path
+from kit.spec import Finite, PricesSection, SpecBase, SpecProblem, ZonePrices, _Model, spec_path
 
 if TYPE_CHECKING:
     from kit.traces import Trace
 
 DEFAULT_PRICES = (1.0, 4.0)  # spot, on-demand $/h per node when the trace says none
+# the spec's prices and the trace metadata's keys that give them
+TRACE_PRICES = {"spot_per_hour": "spot_price_per_hour", "on_demand_per_hour": "on_demand_price_per_hour"}
 
 
 class LocalSection(_Model):
@@ -42,9 +44,9 @@ class LocalSpec(SpecBase):
             return str(Path(self.local.trace) / f"{zone}.json")
         return self.local.trace
 
-    def node_price(self, shape, market: str) -> float | None:
+    def node_price(self, shape, market: str, zone: str | None = None) -> float | None:
         """The spec's prices are for a node of its own shape: a node with more processes costs more."""
-        price = super().node_price(shape, market)
+        price = super().node_price(shape, market, zone)
         return None if price is None else price * shape.gpus_per_node / self.gpus_per_node
 
     def _offer_update(self, offer) -> dict:
@@ -94,10 +96,28 @@ class LocalSpec(SpecBase):
                 check_gang([trace], min(gangs), where=f"{spec_path(info)}: local.trace")
         meta = trace.metadata if trace is not None else {}
         self.prices = self.prices.model_copy(update={
-            "spot_per_hour": self.prices.spot_per_hour or float(meta.get("spot_price_per_hour") or DEFAULT_PRICES[0]),
+            "spot_per_hour": self.prices.spot_per_hour or float(meta.get(TRACE_PRICES["spot_per_hour"]) or DEFAULT_PRICES[0]),
             "on_demand_per_hour": self.prices.on_demand_per_hour
-            or float(meta.get("on_demand_price_per_hour") or DEFAULT_PRICES[1])})
+            or float(meta.get(TRACE_PRICES["on_demand_per_hour"]) or DEFAULT_PRICES[1]),
+            "zones": self._zone_prices(given=self.prices) if self.local.trace and self.zones else self.prices.zones})
         return self
+
+    def _zone_prices(self, given: PricesSection) -> dict[str, ZonePrices]:
+        """Each zone of a trace set at its own file's prices (the set's zones are priced apart, as the clouds
+        price regions and zones), except where the spec says a price: its zone's or region's entry, or the
+        top-level price for every zone."""
+        from kit.policy.offers import region_of
+        from kit.traces import load_trace
+
+        out = dict(given.zones)
+        for zone in self.zones or []:
+            meta = load_trace(Path(self.local.trace or "") / f"{zone}.json").metadata
+            own, region = out.get(zone) or ZonePrices(), given.zones.get(region_of(zone)) or ZonePrices()
+            fill = {key: float(meta[found]) for key, found in TRACE_PRICES.items()
+                    if meta.get(found) and not (getattr(own, key) or getattr(region, key) or getattr(given, key))}
+            if fill:
+                out[zone] = own.model_copy(update=fill)
+        return out
 
     def _trace_set(self, path: str) -> Trace:
         """``local.trace`` as a set's directory holding every listed zone's file; the first one (its prices)."""

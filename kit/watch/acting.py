@@ -254,7 +254,7 @@ class Actor:
             if len(order) > 1:
                 log.info("decision %d: %s has capacity (offer %d of %d)", decision.id, offer.name,
                          order.index(offer) + 1, len(order))
-            price = self.spec.node_price(offer.shape, market)  # None: unknown (the cost stays unknown)
+            price = self.spec.node_price(offer.shape, market, offer.zone)  # None: unknown (the cost stays unknown)
             return [replace(n, shape=offer.shape.name, price=price) for n in nodes]
         raise CapacityError(f"no {market} capacity in {len(order)} offer(s): {'; '.join(errors)}",
                             where=f"offers on {market}", fix="kit watch retries with backoff")

@@ -66,7 +66,9 @@ def node_hours(ledger: Ledger, now: float) -> dict[str, float]:
 
 
 def prices_of(spec: SpecBase) -> dict[str, float | None]:
-    return {SPOT: spec.prices.spot_per_hour, ON_DEMAND: spec.prices.on_demand_per_hour}
+    """$/h per node of the spec's own shape in its own zone, for ledger rows that did not record theirs."""
+    here = spec.prices.of(spec.start_zone)
+    return {SPOT: here.spot_per_hour, ON_DEMAND: here.on_demand_per_hour}
 
 
 def changeover_of(spec: SpecBase) -> float:

@@ -259,7 +259,7 @@ class Watcher:
             return None
         step_time_h = statistics.median(step_times) / 3600.0
         changeover_h = changeover_of(self.spec)
-        prices = prices_of(self.spec)
+        prices = prices_of(self.actor.deployed_spec())  # where the job runs: a zone may price it apart
         return {
             "now_h": (now - self.job_started) / 3600.0,
             "progress_h": progress["step"] * step_time_h,
@@ -271,7 +271,7 @@ class Watcher:
             "spot_available": spot_available,
             "preempted": preempted,
             "tick_h": self.tick_hours(changeover_h),
-            # the policy weighs spot against on-demand with the spec's prices ($/h per node)
+            # the policy weighs spot against on-demand with the spec's prices ($/h per node) in the job's zone
             "spot_price": prices[SPOT],
             "on_demand_price": prices[ON_DEMAND],
         }

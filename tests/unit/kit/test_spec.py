@@ -259,6 +259,57 @@ def test_zones_and_shapes_give_the_offers_and_a_move_renders_the_offer():
     assert moved.offers() == spec.offers()  # the same offers, whichever one the job is on
 
 
+def test_prices_per_zone_or_region_price_that_zones_offers_and_a_move_keeps_them():
+    """AWS prices spot per Availability Zone, GCP by region: ``prices.zones`` gives the spec's own type's prices in
+    one zone or region (a zone's entry before its region's, either before the top-level prices); the offers and
+    a moved spec's prices follow it, and the moved spec has the same offers."""
+    data = _set(AWS, "zones", ["us-east-1a", "us-east-1b", "us-east-2a"])
+    data["prices"] = {"spot_per_hour": 0.5, "on_demand_per_hour": 1.6,
+                      "zones": {"us-east-1b": {"spot_per_hour": 0.4},
+                                "us-east-2": {"spot_per_hour": 0.45, "on_demand_per_hour": 1.5},
+                                "us-east-2a": {"spot_per_hour": 0.3}}}
+    spec = parse_spec(data)
+    prices = {o.name: o.price / spec.nodes for o in spec.offers()}
+    assert prices == pytest.approx({"us-east-1a/4xg5.4xlarge/spot": 0.5, "us-east-1a/4xg5.4xlarge/on-demand": 1.6,
+                                    "us-east-1b/4xg5.4xlarge/spot": 0.4, "us-east-1b/4xg5.4xlarge/on-demand": 1.6,
+                                    "us-east-2a/4xg5.4xlarge/spot": 0.3, "us-east-2a/4xg5.4xlarge/on-demand": 1.5})
+    moved = spec.with_offer(spec.offers()[-1])
+    here = moved.prices.of(moved.start_zone)
+    assert (moved.zone, here.spot_per_hour, here.on_demand_per_hour) == ("us-east-2a", 0.3, 1.5)
+    assert moved.offers() == spec.offers()
+    assert spec.node_price(spec.own_shape, "spot") == 0.5  # no zone: the spec's own prices
+
+    for key, value, where in (("eu-west-1a", {"spot_per_hour": 0.2}, "prices.zones.eu-west-1a"),
+                              ("us-east-1b", {"spot_per_hour": 0}, "prices.zones.us-east-1b.spot_per_hour"),
+                              ("us-east-1b", {"spot": 0.2}, "prices.zones.us-east-1b.spot")):
+        bad = _set(data, "prices.zones", {key: value})
+        with pytest.raises(InputError) as caught:
+            parse_spec(bad)
+        assert caught.value.where == f"cluster.yaml: {where}", (caught.value.where, caught.value.what)
+
+
+def test_a_local_trace_set_prices_each_zone_from_its_own_file_unless_the_spec_says():
+    """The local example's two zones replay two files of the GCP set, whose prices differ (GCP prices by region);
+    a price the spec gives, for every zone or for one, wins over the files'."""
+    from kit.traces import load_trace
+
+    spec = load_spec(EXAMPLES_DIR / "local.yaml")
+    meta = {z: load_trace(spec.trace_of(z)).metadata for z in spec.zones}
+    for offer in spec.offers():
+        key = "spot_price_per_hour" if offer.spot else "on_demand_price_per_hour"
+        assert offer.price == pytest.approx(2 * meta[offer.zone][key]), offer.name  # 2 GPUs' worth either shape
+    assert meta["us-central1-c"]["spot_price_per_hour"] != meta["europe-west3-c"]["spot_price_per_hour"]
+    raw = yaml.safe_load((EXAMPLES_DIR / "local.yaml").read_text())
+    flat = parse_spec(_set(raw, "prices", {"spot_per_hour": 2.0}), path=str(EXAMPLES_DIR / "local.yaml"))
+    assert {o.price for o in flat.offers() if o.spot} == {4.0}
+    assert {o.zone: o.price for o in flat.offers() if not o.spot} == pytest.approx(
+        {z: 2 * meta[z]["on_demand_price_per_hour"] for z in spec.zones})
+    one = parse_spec(_set(raw, "prices", {"zones": {"europe-west3": {"spot_per_hour": 1.0}}}),
+                     path=str(EXAMPLES_DIR / "local.yaml"))
+    assert {o.zone: o.price for o in one.offers() if o.spot} == pytest.approx(
+        {"us-central1-c": 2 * meta["us-central1-c"]["spot_price_per_hour"], "europe-west3-c": 2.0})
+
+
 def test_a_spot_only_type_with_a_deadline_is_fine_with_an_on_demand_shape():
     data = _set(GCP, "policy.deadline_hours", 48)
     with pytest.raises(InputError, match="no on-demand"):
@@ -290,7 +341,8 @@ def test_local_zones_replay_one_file_of_a_set_each(tmp_path):
     assert spec.start_zone == "us-central1-c" and spec.trace_of("us-east4-b").endswith(
         "gcp-a3-h100-2025-10/us-east4-b.json")
     offers = spec.offers()
-    assert len(offers) == 8 and len({o.price for o in offers if o.market == "spot"}) == 1  # same GPUs, same price
+    spot = {(o.zone, o.price) for o in offers if o.market == "spot"}  # same GPUs, same price; each zone its file's
+    assert len(offers) == 8 and len(spot) == 2 and len({zone for zone, _ in spot}) == 2
     moved = spec.with_offer(next(o for o in offers if o.zone == "us-east4-b" and o.shape.nodes == 1))
     assert (moved.start_zone, moved.nodes, moved.gpus_per_node) == ("us-east4-b", 1, 2)
     with pytest.raises(InputError, match="no trace for zone") as info:

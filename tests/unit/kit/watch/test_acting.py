@@ -668,6 +668,42 @@ def test_a_preempted_zone_is_left_for_the_next_zone_with_capacity_in_the_search_
     assert fresh.spec.start_zone == "b" and fresh.spec.nodes == 2
 
 
+def test_zones_priced_apart_rank_the_search_and_each_node_costs_its_zones_price(tmp_path):
+    """``prices.zones``: spot in b costs half of c's (as regions and zones are priced by the clouds). With
+    ``default`` and no run seen anywhere, the recovery from a preempted a tries b before c, b's nodes are
+    recorded at b's price, the cost follows it, and the policy weighs b's spot against b's on-demand."""
+    from types import SimpleNamespace
+
+    from kit.spec import parse_spec
+
+    spec = parse_spec({"name": "demo", "cloud": "local", "zones": ["a", "b", "c"], "market": "spot", "nodes": 2,
+                       "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0,
+                                  "zones": {"b": {"spot_per_hour": 0.5, "on_demand_per_hour": 3.0}}},
+                       "policy": {"name": "default"}})
+    clock, ledger, backend = Clock(), Ledger(tmp_path / "ledger.sqlite"), ZonedBackend(full=set())
+    actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1)), clock=clock)
+    policy = ScriptedPolicy(["spot"])
+    watcher = Watcher(spec, ledger, actor, policy, source=BackendSource(backend), interval_s=15, clock=clock)
+    watcher.start()
+    watcher.tick()  # the launch: a, the spec's own zone
+    assert {(n.zone, n.price) for n in ledger.nodes(("up",))} == {("a", 1.0)}
+    ledger.record(heartbeat(10, 1000, written=clock.t))
+    assert [o.zone for o in actor.search(SimpleNamespace(id=1), "spot")][:2] == ["a", "b"]  # a runs: kept first
+    backend.preempt(1)
+    clock.t += 15
+    assert watcher.tick().action == "recover"
+    assert ledger.applied_offer() == "b/2xlocal/spot"
+    assert {(n.zone, n.price) for n in ledger.nodes(("up",))} == {("b", 0.5)}
+    since = clock.t
+    clock.t += 3600
+    ledger.record(heartbeat(20, 1000, written=clock.t))
+    watcher.tick()
+    assert (policy.seen[-1].spot_price, policy.seen[-1].on_demand_price) == (0.5, 3.0)
+    a_cost = sum((n.until - n.since) / 3600 * 1.0 for n in ledger.all_nodes() if n.zone == "a")
+    assert status_report(ledger, spec, now=clock.t)["cost"] == pytest.approx(a_cost + 2 * 0.5 * (clock.t - since) / 3600,
+                                                                      abs=1e-4)  # reported to 4 places
+
+
 def _zone_a_disks_go_once_left_long_enough(watcher, ledger, backend, spec, clock):
     """After the move from a to b: every disk the job used, per zone (zone a's sit idle since the move;
     local disks cost nothing), and a's go once left ``disk.keep_left_hours`` ago with b holding their step."""
