@@ -22,8 +22,9 @@ instant (checkpoint_gb and egress 0 on both sides), so the comparison is about w
 
 ``--zone-prices`` keeps each zone's prices from its trace (GCP prices by region: spot $1.86-8.74/h a node on the
 bundled set) and gives them to the watcher's spec as ``prices.zones``; the same loop with one price for every
-zone (the spec's own zone's, all a spec could say before ``prices.zones``) runs beside it, as the baseline, and
-both are billed at each zone's real prices.
+zone (the spec's own zone's, all a spec could say before ``prices.zones``; the spec lists the zones cheapest
+first, so the job starts in the cheapest) runs beside it, as the baseline, and both are billed at each zone's
+real prices.
 """
 
 from __future__ import annotations
@@ -88,12 +89,16 @@ class TraceCloud(Backend):
         return self.traces[zone].data[self.tick_index()] >= self.size
 
     def apply(self, spec: SpecBase, market: str) -> list[Node]:
+        """As kit's Terraform apply: nodes of another zone or market are replaced, destroyed before the new
+        ones are created (a data disk attaches to one instance at a time; a move to another region destroys
+        the old cluster first), so an apply that then finds no capacity leaves nothing running."""
         zone = spec.start_zone
-        if market == "spot" and not self.room(zone):
-            raise CapacityError(f"no spot capacity in {zone}")
         same = self.deployed and all(n.market == market and n.zone == zone for n in self.deployed)
         if not same:
             self.deployed = []
+        if market == "spot" and not self.room(zone):
+            raise CapacityError(f"no spot capacity in {zone}")
+        if not same:
             for rank in range(self.size):
                 self.serial += 1
                 self.deployed.append(Node(name=f"node-{rank}", instance_id=f"i-{self.serial}", rank=rank,
@@ -200,15 +205,17 @@ def replay_watcher(traces: list[Trace], start: int, params: Params, workdir: Pat
     base = params.nodes * q_min * (params.job_h + params.changeover_h)
     finished_h = (clock.t - 1_000_000.0) / 3600
     launches = len({n.apply_id for n in ledger.all_nodes()})
+    tries = sum(1 for d in ledger.decisions() if d.action == "move")  # voluntary moves tried (Actor.move_due)
     ledger.close()
-    return {"cost_vs_on_demand": cost / base, "launches": launches,
+    return {"cost_vs_on_demand": cost / base, "launches": launches, "move_tries": tries,
             "missed": progress < JOB_H - 1e-9 or finished_h > params.deadline_h + tick_h}
 
 
 def compare(traces: list[Trace], params: Params, workdir: Path, *, priced: bool = False) -> dict:
     """opt, the simulated ``default`` and the watcher on one market; ``priced``: each zone at its trace's prices,
     with the watcher that knows them (``prices.zones``) and the one that has one price for every zone."""
-    traces = traces if priced else flat_priced(traces)
+    # priced: the spec lists the zones cheapest first, so the job starts where spot is cheapest, as one would write it
+    traces = sorted(traces, key=lambda t: (t.metadata["spot_price_per_hour"], t.name)) if priced else flat_priced(traces)
     moves = Moves(checkpoint_gb=0.001, transfer_gbps=1000, egress_per_gb=0.0)
     sim = simulate_zones(traces, ["opt", "default"], params, moves)["cost_vs_on_demand"]
     starts = zone_starts(zone_market(traces, params, moves), params)
@@ -216,8 +223,9 @@ def compare(traces: list[Trace], params: Params, workdir: Path, *, priced: bool 
     known = {**billed[traces[0].name], "zones": billed} if billed else None
     runs = [replay_watcher(traces, s, params, workdir, prices=known, billed=billed) for s in starts]
     row = {"deadline_h": params.deadline_h, "opt": sim["opt"], "simulated": sim["default"],
-           "watcher": mean(r["cost_vs_on_demand"] for r in runs), "watcher_misses": sum(r["missed"] for r in runs)}
-    if billed:  # the baseline: the same loop with one price, the first zone's, for every zone
+           "watcher": mean(r["cost_vs_on_demand"] for r in runs), "watcher_misses": sum(r["missed"] for r in runs),
+           "move_tries": mean(r["move_tries"] for r in runs)}
+    if billed:  # the baseline: the same loop with one price for every zone, the first (cheapest) zone's
         one = [replay_watcher(traces, s, params, workdir, prices=billed[traces[0].name], billed=billed) for s in starts]
         row |= {"watcher_one_price": mean(r["cost_vs_on_demand"] for r in one),
                 "one_price_misses": sum(r["missed"] for r in one)}
@@ -256,15 +264,16 @@ def main() -> None:
     logging.getLogger("kit.watch").setLevel(logging.ERROR)  # each capacity error and loss is a warning
     rows = []
     extra = ("watcher, one price for every zone", "with prices.zones / one price") if args.zone_prices else ()
-    print("| market | R0 | opt | simulated default | watcher | watcher / simulated | watcher misses |"
+    print("| market | R0 | opt | simulated default | watcher | watcher / simulated | watcher misses | move tries |"
           + "".join(f" {h} |" for h in extra))
-    print("|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(extra))
+    print("|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(extra))
     with tempfile.TemporaryDirectory() as tmp:
         for label, traces, params in settings(args):
             row = {"market": label, **compare(traces, params, Path(tmp), priced=args.zone_prices)}
             rows.append(row)
             line = (f"| {label} | {params.deadline_h:g} h | {row['opt']:.4f} | {row['simulated']:.4f} | "
-                    f"{row['watcher']:.4f} | {row['watcher'] / row['simulated']:.3f} | {row['watcher_misses']} |")
+                    f"{row['watcher']:.4f} | {row['watcher'] / row['simulated']:.3f} | {row['watcher_misses']} | "
+                    f"{row['move_tries']:.1f} |")
             if args.zone_prices:
                 line += (f" {row['watcher_one_price']:.4f} ({row['one_price_misses']}) | "
                          f"{row['watcher'] / row['watcher_one_price']:.3f} |")

@@ -199,7 +199,7 @@ class PricesSection(ZonePrices):
     zones: dict[str, ZonePrices] = Field(default_factory=dict)
 
     def of(self, zone: str | None) -> ZonePrices:
-        """The prices in ``zone`` (None: the spec's own), each one from the most specific entry that says it."""
+        """The prices in ``zone`` (None: the top-level ones), each one from the most specific entry that says it."""
         from kit.policy.offers import region_of
 
         entries = [self.zones.get(zone), self.zones.get(region_of(zone))] if zone else []
@@ -479,7 +479,7 @@ class SpecBase(_Model):
         instance_type = shape.instance_type
         itype = self.cloud_facts.instance(instance_type)
         if instance_type == self.start_type or itype is None:
-            prices = self.prices.of(zone)
+            prices = self.prices.of(zone or self.start_zone)
             price = prices.spot_per_hour if market == SPOT else prices.on_demand_per_hour
             return None if price is None else float(price)
         return itype.spot_per_hour if market == SPOT else itype.on_demand_per_hour

@@ -181,6 +181,10 @@ MARKET_WINDOW = 16
 # (test_default_gives_up_sooner_on_a_zone_whose_runs_cannot_pay_their_changeover). Chosen on the development
 # markets among 0.5-1 (docs/benchmarks.md, "Many zones"): 0.5-0.8 all win more rows than 1; 0.7 the most.
 POOL_WEIGHT = 0.7
+# On spot, the multi-zone ``default`` leaves its offer only for one at least this much cheaper per hour of progress
+# than the running one's bare price (its changeover, transfer and short runs included there): the watcher's
+# tries to move (:func:`try_move`) use the same margin.
+MOVE_MARGIN = 0.3
 
 
 def moving_market_policy(**params) -> DefaultPolicy:
@@ -263,10 +267,9 @@ def learned_order(offers: tuple[Offer, ...], market: str, rng: random.Random, *,
     zones = sorted({o.zone for o in mine})
     rng.shuffle(zones)
     tie = {z: i for i, z in enumerate(zones)}
-    runs = probing_runs(mean_runs({o: hours.get(o, 0.0) for o in mine}, {o: losses.get(o, 0) for o in mine}),
-                        losses)
     here = current.zone if current is not None else None
-    price = {o: progress_price(o, runs[o], changeover_h=changeover_h, moves=moves, checkpoint_zone=here) for o in mine}
+    price = progress_prices(mine, hours=hours, losses=losses, changeover_h=changeover_h, moves=moves,
+                            checkpoint_zone=here)
     stay = here if here != preempted_zone else None  # the zone it runs in, unless it just preempted
 
     def key(o: Offer) -> tuple:
@@ -274,6 +277,29 @@ def learned_order(offers: tuple[Offer, ...], market: str, rng: random.Random, *,
         return (o.zone == preempted_zone, o.zone != stay, not as_now, price[o], tie[o.zone])
 
     return sorted((o for o in mine if ceiling is None or price[o] < ceiling), key=key)
+
+
+def progress_prices(offers: Iterable[Offer], *, hours: Mapping[Offer, float], losses: Mapping[Offer, int],
+                    changeover_h: float, moves: Moves, checkpoint_zone: str | None) -> dict[Offer, float]:
+    """Each offer's price per hour of progress (:func:`progress_price`) over the job's runs on it, as a search
+    for capacity ranks them (:func:`probing_runs`), moving there from ``checkpoint_zone``."""
+    mine = list(offers)
+    runs = probing_runs(mean_runs({o: hours.get(o, 0.0) for o in mine}, {o: losses.get(o, 0) for o in mine}), losses)
+    return {o: progress_price(o, runs[o], changeover_h=changeover_h, moves=moves, checkpoint_zone=checkpoint_zone)
+            for o in mine}
+
+
+def try_move(price_here: float, price_there: float, *, launch_h: float, held_h: float) -> bool:
+    """Whether a job on a spot run at ``price_here`` $/h should try to move to an offer whose progress costs
+    ``price_there`` $/h, having paid the difference for ``held_h`` hours (since its run began, or since its last
+    try). The simulated ``default`` looks at the other offers for free and moves when one is up; a real job can
+    look only by launching there, and a try that finds no capacity has replaced the running nodes for nothing:
+    they are relaunched where they ran, ``launch_h`` billed at ``price_here``. So it tries once the extra it has
+    paid by staying equals what a try that fails costs, the break-even rule of ski rental (Karlin, Manasse,
+    Rudolph and Sleator, "Competitive snoopy caching", Algorithmica 3, 1988): the tries that fail never cost
+    more than staying did meanwhile."""
+    gain = price_here - price_there
+    return gain > 0 and held_h * gain >= launch_h * price_here - EPS
 
 
 def spot_ceiling(offers: Iterable[Offer]) -> float | None:
@@ -462,7 +488,7 @@ class ZoneDefault(NettedZonePolicy):
     sticky_net = False
 
     def __init__(self, offers: tuple[Offer, ...], moves: Moves, seed: int = 0, prior_run_h: float = DEFAULT_PRIOR_RUN_H,
-                 prior_weight: float = 1.0, move_margin: float = 0.3, pace: float = PACE) -> None:
+                 prior_weight: float = 1.0, move_margin: float = MOVE_MARGIN, pace: float = PACE) -> None:
         super().__init__(offers, moves, seed)
         self.move_margin = move_margin
         self.inner = moving_market_policy(prior_spot_run_h=prior_run_h, prior_weight=prior_weight, pace=pace)

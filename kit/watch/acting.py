@@ -6,6 +6,9 @@ A decision's action is one of:
   endpoint and restarts from the newest checkpoint).
 * ``recover``: same market, re-apply to recreate lost nodes, then bootstrap every node.
 * ``release``: delete the instances, keep the disks (the policy chose to wait).
+* ``move``: on spot, a try to move to a spot offer cheaper per hour of progress than the running one
+  (``Actor.move_due``: the simulated ``default``'s move rule, timed by ski rental because a real try that
+  finds no capacity has replaced the running nodes); its search is those offers, then the running one.
 
 Where: a spec with several zones or shapes has several offers on the decided market. A launch,
 switch or recover tries them in the capacity search's order (``kit.policy.zones.search_order``:
@@ -36,7 +39,17 @@ from typing import TYPE_CHECKING
 
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
-from kit.policy.zones import RunRecord, learned_order, search_order, spot_ceiling
+from kit.policy.market import launch_can_progress
+from kit.policy.offers import Offer
+from kit.policy.zones import (
+    MOVE_MARGIN,
+    RunRecord,
+    learned_order,
+    progress_prices,
+    search_order,
+    spot_ceiling,
+    try_move,
+)
 from kit.watch.events import CAPACITY_ERROR, PREEMPTION, STOPPED_BY_KIT, Event
 from kit.watch.ledger import Apply, Decision, Ledger
 from kit.watch.sources.base import EventSource, SourceError
@@ -51,6 +64,7 @@ MAX_FAILED_ATTEMPTS = 5  # non-capacity failures: past this, a person has to loo
 # The policy whose capacity search ranks the spot offers by the runs the job had on them (the simulator's
 # multi-zone ``default`` ranking, kit.policy.zones.learned_order); the others search in failover's order.
 LEARNING_POLICY = "default"
+MOVE = "move"  # a decision's action: a voluntary move to a cheaper spot offer (Actor.move_due)
 
 
 @dataclass
@@ -183,6 +197,11 @@ class Actor:
         current = self.current_offer() or self.spec.own_offer(market)  # a first launch: the spec's own
         rng = random.Random(f"{self.spec.name}:{decision.id if decision is not None else 0}")
         preempted = lost[-1] if lost else None
+        if decision is not None and decision.action == MOVE and market == SPOT:
+            # the targets, then where it runs: a try that finds none has replaced the running nodes (kit's apply
+            # destroys them first), so it relaunches them there
+            here, targets = self.move_targets()
+            return targets + ([here] if here is not None else [])
         if not self.learns():
             return search_order(self.spec.offers(), market, rng, current=current, preempted_zone=preempted)
         hours, losses = self.spot_runs()
@@ -190,6 +209,44 @@ class Actor:
                              preempted_zone=preempted, changeover_h=self.spec.policy.changeover_hours,
                              moves=self.spec.policy.moves(self.ledger.checkpoint_gb()),
                              ceiling=self.ceiling())
+
+    def move_targets(self) -> tuple[Offer | None, list[Offer]]:
+        """The running spot offer and, best first, the spot offers a voluntary move would try: those cheaper per
+        hour of progress than its bare price by :data:`MOVE_MARGIN` (the simulated ``default``'s move rule; their
+        changeover, transfer and runs included). None and [] for a job that does not learn or cannot move."""
+        current = self.current_offer()
+        if current is None or not current.spot or not self.learns() or not self.spec.can_move:
+            return current, []
+        hours, losses = self.spot_runs()
+        order = learned_order(self.spec.offers(), SPOT, random.Random(f"{self.spec.name}:move"), hours=hours,
+                              losses=losses, current=current, changeover_h=self.spec.policy.changeover_hours,
+                              moves=self.spec.policy.moves(self.ledger.checkpoint_gb()),
+                              ceiling=current.price * (1 - MOVE_MARGIN))
+        return current, [o for o in order if o != current]
+
+    def move_due(self, slack_h: float | None, tick_h: float) -> str | None:
+        """Why to try a voluntary move now (the reason a decision records), or None: the best target's progress is
+        cheaper than the running offer and the extra paid since the run began, or since the last try, has reached
+        the cost of a try that fails (:func:`kit.policy.zones.try_move`), and the slack allows the launch to make
+        progress before the safety net (as the simulated move)."""
+        current, targets = self.move_targets()
+        if current is None or not targets:
+            return None
+        moves = self.spec.policy.moves(self.ledger.checkpoint_gb())
+        hours, losses = self.spot_runs()
+        best = targets[0]
+        there = progress_prices([best], hours=hours, losses=losses, changeover_h=self.spec.policy.changeover_hours,
+                                moves=moves, checkpoint_zone=current.zone)[best]
+        if not launch_can_progress(slack_h, moves.launch_h(self.spec.policy.changeover_hours, current.zone, best.zone),
+                                   tick_h):
+            return None
+        last = self.ledger.last_decision("move")
+        since = max([n.since for n in self.ledger.nodes(("up",))] + [last.created if last else 0.0])
+        held_h = max(0.0, self.clock() - since) / 3600.0
+        if not try_move(current.price, there, launch_h=self.spec.policy.changeover_hours, held_h=held_h):
+            return None
+        return (f"try to move: {best.name} costs {there:.2f} $/h per hour of progress, {current.name} "
+                f"{current.price:.2f} $/h")
 
     def learns(self) -> bool:
         """Whether the capacity search ranks the spot offers by the job's runs (``learned_order``)."""

@@ -41,7 +41,7 @@ from typing import Any
 from kit.errors import KitError
 from kit.watch.events import PROGRESS, Event
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, recorded REAL NOT NULL, kind TEXT NOT NULL,
@@ -55,7 +55,7 @@ CREATE TABLE IF NOT EXISTS ticks (
     id INTEGER PRIMARY KEY, time REAL NOT NULL, observation TEXT NOT NULL, decision TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS decisions (
     id INTEGER PRIMARY KEY, created REAL NOT NULL, policy TEXT NOT NULL, decision TEXT NOT NULL,
-    action TEXT NOT NULL CHECK (action IN ('launch', 'switch', 'recover', 'release')),
+    action TEXT NOT NULL CHECK (action IN ('launch', 'switch', 'recover', 'release', 'move')),
     market_before TEXT, market_after TEXT, reason TEXT NOT NULL,
     status TEXT NOT NULL CHECK (status IN ('pending', 'done', 'superseded', 'failed')),
     attempts INTEGER NOT NULL DEFAULT 0, next_attempt REAL NOT NULL DEFAULT 0, finished REAL,
@@ -204,7 +204,7 @@ class Ledger:
         self._db.execute("PRAGMA foreign_keys=ON")
         with self._lock:
             version = self._version()
-            if version not in (0, 1, 2, 3, 4, 5, 6, SCHEMA_VERSION):
+            if version not in (0, 1, 2, 3, 4, 5, 6, 7, SCHEMA_VERSION):
                 raise KitError(f"ledger schema version {version}, this kit writes {SCHEMA_VERSION}",
                                where=str(self.path), fix="use the kit version that created this ledger")
             if version == 1:
@@ -213,6 +213,8 @@ class Ledger:
             if version in (1, 2):
                 self._migrate_meta()
             self._add_columns()
+            if 0 < version < 8:
+                self._allow_moves()
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _version(self) -> int:
@@ -251,6 +253,27 @@ class Ledger:
             for table, column, kind in ADDED_COLUMNS:
                 if not db.execute(f"SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?", (column,)).fetchone():
                     db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+
+    def _allow_moves(self) -> None:
+        """Version 8 adds the ``move`` action (a voluntary move to a cheaper offer). SQLite cannot alter a CHECK
+        constraint, so ``decisions`` is rebuilt with the new one and its rows copied, in one transaction, as
+        https://www.sqlite.org/lang_altertable.html#otheralter describes (foreign keys off meanwhile: ``applies``
+        refers to it; checked before the commit)."""
+        table = next(t for t in SCHEMA.split(";") if "CREATE TABLE IF NOT EXISTS decisions" in t)
+        self._db.execute("PRAGMA foreign_keys=OFF")  # a no-op inside a transaction: set before it
+        try:
+            with self.transaction() as db:
+                columns = ", ".join(r["name"] for r in db.execute("SELECT name FROM pragma_table_info('decisions')"))
+                db.execute(table.replace("decisions (", "decisions_v8 (", 1))
+                db.execute(f"INSERT INTO decisions_v8({columns}) SELECT {columns} FROM decisions")
+                db.execute("DROP TABLE decisions")
+                db.execute("ALTER TABLE decisions_v8 RENAME TO decisions")
+                db.execute("CREATE INDEX IF NOT EXISTS decisions_status ON decisions(status)")
+                if db.execute("PRAGMA foreign_key_check").fetchone():
+                    raise KitError("ledger: decisions rebuilt for version 8 fail their foreign keys",
+                                   where=str(self.path), fix="restore the ledger from a backup")
+        finally:
+            self._db.execute("PRAGMA foreign_keys=ON")
 
     def _migrate_meta(self) -> None:
         """Versions 1 and 2 kept the job's facts as text in a ``meta`` key-value table; version 3
@@ -501,6 +524,11 @@ class Ledger:
     def decisions(self, limit: int | None = None) -> list[Decision]:
         sql = "SELECT * FROM decisions ORDER BY id DESC" + (f" LIMIT {int(limit)}" if limit else "")
         return [_row(Decision, r) for r in self._query(sql)]
+
+    def last_decision(self, action: str) -> Decision | None:
+        """The newest decision with ``action``, or None."""
+        rows = self._query("SELECT * FROM decisions WHERE action = ? ORDER BY id DESC LIMIT 1", (action,))
+        return _row(Decision, rows[0]) if rows else None
 
     def supersede_pending(self, now: float, why: str | None = None) -> None:
         """The pending decision is no longer wanted. An attempt of it that had applied (only its

@@ -13,7 +13,8 @@ reports a preemption notice, one ``tick``:
    launch is backing off after a capacity error; and, for a job that may move and is not on spot, not
    while no spot offer is worth trying: every one's runs too short to be worth its price);
 3. asks the policy, turns its answer into an action (``launch``/``switch``/``recover``/
-   ``release``) and commits it as a pending decision;
+   ``release``; on spot with nothing else to do, a ``move`` to a cheaper offer when one is due) and commits it
+   as a pending decision;
 4. carries out the pending decision when its backoff allows (``acting.Actor``).
 
 Until the first heartbeat there is no job size to reason about: the watcher keeps the spec's
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from kit.policy import WAIT, Observation, Policy
 from kit.policy.market import DefaultPolicy
-from kit.watch.acting import Actor, Outcome
+from kit.watch.acting import MOVE, Actor, Outcome
 from kit.watch.disks import DiskKeeper
 from kit.watch.events import BY_KIT, CAPACITY_ERROR, LOSS_KINDS, STOPPED_BY_KIT, Event
 from kit.watch.ledger import Ledger
@@ -197,6 +198,8 @@ class Watcher:
         result.decision = decision
         result.action = self._plan(decision, deployed_market, bool(lost), now,
                                    spot_just_lost=spot_lost and not capacity_blocked)
+        if result.action is None and moving and decision == SPOT == result.market and observation is not None:
+            result.action = self._plan_move(now, observation)
         result.outcome = self._act(now)
         if before is not None and observation is not None and decision == SPOT and result.outcome is not None \
                 and result.outcome.capacity_error:
@@ -313,6 +316,20 @@ class Watcher:
                                    market_before=deployed_market, market_after=target, reason=reason, now=now)
         log.info("decision: %s (%s)", action, reason)
         return action
+
+    def _plan_move(self, now: float, observation: dict) -> str | None:
+        """On spot with nothing else to do: a voluntary move to a cheaper offer when one is due
+        (``Actor.move_due``), as the simulated ``default`` moves when a cheaper offer is up."""
+        slack = observation["deadline_h"] - observation["now_h"] - (
+            observation["job_h"] - observation["progress_h"] + observation["changeover_h"]) \
+            if observation.get("deadline_h") is not None else None
+        reason = self.actor.move_due(slack, observation["tick_h"])
+        if reason is None:
+            return None
+        self.ledger.begin_decision(policy=self._policy_name(), decision=SPOT, action=MOVE, market_before=SPOT,
+                                   market_after=SPOT, reason=reason, now=now)
+        log.info("decision: %s (%s)", MOVE, reason)
+        return MOVE
 
     def _supersede_pending(self, now: float, why: str) -> None:
         self.ledger.supersede_pending(now, why)

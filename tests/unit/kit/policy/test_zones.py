@@ -151,3 +151,14 @@ def test_default_makes_no_move_whose_changeover_would_end_at_the_safety_net():
                                checkpoint_zone="us-east4-a")
         plan = policy.decide(seen, market=None)  # type: ignore[arg-type]  # a running job probes nothing
         assert plan[0] == (cheap if moved else dear), (moves, slack, plan)
+
+
+def test_a_try_to_move_comes_once_staying_has_cost_what_a_failed_try_costs():
+    """Ski rental: on spot at 3 $/h with progress elsewhere at 1 $/h, a failed try costs a changeover of 0.2 h at
+    3 $/h (0.6 $), which staying costs again every 0.3 h (2 $/h more). Never for an offer that is not cheaper."""
+    from kit.policy.zones import try_move
+
+    assert not try_move(3.0, 1.0, launch_h=0.2, held_h=0.29)
+    assert try_move(3.0, 1.0, launch_h=0.2, held_h=0.3)
+    assert not try_move(3.0, 3.0, launch_h=0.2, held_h=100.0) and not try_move(3.0, 3.5, launch_h=0.2, held_h=100.0)
+    assert try_move(3.0, 2.9, launch_h=0.2, held_h=6.0) and not try_move(3.0, 2.9, launch_h=0.2, held_h=5.9)

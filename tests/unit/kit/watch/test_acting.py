@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import random
 
 import pytest
@@ -688,7 +689,7 @@ def test_zones_priced_apart_rank_the_search_and_each_node_costs_its_zones_price(
     watcher.tick()  # the launch: a, the spec's own zone
     assert {(n.zone, n.price) for n in ledger.nodes(("up",))} == {("a", 1.0)}
     ledger.record(heartbeat(10, 1000, written=clock.t))
-    assert [o.zone for o in actor.search(SimpleNamespace(id=1), "spot")][:2] == ["a", "b"]  # a runs: kept first
+    assert [o.zone for o in actor.search(SimpleNamespace(action="recover", id=1), "spot")][:2] == ["a", "b"]  # a runs: kept first
     backend.preempt(1)
     clock.t += 15
     assert watcher.tick().action == "recover"
@@ -702,6 +703,57 @@ def test_zones_priced_apart_rank_the_search_and_each_node_costs_its_zones_price(
     a_cost = sum((n.until - n.since) / 3600 * 1.0 for n in ledger.all_nodes() if n.zone == "a")
     assert status_report(ledger, spec, now=clock.t)["cost"] == pytest.approx(a_cost + 2 * 0.5 * (clock.t - since) / 3600,
                                                                       abs=1e-4)  # reported to 4 places
+
+
+def test_a_job_on_a_dear_spot_offer_tries_to_move_once_staying_has_cost_what_a_failed_try_costs(tmp_path):
+    """Spot in a costs 3 $/h a node, in b and c 1 (``prices.zones``). The simulated ``default`` on spot looks at
+    the cheaper offers every tick for free and moves when one is up; the watcher can look only by launching there,
+    and a try that finds none has replaced the running nodes (relaunched in a, one changeover at a's price). So it
+    tries once the extra paid since the run began equals that: 0.2 h x 3 $/h over (3 - 1.05) $/h per hour (b's
+    progress price with the prior run), 0.31 h. The first try finds b and c full and relaunches in a; the next comes
+    one break-even later and lands in b, where the job stays (c is not cheaper than b)."""
+    from kit.policy.market import DefaultPolicy
+    from kit.spec import parse_spec
+    from training.contract import SPOT
+
+    class SpotDefault(DefaultPolicy):  # the multi-zone market policy, answering spot
+        def decide(self, obs):
+            self.seen = obs
+            return SPOT
+
+    spec = parse_spec({"name": "demo", "cloud": "local", "zones": ["a", "b", "c"], "market": "spot", "nodes": 2,
+                       "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0, "zones": {"a": {"spot_per_hour": 3.0}}},
+                       "policy": {"name": "default", "changeover_hours": 0.2, "egress_per_gb": 0,
+                                  "checkpoint_gb": 0.001}})  # no egress, no transfer: the changeover alone
+    clock, ledger, backend = Clock(), Ledger(tmp_path / "ledger.sqlite"), ZonedBackend(full={"b", "c"})
+    actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1)), clock=clock)
+    watcher = Watcher(spec, ledger, actor, SpotDefault(), source=BackendSource(backend), interval_s=15, clock=clock)
+    watcher.start()
+    watcher.tick()
+    assert ledger.applied_offer() == "a/2xlocal/spot"
+    started = clock.t
+    # b's mean run: the 4-h prior, pooled with a's run so far (0.3 h): progress there costs 1 x e^(0.2 / 4.3)
+    break_even = 0.2 * 3.0 / (3.0 - 1.0 * math.exp(0.2 / 4.3)) * 3600
+
+    def tick_at(t: float):
+        clock.t = t
+        ledger.record(heartbeat(10, 1000, written=clock.t))
+        backend.zones_tried.clear()
+        return watcher.tick()
+
+    assert tick_at(started + break_even - 20).action is None, "not yet: staying has cost less than a failed try"
+    result = tick_at(started + break_even + 20)
+    assert result.action == "move" and result.outcome.status == "done"
+    assert sorted(z for z, _ in backend.zones_tried[:2]) == ["b", "c"] and backend.zones_tried[2:] == [("a", 2)]
+    assert ledger.applied_offer() == "a/2xlocal/spot", "relaunched where it ran"
+    assert ledger.last_decision("move").reason.startswith("try to move: ")
+    retried = clock.t
+    assert tick_at(retried + 60).action is None, "the next try waits for another break-even"
+    backend.full = {"c"}
+    assert tick_at(retried + break_even + 20).action == "move"
+    assert ledger.applied_offer() == "b/2xlocal/spot"
+    assert {(n.zone, n.price) for n in ledger.nodes(("up",))} == {("b", 1.0)}
+    assert tick_at(clock.t + 10 * break_even).action is None, "c is no cheaper than b: the job stays"
 
 
 def _zone_a_disks_go_once_left_long_enough(watcher, ledger, backend, spec, clock):
@@ -809,10 +861,10 @@ def test_with_the_default_policy_the_capacity_search_ranks_zones_by_the_jobs_run
     hours, losses = learning.spot_runs()
     assert {o.zone: (round(h, 3), losses[o]) for o, h in hours.items()} == {"a": (5.0, 1), "b": (20.0, 1), "c": (0.2, 1)}
     for k in range(10):
-        order = learning.search(SimpleNamespace(id=k), "spot")
+        order = learning.search(SimpleNamespace(action="recover", id=k), "spot")
         assert [o.zone for o in order] == ["b", "c", "a"], order
     other = Actor(RecordingBackend(), ledger, spec_with("threshold"), clock=clock)
-    orders = {tuple(o.zone for o in other.search(SimpleNamespace(id=k), "spot")) for k in range(20)}
+    orders = {tuple(o.zone for o in other.search(SimpleNamespace(action="recover", id=k), "spot")) for k in range(20)}
     assert orders == {("b", "c", "a"), ("c", "b", "a")}, "failover: shuffled, the preempting zone last"
 
     # b's 20-h run was before its latest RUN_WINDOW runs (each 6 minutes): the ranking forgets it

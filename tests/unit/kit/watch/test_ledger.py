@@ -192,6 +192,35 @@ def test_a_version_5_ledger_gets_the_checkpoint_size_column(tmp_path):
     assert ledger.checkpoint_gb() == 1.0
 
 
+def test_a_version_7_ledger_takes_moves_and_keeps_its_decisions_and_applies(tmp_path):
+    """Version 8 adds the ``move`` action; SQLite cannot alter a CHECK constraint, so a version 7 ledger's
+    ``decisions`` is rebuilt: its rows, ids and the applies that refer to them stay, and a move is taken."""
+    import sqlite3
+
+    old = Ledger(tmp_path / "l.sqlite")
+    first = old.begin_decision(policy="default", decision="spot", action="launch", market_before=None,
+                               market_after="spot", reason="nothing running", now=1.0)
+    attempt = old.start_apply(first, "spot", 2.0)
+    old.close()
+    db = sqlite3.connect(tmp_path / "l.sqlite")
+    table = db.execute("SELECT sql FROM sqlite_master WHERE name = 'decisions'").fetchone()[0]
+    # legacy_alter_table: the rename leaves the applies table referring to "decisions", as a version 7 ledger does
+    db.executescript("PRAGMA foreign_keys=OFF; PRAGMA legacy_alter_table=ON; ALTER TABLE decisions RENAME TO d8;"
+                     + table.replace("'release', 'move'", "'release'") + ";"
+                     "INSERT INTO decisions SELECT * FROM d8; DROP TABLE d8; PRAGMA user_version = 7;")
+    with pytest.raises(sqlite3.IntegrityError):  # the version 7 table refuses a move
+        db.execute("INSERT INTO decisions(created, policy, decision, action, reason, status) "
+                   "VALUES (3, 'default', 'spot', 'move', 'x', 'pending')")
+    db.close()
+    ledger = Ledger(tmp_path / "l.sqlite")
+    assert ledger._query("PRAGMA user_version")[0][0] == SCHEMA_VERSION
+    assert ledger.decision(first).action == "launch" and ledger.applies(decision_id=first)[0].id == attempt
+    moved = ledger.begin_decision(policy="default", decision="spot", action="move", market_before="spot",
+                                  market_after="spot", reason="a cheaper offer", now=3.0)
+    assert ledger.decision(moved).action == "move" and ledger.decision(first).status == "superseded"
+    assert ledger._query("PRAGMA foreign_keys")[0][0] == 1 and not ledger._query("PRAGMA foreign_key_check")
+
+
 V1_SCHEMA = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE events (id INTEGER PRIMARY KEY, time REAL NOT NULL, recorded REAL NOT NULL, kind TEXT NOT NULL,
