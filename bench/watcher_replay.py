@@ -19,6 +19,7 @@ instant (checkpoint_gb and egress 0 on both sides), so the comparison is about w
     .venv/bin/python bench/watcher_replay.py --seeds 11 --d-ticks 4 --deadlines 72
     .venv/bin/python bench/watcher_replay.py --gcp --deadlines 60,72    # the GCP set, 16 nodes, d = 0.2 h, flat prices
     .venv/bin/python bench/watcher_replay.py --gcp --zone-prices --deadlines 60,72   # each zone at its trace's prices
+    .venv/bin/python bench/watcher_replay.py --gcp --zone-prices --no-move-tries      # and without voluntary moves
 
 ``--zone-prices`` keeps each zone's prices from its trace (GCP prices by region: spot $1.86-8.74/h a node on the
 bundled set) and gives them to the watcher's spec as ``prices.zones``; the same loop with one price for every
@@ -259,9 +260,13 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=16, help="the gang with --gcp (default 16)")
     parser.add_argument("--zone-prices", action="store_true", help="each zone at its trace's prices, known to the "
                         "watcher's spec (prices.zones), beside the same loop with one price for every zone")
+    parser.add_argument("--no-move-tries", action="store_true", help="the watcher without its voluntary moves "
+                        "(Actor.move_due patched to never find one due), to measure what they do")
     parser.add_argument("--out", help="write the rows as JSON here")
     args = parser.parse_args()
     logging.getLogger("kit.watch").setLevel(logging.ERROR)  # each capacity error and loss is a warning
+    if args.no_move_tries:
+        Actor.move_due = lambda self, slack_h, tick_h: None  # type: ignore[method-assign]
     rows = []
     extra = ("watcher, one price for every zone", "with prices.zones / one price") if args.zone_prices else ()
     print("| market | R0 | opt | simulated default | watcher | watcher / simulated | watcher misses | move tries |"

@@ -455,3 +455,71 @@ def test_the_watcher_leaves_a_stocked_out_zone_and_recovers_a_preemption_on_real
         assert {n.instance_id for n in ledger.nodes(("up",))} == {i["id"] for i in now.values()}
         result = watcher.tick()
         assert (result.nodes_up, result.nodes_lost, result.action) == (8, 0, None)
+
+
+def test_a_spot_job_in_a_dear_zone_tries_to_move_and_lands_in_the_cheaper_one_on_real_plans(tmp_path, monkeypatch):
+    """The GCP example, its us-central1-c priced at 3 x us-central1-a (``prices.zones``), watched with the multi-zone
+    ``default``: a stocked out, the job lands in c. Once staying has cost what a failed try costs, it tries to move:
+    a is still out (Terraform's apply fails with the provider's message after it destroyed c's VMs: one cluster
+    root), so the search relaunches c, a whole new gang. With a back, the next try, a break-even later, moves the job
+    to a: real core plans the move, the emulator creates a's VMs, and the source sees them there."""
+    import random
+
+    import yaml
+
+    from kit.backends.cloud import TerraformBackend
+    from kit.policy.market import DefaultPolicy
+    from kit.render import deployment_dir
+    from kit.spec import load_spec
+    from kit.watch.acting import Actor, Backoff
+    from kit.watch.events import CAPACITY_ERROR
+    from kit.watch.ledger import Ledger
+    from kit.watch.watcher import Watcher
+    from tests.support.watch import heartbeat
+    from training.contract import SPOT
+
+    class SpotDefault(DefaultPolicy):  # the multi-zone market policy, answering spot
+        def decide(self, obs):
+            return SPOT
+
+    path = example("gcp-a3-spot.yaml", tmp_path, monkeypatch, moving=True)
+    data = yaml.safe_load(path.read_text())
+    spot = 2.0
+    data["prices"] = {"spot_per_hour": spot, "zones": {"us-central1-c": {"spot_per_hour": 3 * spot}}}
+    data["policy"].update(changeover_hours=0.2, egress_per_gb=0, checkpoint_gb=0.001)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    spec = load_spec(path)
+    backend = TerraformBackend(spec, deployment_dir(spec))
+    monkeypatch.setattr(backend, "bootstrap", lambda nodes: None)
+    ledger, now = Ledger(tmp_path / "ledger.sqlite"), [1_000_000.0]
+    with compute_api(spec, monkeypatch) as (gce, source):
+        gce.stocked_out = {"us-central1-a"}
+        actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(0)), source=source, clock=lambda: now[0])
+        watcher = Watcher(spec, ledger, actor, SpotDefault(), source=source, clock=lambda: now[0])
+        watcher.start()
+        assert watcher.tick().outcome.status == "done"
+        assert ledger.applied_offer() == "us-central1-c/8xa3-highgpu-1g/spot"
+
+        def tick_after(hours: float):
+            now[0] += hours * 3600
+            ledger.record(heartbeat(10, 1000, written=now[0]))
+            return watcher.tick()
+
+        assert tick_after(0.05).action is None  # staying has cost less than a failed try so far
+        first = {i["id"] for i in gce.instances}
+        result = tick_after(0.5)
+        assert result.action == "move" and result.outcome.status == "done", result
+        tried = [e["detail"]["offer"] for e in ledger.events(kinds=(CAPACITY_ERROR,))]
+        assert tried == ["us-central1-a/8xa3-highgpu-1g/spot"] * 2  # the first launch's and the try's
+        assert ledger.applied_offer() == "us-central1-c/8xa3-highgpu-1g/spot"
+        assert {i["zone"].rsplit("/", 1)[-1] for i in gce.instances} == {"us-central1-c"}
+        assert not {i["id"] for i in gce.instances} & first, "the failed try replaced the gang"
+        gce.stocked_out = set()
+        assert tick_after(0.05).action is None  # the next try waits a break-even
+        result = tick_after(0.5)
+        assert result.action == "move" and result.outcome.status == "done", result
+        assert ledger.applied_offer() == "us-central1-a/8xa3-highgpu-1g/spot"
+        assert {i["zone"].rsplit("/", 1)[-1] for i in gce.instances} == {"us-central1-a"} and len(gce.instances) == 8
+        assert {(n.zone, n.price) for n in ledger.nodes(("up",))} == {("us-central1-a", spot)}
+        result = tick_after(0.5)
+        assert (result.nodes_up, result.nodes_lost, result.action) == (8, 0, None)
