@@ -457,6 +457,33 @@ def test_the_watcher_leaves_a_stocked_out_zone_and_recovers_a_preemption_on_real
         assert (result.nodes_up, result.nodes_lost, result.action) == (8, 0, None)
 
 
+def _zone_priced_gcp_example(tmp_path: Path, monkeypatch, spot: float):
+    """The GCP example as it is (two zones of us-central1), us-central1-c's spot at 3 x ``spot`` (``prices.zones``),
+    moves without egress or transfer: the changeover alone."""
+    import yaml
+
+    from kit.spec import load_spec
+
+    path = example("gcp-a3-spot.yaml", tmp_path, monkeypatch, moving=True)
+    data = yaml.safe_load(path.read_text())
+    data["prices"] = {"spot_per_hour": spot, "zones": {"us-central1-c": {"spot_per_hour": 3 * spot}}}
+    data["policy"].update(changeover_hours=0.2, egress_per_gb=0, checkpoint_gb=0.001)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return load_spec(path)
+
+
+def _spot_default():
+    """The multi-zone market policy (a DefaultPolicy, so the watcher follows the simulated ``default``), answering spot."""
+    from kit.policy.market import DefaultPolicy
+    from training.contract import SPOT
+
+    class SpotDefault(DefaultPolicy):
+        def decide(self, obs):
+            return SPOT
+
+    return SpotDefault()
+
+
 def test_a_spot_job_in_a_dear_zone_tries_to_move_and_lands_in_the_cheaper_one_on_real_plans(tmp_path, monkeypatch):
     """The GCP example, its us-central1-c priced at 3 x us-central1-a (``prices.zones``), watched with the multi-zone
     ``default``: a stocked out, the job lands in c. Once staying has cost what a failed try costs, it tries to move:
@@ -465,37 +492,23 @@ def test_a_spot_job_in_a_dear_zone_tries_to_move_and_lands_in_the_cheaper_one_on
     to a: real core plans the move, the emulator creates a's VMs, and the source sees them there."""
     import random
 
-    import yaml
-
     from kit.backends.cloud import TerraformBackend
-    from kit.policy.market import DefaultPolicy
     from kit.render import deployment_dir
-    from kit.spec import load_spec
     from kit.watch.acting import Actor, Backoff
     from kit.watch.events import CAPACITY_ERROR
     from kit.watch.ledger import Ledger
     from kit.watch.watcher import Watcher
     from tests.support.watch import heartbeat
-    from training.contract import SPOT
 
-    class SpotDefault(DefaultPolicy):  # the multi-zone market policy, answering spot
-        def decide(self, obs):
-            return SPOT
-
-    path = example("gcp-a3-spot.yaml", tmp_path, monkeypatch, moving=True)
-    data = yaml.safe_load(path.read_text())
     spot = 2.0
-    data["prices"] = {"spot_per_hour": spot, "zones": {"us-central1-c": {"spot_per_hour": 3 * spot}}}
-    data["policy"].update(changeover_hours=0.2, egress_per_gb=0, checkpoint_gb=0.001)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    spec = load_spec(path)
+    spec = _zone_priced_gcp_example(tmp_path, monkeypatch, spot)
     backend = TerraformBackend(spec, deployment_dir(spec))
     monkeypatch.setattr(backend, "bootstrap", lambda nodes: None)
     ledger, now = Ledger(tmp_path / "ledger.sqlite"), [1_000_000.0]
     with compute_api(spec, monkeypatch) as (gce, source):
         gce.stocked_out = {"us-central1-a"}
         actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(0)), source=source, clock=lambda: now[0])
-        watcher = Watcher(spec, ledger, actor, SpotDefault(), source=source, clock=lambda: now[0])
+        watcher = Watcher(spec, ledger, actor, _spot_default(), source=source, clock=lambda: now[0])
         watcher.start()
         assert watcher.tick().outcome.status == "done"
         assert ledger.applied_offer() == "us-central1-c/8xa3-highgpu-1g/spot"
