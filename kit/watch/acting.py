@@ -31,6 +31,7 @@ and the next spot attempt is a new decision, but it still waits longer than the 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -201,7 +202,7 @@ class Actor:
             # the targets, then where it runs: a try that finds none has replaced the running nodes (kit's apply
             # destroys them first), so it relaunches them there
             here, targets = self.move_targets()
-            return targets + ([here] if here is not None else [])
+            return list(targets) + ([here] if here is not None else [])
         if not self.learns():
             return search_order(self.spec.offers(), market, rng, current=current, preempted_zone=preempted)
         hours, losses = self.spot_runs()
@@ -210,43 +211,56 @@ class Actor:
                              moves=self.spec.policy.moves(self.ledger.checkpoint_gb()),
                              ceiling=self.ceiling())
 
-    def move_targets(self) -> tuple[Offer | None, list[Offer]]:
-        """The running spot offer and, best first, the spot offers a voluntary move would try: those cheaper per
-        hour of progress than its bare price by :data:`MOVE_MARGIN` (the simulated ``default``'s move rule; their
-        changeover, transfer and runs included). None and [] for a job that does not learn or cannot move."""
+    def move_targets(self) -> tuple[Offer | None, dict[Offer, float]]:
+        """The running spot offer and the spot offers a voluntary move would try, cheapest first, with their prices
+        per hour of progress from there: those below its bare price by :data:`MOVE_MARGIN` (the simulated
+        ``default``'s move rule; their changeover, transfer, egress and runs included). None and {} for a job that
+        does not learn or cannot move."""
         current = self.current_offer()
         if current is None or not current.spot or not self.learns() or not self.spec.can_move:
-            return current, []
+            return current, {}
         hours, losses = self.spot_runs()
-        order = learned_order(self.spec.offers(), SPOT, random.Random(f"{self.spec.name}:move"), hours=hours,
-                              losses=losses, current=current, changeover_h=self.spec.policy.changeover_hours,
-                              moves=self.spec.policy.moves(self.ledger.checkpoint_gb()),
-                              ceiling=current.price * (1 - MOVE_MARGIN))
-        return current, [o for o in order if o != current]
+        spot = [o for o in self.spec.offers() if o.spot and o != current]
+        prices = progress_prices(spot, hours=hours, losses=losses, changeover_h=self.spec.policy.changeover_hours,
+                                 moves=self.spec.policy.moves(self.ledger.checkpoint_gb()), checkpoint_zone=current.zone)
+        cheaper = sorted((o for o in spot if prices[o] < current.price * (1 - MOVE_MARGIN)), key=lambda o: prices[o])
+        return current, {o: prices[o] for o in cheaper}
 
     def move_due(self, slack_h: float | None, tick_h: float) -> str | None:
-        """Why to try a voluntary move now (the reason a decision records), or None: the best target's progress is
-        cheaper than the running offer and the extra paid since the run began, or since the last try, has reached
-        the cost of a try that fails (:func:`kit.policy.zones.try_move`), and the slack allows the launch to make
-        progress before the safety net (as the simulated move)."""
+        """Why to try a voluntary move now (the reason a decision records), or None: an offer's progress is cheaper
+        than the running offer by the margin, the extra paid since the run began, or since the last try, has
+        reached the cost of a try that fails (:func:`kit.policy.zones.try_move`), and the slack lets the launch
+        make progress before the safety net (as the simulated move)."""
         current, targets = self.move_targets()
         if current is None or not targets:
             return None
-        moves = self.spec.policy.moves(self.ledger.checkpoint_gb())
-        hours, losses = self.spot_runs()
-        best = targets[0]
-        there = progress_prices([best], hours=hours, losses=losses, changeover_h=self.spec.policy.changeover_hours,
-                                moves=moves, checkpoint_zone=current.zone)[best]
-        if not launch_can_progress(slack_h, moves.launch_h(self.spec.policy.changeover_hours, current.zone, best.zone),
-                                   tick_h):
+        best, there = next(iter(targets.items()))
+        changeover = self.spec.policy.changeover_hours
+        launch_h = self.spec.policy.moves(self.ledger.checkpoint_gb()).launch_h(changeover, current.zone, best.zone)
+        if not launch_can_progress(slack_h, launch_h, tick_h):
             return None
-        last = self.ledger.last_decision("move")
+        last = self.ledger.last_decision(MOVE)
         since = max([n.since for n in self.ledger.nodes(("up",))] + [last.created if last else 0.0])
-        held_h = max(0.0, self.clock() - since) / 3600.0
-        if not try_move(current.price, there, launch_h=self.spec.policy.changeover_hours, held_h=held_h):
+        if not try_move(current.price, there, launch_h=changeover, held_h=max(0.0, self.clock() - since) / 3600.0):
             return None
-        return (f"try to move: {best.name} costs {there:.2f} $/h per hour of progress, {current.name} "
-                f"{current.price:.2f} $/h")
+        return f"try to move: {best.name} costs {there:.2f} $/h per hour of progress, {current.name} {current.price:.2f} $/h"
+
+    def spot_try_due(self) -> bool:
+        """Whether a job on on-demand that may move should try spot now (the watcher tells its market policy spot
+        is available only then). A try replaces the on-demand nodes first (one cluster root), so one that finds no
+        spot capacity relaunches them, a changeover at their price: as for a move (:func:`try_move`), it tries once
+        the extra paid on on-demand since they came up, or since the last try found none, over the best spot
+        offer's price per hour of progress, has reached that. True where nothing runs on on-demand."""
+        current, up = self.current_offer(), self.ledger.nodes(("up",))
+        if current is None or current.spot or not up or not self.learns() or not self.spec.can_move:
+            return True
+        hours, losses = self.spot_runs()
+        prices = progress_prices([o for o in self.spec.offers() if o.spot], hours=hours, losses=losses,
+                                 changeover_h=self.spec.policy.changeover_hours,
+                                 moves=self.spec.policy.moves(self.ledger.checkpoint_gb()), checkpoint_zone=current.zone)
+        since = max([n.since for n in up] + [self.ledger.last_capacity_failure(SPOT) or 0.0])
+        return try_move(current.price, min(prices.values(), default=math.inf),
+                        launch_h=self.spec.policy.changeover_hours, held_h=max(0.0, self.clock() - since) / 3600.0)
 
     def learns(self) -> bool:
         """Whether the capacity search ranks the spot offers by the job's runs (``learned_order``)."""

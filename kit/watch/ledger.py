@@ -588,6 +588,11 @@ class Ledger:
             if market is not None:  # a launch on this market worked: its capacity backoff starts over
                 db.execute("DELETE FROM capacity_failures WHERE market = ?", (market,))
 
+    def last_capacity_failure(self, market: str) -> float | None:
+        """When the newest apply on ``market`` that found no capacity ended, or None."""
+        rows = self._query("SELECT MAX(finished) AS t FROM applies WHERE status = 'capacity' AND market = ?", (market,))
+        return rows[0]["t"] if rows and rows[0]["t"] is not None else None
+
     def capacity_failures(self, market: str | None) -> int:
         """Capacity failures on ``market`` since its last successful apply (across decisions)."""
         rows = self._query("SELECT failures FROM capacity_failures WHERE market = ?", (market,))

@@ -180,7 +180,8 @@ class Watcher:
         moving = self._as_zone_default()
         if observation is not None:
             observation["spot_available"] = not capacity_blocked and (not spot_lost or moving) and (
-                result.market == SPOT or self.actor.spot_worth_trying())
+                result.market == SPOT or self.actor.spot_worth_trying()) and (
+                result.market != ON_DEMAND or not moving or self.actor.spot_try_due())
             if spot_lost and moving:
                 observation[LOST_SPOT] = True
         observed = max([cursor] + [e["id"] for e in fresh])

@@ -756,6 +756,54 @@ def test_a_job_on_a_dear_spot_offer_tries_to_move_once_staying_has_cost_what_a_f
     assert tick_at(clock.t + 10 * break_even).action is None, "c is no cheaper than b: the job stays"
 
 
+def test_on_demand_a_job_that_may_move_tries_spot_again_once_staying_has_cost_what_a_failed_try_costs(tmp_path):
+    """On on-demand (4 $/h a node, spot 1), a try of spot replaces the on-demand nodes first (one cluster root), so
+    one that finds no capacity costs a changeover at the on-demand price. The watcher tells its market policy spot
+    is available only once the extra paid on on-demand, since its nodes came up or its last try found none,
+    reaches that: 0.2 h x 4 $/h over (4 - 1.05) $/h, 0.27 h."""
+    from kit.policy.market import DefaultPolicy
+    from kit.spec import parse_spec
+    from training.contract import ON_DEMAND, SPOT
+
+    seen: list[bool] = []  # outside the policy: a failed try restores the policy's state (Watcher._ask_again)
+
+    class SpotWhenSeen(DefaultPolicy):  # the multi-zone market policy: spot whenever it is said to be there
+        def decide(self, obs):
+            seen.append(obs.spot_available)
+            return SPOT if obs.spot_available else ON_DEMAND
+
+    spec = parse_spec({"name": "demo", "cloud": "local", "zones": ["a", "b"], "market": "on-demand", "nodes": 2,
+                       "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0},
+                       "policy": {"name": "default", "changeover_hours": 0.2, "egress_per_gb": 0,
+                                  "checkpoint_gb": 0.001}})
+    clock, ledger, backend = Clock(), Ledger(tmp_path / "ledger.sqlite"), ZonedBackend(full={"a", "b"})
+    policy = SpotWhenSeen()
+    actor = Actor(backend, ledger, spec, backoff=Backoff(initial_s=1.0, cap_s=1.0, jitter=0.0), clock=clock)
+    watcher = Watcher(spec, ledger, actor, policy, source=BackendSource(backend), interval_s=15, clock=clock)
+    watcher.start()
+    watcher.tick()
+    assert ledger.market() == ON_DEMAND
+    started = clock.t
+    break_even = 0.2 * 4.0 / (4.0 - 1.0 * math.exp(0.2 / 4.0)) * 3600
+
+    def tick_at(t: float):
+        clock.t = t
+        ledger.record(heartbeat(10, 1000, written=clock.t))
+        return watcher.tick()
+
+    tick_at(started + 60)  # the first heartbeat: the policy decides from here on
+    tick_at(started + break_even - 60)
+    assert seen == [False, False], "not yet: on-demand has cost less than a failed try"
+    result = tick_at(started + break_even + 60)
+    assert seen[2:] == [True, False] and result.outcome is not None and result.outcome.capacity_error, (seen, result)
+    assert ledger.market() == ON_DEMAND and {z for z, _ in backend.zones_tried[-2:]} == {"a", "b"}
+    failed = clock.t
+    tick_at(failed + break_even - 60)
+    assert seen[-1] is False, "the next try waits a break-even after the last one found none"
+    tick_at(failed + break_even + 60)
+    assert seen[-2:] == [True, False]
+
+
 def _zone_a_disks_go_once_left_long_enough(watcher, ledger, backend, spec, clock):
     """After the move from a to b: every disk the job used, per zone (zone a's sit idle since the move;
     local disks cost nothing), and a's go once left ``disk.keep_left_hours`` ago with b holding their step."""
