@@ -297,7 +297,8 @@ def try_move(price_here: float, price_there: float, *, launch_h: float, held_h: 
     they are relaunched where they ran, ``launch_h`` billed at ``price_here``. So it tries once the extra it has
     paid by staying equals what a try that fails costs, the break-even rule of ski rental (Karlin, Manasse,
     Rudolph and Sleator, "Competitive snoopy caching", Algorithmica 3, 1988): the tries that fail never cost
-    more than staying did meanwhile."""
+    more than staying did meanwhile. A job on on-demand trying spot is the same case (``price_here`` the
+    on-demand price: a switch replaces the on-demand nodes first)."""
     gain = price_here - price_there
     return gain > 0 and held_h * gain >= launch_h * price_here - EPS
 

@@ -11,7 +11,9 @@ reports a preemption notice, one ``tick``:
    model, unless the job may move: then the tick first tells the policy the run ended and the search
    tries the other offers at once, as the multi-zone simulator's ``default`` does; not while a spot
    launch is backing off after a capacity error; and, for a job that may move and is not on spot, not
-   while no spot offer is worth trying: every one's runs too short to be worth its price);
+   while no spot offer is worth trying: every one's runs too short to be worth its price, nor, on
+   on-demand, until a try of spot is due: ``Actor.spot_try_due``, ski rental, as a failed try costs the
+   on-demand nodes);
 3. asks the policy, turns its answer into an action (``launch``/``switch``/``recover``/
    ``release``; on spot with nothing else to do, a ``move`` to a cheaper offer when one is due) and commits it
    as a pending decision;
