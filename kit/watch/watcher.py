@@ -201,8 +201,7 @@ class Watcher:
         result.decision = decision
         result.action = self._plan(decision, deployed_market, bool(lost), now,
                                    spot_just_lost=spot_lost and not capacity_blocked)
-        if result.action is None and moving and decision == SPOT == result.market and observation is not None:
-            result.action = self._plan_move(now, observation)
+        result.action = result.action or self._plan_move(now, observation, decision, result.market)
         result.outcome = self._act(now)
         if before is not None and observation is not None and decision == SPOT and result.outcome is not None \
                 and result.outcome.capacity_error:
@@ -320,9 +319,12 @@ class Watcher:
         log.info("decision: %s (%s)", action, reason)
         return action
 
-    def _plan_move(self, now: float, observation: dict) -> str | None:
-        """On spot with nothing else to do: a voluntary move to a cheaper offer when one is due
-        (``Actor.move_due``), as the simulated ``default`` moves when a cheaper offer is up."""
+    def _plan_move(self, now: float, observation: dict | None, decision: str, market: str | None) -> str | None:
+        """On spot with nothing else to do (``decision`` and the running ``market`` spot, no action planned): a
+        voluntary move to a cheaper offer when one is due (``Actor.move_due``), as the simulated ``default`` moves
+        when a cheaper offer is up; only for a job that follows it (:meth:`_as_zone_default`)."""
+        if observation is None or not (decision == SPOT == market) or not self._as_zone_default():
+            return None
         slack = observation["deadline_h"] - observation["now_h"] - (
             observation["job_h"] - observation["progress_h"] + observation["changeover_h"]) \
             if observation.get("deadline_h") is not None else None
