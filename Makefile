@@ -31,7 +31,7 @@ install-tools: ## system packages and isolated tool environments (root needed fo
 	bash scripts/install-tools.sh
 
 test: lint ## lint, then the whole suite, slow integration tests included (this is what CI runs)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest --durations=15 $(PYTEST_ARGS)
 
 test-fast: ## skip the slow integration tests
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
