@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from zones import MARKETS, SYNTHETIC_NODES, synthetic_set
 
 from kit.backends.base import Backend, CapacityError, Node
+from kit.clouds.local import TRACE_PRICES
 from kit.paths import SPOT_TRACES_DIR
 from kit.policy.offers import Moves
 from kit.policy.zones import moving_market_policy
@@ -154,8 +155,7 @@ class Clock:
 
 def zone_prices(traces: list[Trace]) -> dict[str, dict[str, float]]:
     """Each zone's $/h per node from its trace's metadata, as a spec's ``prices.zones``."""
-    return {t.name: {"spot_per_hour": float(t.metadata["spot_price_per_hour"]),
-                     "on_demand_per_hour": float(t.metadata["on_demand_price_per_hour"])} for t in traces}
+    return {t.name: {key: float(t.metadata[found]) for key, found in TRACE_PRICES.items()} for t in traces}
 
 
 def spec_for(zones: list[str], params: Params, prices: dict | None = None) -> SpecBase:

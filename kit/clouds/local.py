@@ -106,17 +106,15 @@ class LocalSpec(SpecBase):
         """Each zone of a trace set at its own file's prices (the set's zones are priced apart, as the clouds
         price regions and zones), except where the spec says a price: its zone's or region's entry, or the
         top-level price for every zone."""
-        from kit.policy.offers import region_of
         from kit.traces import load_trace
 
         out = dict(given.zones)
         for zone in self.zones or []:
-            meta = load_trace(Path(self.local.trace or "") / f"{zone}.json").metadata
-            own, region = out.get(zone) or ZonePrices(), given.zones.get(region_of(zone)) or ZonePrices()
+            meta, said = load_trace(Path(self.local.trace or "") / f"{zone}.json").metadata, given.of(zone)
             fill = {key: float(meta[found]) for key, found in TRACE_PRICES.items()
-                    if meta.get(found) and not (getattr(own, key) or getattr(region, key) or getattr(given, key))}
+                    if meta.get(found) and getattr(said, key) is None}
             if fill:
-                out[zone] = own.model_copy(update=fill)
+                out[zone] = (out.get(zone) or ZonePrices()).model_copy(update=fill)
         return out
 
     def _trace_set(self, path: str) -> Trace:

@@ -219,12 +219,24 @@ class Actor:
         current = self.current_offer()
         if current is None or not current.spot or not self.learns() or not self.spec.can_move:
             return current, {}
-        hours, losses = self.spot_runs()
-        spot = [o for o in self.spec.offers() if o.spot and o != current]
-        prices = progress_prices(spot, hours=hours, losses=losses, changeover_h=self.spec.policy.changeover_hours,
-                                 moves=self.spec.policy.moves(self.ledger.checkpoint_gb()), checkpoint_zone=current.zone)
-        cheaper = sorted((o for o in spot if prices[o] < current.price * (1 - MOVE_MARGIN)), key=lambda o: prices[o])
+        prices = self._progress_from(current)
+        cheaper = sorted((o for o in prices if o != current and prices[o] < current.price * (1 - MOVE_MARGIN)),
+                         key=lambda o: prices[o])
         return current, {o: prices[o] for o in cheaper}
+
+    def _progress_from(self, current: Offer) -> dict[Offer, float]:
+        """Each spot offer's price per hour of progress for the job running on ``current`` (its runs there, the
+        changeover, and the checkpoint's transfer and egress from ``current``'s zone)."""
+        hours, losses = self.spot_runs()
+        return progress_prices([o for o in self.spec.offers() if o.spot], hours=hours, losses=losses,
+                               changeover_h=self.spec.policy.changeover_hours,
+                               moves=self.spec.policy.moves(self.ledger.checkpoint_gb()), checkpoint_zone=current.zone)
+
+    def _held_h(self, up: list, last_try: float | None) -> float:
+        """Hours since the running nodes ``up`` came up, or since ``last_try`` if later: what a ski-rental
+        try (:func:`kit.policy.zones.try_move`) weighs."""
+        since = max([n.since for n in up] + [last_try or 0.0])
+        return max(0.0, self.clock() - since) / 3600.0
 
     def move_due(self, slack_h: float | None, tick_h: float) -> str | None:
         """Why to try a voluntary move now (the reason a decision records), or None: an offer's progress is cheaper
@@ -240,8 +252,8 @@ class Actor:
         if not launch_can_progress(slack_h, launch_h, tick_h):
             return None
         last = self.ledger.last_decision(MOVE)
-        since = max([n.since for n in self.ledger.nodes(("up",))] + [last.created if last else 0.0])
-        if not try_move(current.price, there, launch_h=changeover, held_h=max(0.0, self.clock() - since) / 3600.0):
+        if not try_move(current.price, there, launch_h=changeover,
+                        held_h=self._held_h(self.ledger.nodes(("up",)), last.created if last else None)):
             return None
         return f"try to move: {best.name} costs {there:.2f} $/h per hour of progress, {current.name} {current.price:.2f} $/h"
 
@@ -254,13 +266,9 @@ class Actor:
         current, up = self.current_offer(), self.ledger.nodes(("up",))
         if current is None or current.spot or not up or not self.learns() or not self.spec.can_move:
             return True
-        hours, losses = self.spot_runs()
-        prices = progress_prices([o for o in self.spec.offers() if o.spot], hours=hours, losses=losses,
-                                 changeover_h=self.spec.policy.changeover_hours,
-                                 moves=self.spec.policy.moves(self.ledger.checkpoint_gb()), checkpoint_zone=current.zone)
-        since = max([n.since for n in up] + [self.ledger.last_capacity_failure(SPOT) or 0.0])
-        return try_move(current.price, min(prices.values(), default=math.inf),
-                        launch_h=self.spec.policy.changeover_hours, held_h=max(0.0, self.clock() - since) / 3600.0)
+        best = min(self._progress_from(current).values(), default=math.inf)
+        return try_move(current.price, best, launch_h=self.spec.policy.changeover_hours,
+                        held_h=self._held_h(up, self.ledger.last_capacity_failure(SPOT)))
 
     def learns(self) -> bool:
         """Whether the capacity search ranks the spot offers by the job's runs (``learned_order``)."""

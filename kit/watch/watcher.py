@@ -142,8 +142,7 @@ class Watcher:
         """The policy's answer to a tick's observation (as recorded: the replay at start-up calls this too).
         A tick that lost a spot run of a job that may move (``LOST_SPOT``) first tells the policy the run
         ended (spot unavailable), then asks it with spot as the search finds it, as ``ZoneDefault`` does."""
-        fields = {k: v for k, v in observation.items() if k != LOST_SPOT}
-        seen = Observation(**fields)
+        seen = self._seen(observation)
         if observation.get(LOST_SPOT) and isinstance(self.policy, DefaultPolicy):
             self.policy.observe(replace(seen, spot_available=False))
         return self.policy.decide(seen)
@@ -319,16 +318,19 @@ class Watcher:
         log.info("decision: %s (%s)", action, reason)
         return action
 
+    @staticmethod
+    def _seen(observation: dict) -> Observation:
+        """A recorded observation as the policy sees it (without the watcher's own ``LOST_SPOT`` mark)."""
+        return Observation(**{k: v for k, v in observation.items() if k != LOST_SPOT})
+
     def _plan_move(self, now: float, observation: dict | None, decision: str, market: str | None) -> str | None:
         """On spot with nothing else to do (``decision`` and the running ``market`` spot, no action planned): a
         voluntary move to a cheaper offer when one is due (``Actor.move_due``), as the simulated ``default`` moves
         when a cheaper offer is up; only for a job that follows it (:meth:`_as_zone_default`)."""
         if observation is None or not (decision == SPOT == market) or not self._as_zone_default():
             return None
-        slack = observation["deadline_h"] - observation["now_h"] - (
-            observation["job_h"] - observation["progress_h"] + observation["changeover_h"]) \
-            if observation.get("deadline_h") is not None else None
-        reason = self.actor.move_due(slack, observation["tick_h"])
+        seen = self._seen(observation)
+        reason = self.actor.move_due(seen.slack_h(), seen.tick_h)
         if reason is None:
             return None
         self.ledger.begin_decision(policy=self._policy_name(), decision=SPOT, action=MOVE, market_before=SPOT,
