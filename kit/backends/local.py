@@ -47,6 +47,9 @@ if TYPE_CHECKING:
     from kit.spec import SpecBase
 
 log = logging.getLogger(__name__)
+# What a restarted kit logs for each node whose processes outlived the kit that was killed (it waits up to
+# ``save_grace_s`` for them to save and exit): one format, which the crash-only tests look for.
+LEFTOVERS_LOG = "node-%d: %d processes of a killed kit are still running; they save and stop"
 
 _LIVE: set[LocalBackend] = set()
 
@@ -191,8 +194,7 @@ class LocalBackend(Backend):
                     break
                 leftovers = self.node_processes(rank)
                 if leftovers:
-                    log.warning("node-%d: %d processes of a killed kit are still running; they save and stop",
-                                rank, len(leftovers))
+                    log.warning(LEFTOVERS_LOG, rank, len(leftovers))
                     self._stop_leftovers(rank)
                 if state["state"] != "running" or rank in self.procs:
                     continue

@@ -10,6 +10,7 @@ processes died (not when kit came back), and that no node process is left behind
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kit.backends.local import LocalBackend
+from kit.backends.local import LEFTOVERS_LOG, LocalBackend
 from tests.integration.test_train_local import KIT, leftovers, small_spec, user_env
 
 pytestmark = pytest.mark.slow
@@ -116,9 +117,14 @@ def _crash_and_continue(tmp: Path, undisturbed, flags: list[str], kill_when: Cal
     assert report["steps"] == STEPS
     assert report["params_sha256"] == report0["params_sha256"], "the continued job is not the undisturbed one"
     # going again within one watcher interval plus a start-up (the undisturbed run's, with slack
-    # for a shared CI machine); before, the restarted kit sat idle with no trainer alive
+    # for a shared CI machine); before, the restarted kit sat idle with no trainer alive. Where a killed
+    # kit's node processes were still alive, kit first gives them up to save_grace_s to save and exit
+    # (LocalBackend.reconcile): a trainer whose peer node died with kit can sit in a collective until
+    # then (seen once in a fresh clone: node-1 recorded stopped 30 s after node-0, first progress at 36 s)
     assert again.first_progress is not None, again.output
-    assert again.first_progress < LocalBackend.tick_interval_s + 2 * startup + 10, (again.first_progress, startup)
+    waited = re.search(re.escape(LEFTOVERS_LOG).replace("%d", r"\d+"), again.output) is not None
+    bound = LocalBackend.tick_interval_s + 2 * startup + 10 + (LocalBackend.save_grace_s if waited else 0.0)
+    assert again.first_progress < bound, (again.first_progress, startup, waited)
     if running:
         assert "left running by a kit that was killed" in again.output, again.output
     assert not leftovers(str(tmp / "deploy")), "node processes left behind"
