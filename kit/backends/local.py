@@ -48,8 +48,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 # What a restarted kit logs for each node whose processes outlived the kit that was killed (it waits up to
-# ``save_grace_s`` for them to save and exit): one format, which the crash-only tests look for.
-LEFTOVERS_LOG = "node-%d: %d processes of a killed kit are still running; they save and stop"
+# ``save_grace_s`` for them to save and exit), and for those still there at the end of the grace: one format
+# each, which the crash-only tests look for. They name the processes, so a wait on one that could not save
+# (a trainer whose peer died with the kit waits in a collective) can be told from a save that took long.
+LEFTOVERS_LOG = "node-%d: %d processes of a killed kit are still running (%s); they save and stop"
+LEFTOVERS_KILLED_LOG = "node-%d: %s did not stop within %.1f s of the stop request: killed"
 
 _LIVE: set[LocalBackend] = set()
 
@@ -86,6 +89,20 @@ def _stat(proc_dir: Path) -> list[str] | None:
     except (OSError, IndexError):
         return None
     return fields if len(fields) >= 2 else None
+
+
+def describe(pids: list[int]) -> str:
+    """``pid command`` of each process (the first words of its command line, paths cut to their names), for
+    a log line; a process gone meanwhile shows as its pid."""
+    out = []
+    for pid in pids:
+        try:
+            args = (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            args = []
+        words = [Path(a.decode(errors="replace")).name for a in args[:3] if a]
+        out.append(" ".join([str(pid), *words]))
+    return ", ".join(out)
 
 
 def descendants(pid: int) -> list[int]:
@@ -194,7 +211,7 @@ class LocalBackend(Backend):
                     break
                 leftovers = self.node_processes(rank)
                 if leftovers:
-                    log.warning(LEFTOVERS_LOG, rank, len(leftovers))
+                    log.warning(LEFTOVERS_LOG, rank, len(leftovers), describe(leftovers))
                     self._stop_leftovers(rank)
                 if state["state"] != "running" or rank in self.procs:
                     continue
@@ -235,7 +252,10 @@ class LocalBackend(Backend):
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and self.node_processes(rank):
             time.sleep(0.2)
-        for pid in self.node_processes(rank):
+        stuck = self.node_processes(rank)
+        if stuck:
+            log.warning(LEFTOVERS_KILLED_LOG, rank, describe(stuck), grace)
+        for pid in stuck:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
 

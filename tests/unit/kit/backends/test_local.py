@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -401,10 +402,11 @@ def test_reconcile_dates_the_stop_at_the_last_sign_of_life(backend):
     assert restarted.read_state(0)["time"] == pytest.approx(life)
 
 
-def test_reconcile_waits_for_leftover_processes_then_kills_them(backend, tmp_path):
+def test_reconcile_waits_for_leftover_processes_then_kills_them(backend, tmp_path, caplog):
     """Processes of the killed kit's node that are still alive (saving on the parent-death signal, or
     stuck) are asked to stop through the node's stop file and killed after the grace: no two trainers
-    ever write one checkpoint directory."""
+    ever write one checkpoint directory. The log names them, when found and when killed, so a wait on a
+    process that could not save can be told from a long save."""
     script = tmp_path / "stuck.py"
     script.write_text(IGNORES_STOP)
     backend.write_state(0, "node-0-1", "spot", "running")
@@ -423,6 +425,11 @@ def test_reconcile_waits_for_leftover_processes_then_kills_them(backend, tmp_pat
         assert 0.5 <= time.monotonic() - t0 < 5
         assert stuck.wait(5) == -9 and restarted.stop_file(0).exists()
         assert other.poll() is None, "only the node's own processes"
+        found, killed, _stopped = (r.getMessage() for r in caplog.records if r.name == "kit.backends.local")
+        assert found.startswith(f"node-0: 1 processes of a killed kit are still running ({stuck.pid} ")
+        assert "stuck.py --stop-file); they save and stop" in found
+        assert killed == (f"node-0: {stuck.pid} {Path(sys.executable).name} stuck.py --stop-file did not stop "
+                          "within 0.5 s of the stop request: killed")
     finally:
         for proc in (stuck, other):
             proc.kill()
