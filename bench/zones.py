@@ -1,6 +1,7 @@
 """Multi-zone benchmark: kit's ``default`` against the omniscient bound and the baselines, with moves.
 
     .venv/bin/python bench/zones.py [--out bench-zones.json] [--skip-synthetic] [--development]   # ~6 min
+    .venv/bin/python bench/zones.py --baselines bench-zones.json [--development]   # default only: ~1-2 min
 
 1. The bundled GCP H100 set as one market (``kit simulate gcp-a3-h100-2025-10 --zones all``):
    all 13 zones, N = 16, 4, 1; C0 = 48 h; R0 = 60 h and 72 h; d = 0.2 h; 8 starts; a 50 GB checkpoint
@@ -14,6 +15,11 @@
    ``default``'s constants were compared on (about 4 min more);
 4. ``opt``'s runtime on 13 zones at R0 = 60 h and 72 h, 8 starts, with d = 0.2 h and 0.2001 h (no common
    unit with the tick: waste kept as exact Pareto fronts), and on 5 zones of 32-second ticks (one start).
+
+With ``--baselines`` (an earlier ``--out`` of this script), each market row replays only the policies a
+change to ``default`` can move (``default`` and the one-zone ``default`` in each zone) and takes ``opt``,
+``failover`` and ``up`` from that file: for comparing versions of ``default`` quickly, on the same traces
+and baselines' code; the ``opt`` runtime table is left out.
 
 Prints Markdown tables (pasted into docs/benchmarks.md, section "Many zones"). Every row reports
 every policy; "ok" says whether ``default`` has no more misses than ``opt``, is below ``failover``
@@ -37,6 +43,7 @@ from kit.paths import SPOT_TRACES_DIR
 from kit.policy.offers import Moves
 from kit.simulate.single import Params
 from kit.simulate.zones import (
+    SCHEDULE_FIELDS,
     ZONE_ALL,
     ZoneSet,
     _ZoneOpt,
@@ -46,6 +53,26 @@ from kit.simulate.zones import (
     zone_starts,
 )
 from kit.traces import Trace, load_traces, markov_availability, markov_rates
+
+# With --baselines: the summaries of an earlier run, by row key; their opt, failover and up stand in for a replay
+BASELINES: dict[str, dict] = {}
+MOVED_BY_DEFAULT = ["default", "default@each"]  # the policies a change to kit's default can move
+SUMMARY_KEYS = ("cost_vs_on_demand", "deadline_misses", "cost_vs_on_demand_p75", *SCHEDULE_FIELDS)
+
+
+def replay_row(key: str, traces: list[Trace], params: Params) -> dict:
+    """Every policy of ``ZONE_ALL`` on one row's market (``simulate_zones``), or, with ``--baselines``, only
+    :data:`MOVED_BY_DEFAULT`, the others' figures taken from the earlier run's summary of the same row."""
+    earlier = BASELINES.get(key)
+    if earlier is None:
+        if BASELINES:
+            raise SystemExit(f"--baselines has no row {key!r}: run bench/zones.py --out FILE with the same flags first")
+        return simulate_zones(traces, list(ZONE_ALL), params, Moves())
+    summary = simulate_zones(traces, MOVED_BY_DEFAULT, params, Moves())
+    for field in SUMMARY_KEYS:
+        summary[field] = {**earlier[field], **summary[field]}
+    return summary
+
 
 # The GCP markets: all 13 zones, and the zones of one region (label, trace-name prefix)
 MARKETS = (("13 zones", None), ("us-central1 (3 zones)", "us-central1-"), ("us-east4 (2 zones)", "us-east4-"))
@@ -77,10 +104,11 @@ def gcp(md: list[str], out: dict, traces: list[Trace]) -> None:
                 continue
             for deadline in (60.0, 72.0):
                 params = Params(nodes=nodes, job_h=48.0, deadline_h=deadline, changeover_h=0.2, starts=8)
-                summary = simulate_zones(ts, list(ZONE_ALL), params, Moves())
+                key = f"gcp/{label}/N{nodes}/R{deadline:g}"
+                summary = replay_row(key, ts, params)
                 line, verdict = row(f"{label}, N={nodes}, R0={deadline:g}", summary)
                 md.append(line)
-                out[f"gcp/{label}/N{nodes}/R{deadline:g}"] = {"summary": summary, "verdict": verdict}
+                out[key] = {"summary": summary, "verdict": verdict}
     md.append("")
 
 
@@ -90,10 +118,11 @@ def aws(md: list[str], out: dict, traces: list[Trace]) -> None:
             "per-tick spot prices)"), "", *header("setting")]
     for deadline, d in ((53.3, 0.2), (60.0, 0.2), (72.0, 0.2), (60.0, 0.1)):
         params = Params(nodes=1, job_h=48.0, deadline_h=deadline, changeover_h=d, starts=8)
-        summary = simulate_zones(traces, list(ZONE_ALL), params, Moves())
+        key = f"aws/R{deadline:g}/d{d}"
+        summary = replay_row(key, traces, params)
         line, verdict = row(f"R0={deadline:g}, d={d}", summary)
         md.append(line)
-        out[f"aws/R{deadline:g}/d{d}"] = {"summary": summary, "verdict": verdict}
+        out[key] = {"summary": summary, "verdict": verdict}
     md.append("")
 
 
@@ -137,9 +166,10 @@ def synthetic_set(seed: int, n: int = 2016) -> list[Trace]:
     return out
 
 
-def synthetic_run(seed: int, d_ticks: int, deadline: float) -> dict:
-    """Every policy on the synthetic market of ``seed``: 2 nodes, C0 = 48 h, d in 10-min ticks, 8 starts."""
-    return simulate_zones(synthetic_set(seed), list(ZONE_ALL), synthetic_params(d_ticks, deadline), Moves())
+def synthetic_run(key: str, seed: int, d_ticks: int, deadline: float) -> dict:
+    """Every policy on the synthetic market of ``seed`` (:func:`replay_row`, row ``key``): 2 nodes, C0 = 48 h, d in
+    10-min ticks, 8 starts."""
+    return replay_row(key, synthetic_set(seed), synthetic_params(d_ticks, deadline))
 
 
 def synthetic_params(d_ticks: int, deadline: float) -> Params:
@@ -153,10 +183,11 @@ def synthetic(md: list[str], out: dict) -> None:
     for d_ticks in (1, 2, 4):
         for deadline in (60.0, 72.0):
             for seed in (11, 12, 13):
-                summary = synthetic_run(seed, d_ticks, deadline)
+                key = f"synthetic/d{d_ticks}/R{deadline:g}/s{seed}"
+                summary = synthetic_run(key, seed, d_ticks, deadline)
                 line, verdict = row(f"d={d_ticks} ticks, R0={deadline:g}, seed {seed}", summary)
                 md.append(line)
-                out[f"synthetic/d{d_ticks}/R{deadline:g}/s{seed}"] = {"summary": summary, "verdict": verdict}
+                out[key] = {"summary": summary, "verdict": verdict}
     md.append("")
     held_out_seeds(md, out)
 
@@ -187,11 +218,12 @@ def seed_summary(md: list[str], out: dict, seeds: range, key: str) -> None:
         verdicts = []
         for seed in seeds:
             for deadline in (60.0, 72.0):
-                summary = synthetic_run(seed, d_ticks, deadline)
+                row_key = f"{key}/d{d_ticks}/R{deadline:g}/s{seed}"
+                summary = synthetic_run(row_key, seed, d_ticks, deadline)
                 verdict = row("", summary)[1]
                 verdict["misses"] = summary["deadline_misses"]["default"]
                 verdict["cost"] = summary["cost_vs_on_demand"]["default"]
-                out[f"{key}/d{d_ticks}/R{deadline:g}/s{seed}"] = {"summary": summary, "verdict": verdict}
+                out[row_key] = {"summary": summary, "verdict": verdict}
                 verdicts.append(verdict)
         below = sum(v["misses_ok"] and v["below_failover"] and v["below_best_up"] for v in verdicts)
         n = len(verdicts)
@@ -233,8 +265,15 @@ def opt_runtime(md: list[str], out: dict, traces: list[Trace]) -> None:
 
 
 def main() -> int:
-    args = replay_args.parse(__doc__, lambda ap: ap.add_argument(
-        "--development", action="store_true", help="also summarise the development seeds 31-50 (~4 min)"))
+    def extra(ap) -> None:
+        ap.add_argument("--development", action="store_true", help="also summarise the development seeds 31-50 (~4 min)")
+        ap.add_argument("--baselines", type=Path, default=None,
+                        help="an earlier --out of this script: replay only default (and default in each zone) and take "
+                             "opt, failover and up from it (same traces, flags and baselines' code); no opt runtime table")
+
+    args = replay_args.parse(__doc__, extra)
+    if args.baselines is not None:
+        BASELINES.update({k: v["summary"] for k, v in json.loads(args.baselines.read_text()).items() if "summary" in v})
     traces = load_traces([args.traces])
     md: list[str] = []
     out: dict = {}
@@ -245,7 +284,8 @@ def main() -> int:
         synthetic(md, out)
         if args.development:
             development_seeds(md, out)
-    opt_runtime(md, out, traces)
+    if not BASELINES:
+        opt_runtime(md, out, traces)
     md.append(f"({time.perf_counter() - t0:.0f} s in all)")
     print("\n".join(md))
     if args.out:
