@@ -43,7 +43,7 @@ from kit.paths import SPOT_TRACES_DIR
 from kit.policy.offers import Moves
 from kit.simulate.single import Params
 from kit.simulate.zones import (
-    SCHEDULE_FIELDS,
+    POLICY_FIELDS,
     ZONE_ALL,
     ZoneSet,
     _ZoneOpt,
@@ -57,7 +57,6 @@ from kit.traces import Trace, load_traces, markov_availability, markov_rates
 # With --baselines: the summaries of an earlier run, by row key; their opt, failover and up stand in for a replay
 BASELINES: dict[str, dict] = {}
 MOVED_BY_DEFAULT = ["default", "default@each"]  # the policies a change to kit's default can move
-SUMMARY_KEYS = ("cost_vs_on_demand", "deadline_misses", "cost_vs_on_demand_p75", *SCHEDULE_FIELDS)
 
 
 def replay_row(key: str, traces: list[Trace], params: Params) -> dict:
@@ -69,7 +68,7 @@ def replay_row(key: str, traces: list[Trace], params: Params) -> dict:
             raise SystemExit(f"--baselines has no row {key!r}: run bench/zones.py --out FILE with the same flags first")
         return simulate_zones(traces, list(ZONE_ALL), params, Moves())
     summary = simulate_zones(traces, MOVED_BY_DEFAULT, params, Moves())
-    for field in SUMMARY_KEYS:
+    for field in POLICY_FIELDS:
         summary[field] = {**earlier[field], **summary[field]}
     return summary
 

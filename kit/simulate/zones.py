@@ -557,6 +557,8 @@ def _stats(runs: list[ZoneRun]) -> dict:
 # What a replay counts of a policy's schedule; ``opt``'s program finds its cost without rebuilding its
 # schedule, so these are null (None) for it rather than zeros that read as "no launch".
 SCHEDULE_FIELDS = ("moves", "probes", "egress", "launches", "changeover_cost", "spot_hours", "on_demand_hours")
+# The per-policy figures of a summary (:func:`simulate_market`): {field: {policy: value}}
+POLICY_FIELDS = ("cost_vs_on_demand", "deadline_misses", "cost_vs_on_demand_p75", *SCHEDULE_FIELDS)
 
 
 def _rows(name: str, market: ZoneSet, starts: list[int], params: Params, moves: Moves) -> dict[str, dict]:
@@ -616,8 +618,7 @@ def simulate_market(market: ZoneSet, policies: list[str], params: Params, moves:
     return {
         "runs": len(starts), "policies": names, "zones": list(market.zones),
         "offers": [{"offer": o.name, "price_per_hour": round(o.price, 4)} for o in market.offers],
-        **{key: {n: rows[n][key] for n in names} for key in (
-            "cost_vs_on_demand", "deadline_misses", "cost_vs_on_demand_p75", *SCHEDULE_FIELDS)},
+        **{key: {n: rows[n][key] for n in names} for key in POLICY_FIELDS},
         "best_zone": {n: rows[n]["zone"] for n in names if "zone" in rows[n]},
         "per_zone": {n: rows[n]["per_zone"] for n in names if "per_zone" in rows[n]},
         "params": {"nodes": params.nodes, "job_hours": params.job_h, "deadline_hours": params.deadline_h,
