@@ -6,7 +6,7 @@
 1. The bundled GCP H100 set as one market (``kit simulate gcp-a3-h100-2025-10 --zones all``):
    all 13 zones, N = 16, 4, 1; C0 = 48 h; R0 = 60 h and 72 h; d = 0.2 h; 8 starts; a 50 GB checkpoint
    at 10 Gbit/s; egress at the clouds' list prices;
-2. the same with the zones of one region (us-central1: 3 zones; us-east4: 2 zones);
+2. the same with the zones of one region (us-central1: 3 zones; us-east4: 2 zones), N = 16, 4, 1;
    and, held out, the bundled AWS V100 set (9 zones, 195-s ticks, 1 node);
 3. synthetic markets: 5 zones, each an on/off Markov chain with its own availability (0.2 to 0.9),
    mean spot run (20 min to 12 h) and spot price, 2 nodes, 3 seeds per setting, d = 1 to 4 ticks;
@@ -99,8 +99,6 @@ def gcp(md: list[str], out: dict, traces: list[Trace]) -> None:
     for label, prefix in MARKETS:
         ts = [t for t in traces if prefix is None or t.name.startswith(prefix)]
         for nodes in (16, 4, 1):
-            if prefix is not None and nodes != 16:
-                continue
             for deadline in (60.0, 72.0):
                 params = Params(nodes=nodes, job_h=48.0, deadline_h=deadline, changeover_h=0.2, starts=8)
                 key = f"gcp/{label}/N{nodes}/R{deadline:g}"

@@ -10,7 +10,8 @@ Model (docs/policies.md, "Many zones"; the single-zone rules of :mod:`kit.simula
   capacity is launched. A launch spends ``d`` billed without progress; a launch in another zone than
   the newest checkpoint's also spends the transfer time ``T`` (billed) and pays egress across regions.
 * Probes: a policy may probe any offer (a launch released at once): billed ``PROBE_H`` of the offer's
-  price when it has capacity, free when not. What a policy learns is exactly: its own zone's capacity
+  price when it has capacity, free when not. A probe that the same tick's plan then launches is that
+  launch, kept: billed as the run, not once more. What a policy learns is exactly: its own zone's capacity
   each tick, its launch attempts and its probes (``revealed``, checked by the no-leak test).
 * Cost is relative to the whole job on the cheapest on-demand offer: ``Q_min x (C0 + d)``.
 * ``opt``: dynamic programming over (offer or idle zone, waste) with the whole trace set known.
@@ -239,6 +240,7 @@ class _ZoneReplay:
         self.checkpoint_zone: str | None = None
         self.setup_left = self.progress = self.cost = 0.0
         self.failed: tuple[Offer, ...] = ()
+        self.probed: list[Offer] = []  # this tick's probes that found capacity, billed once the plan is tried
         self.run_ = ZoneRun(policy=policy.name, start=start, cost=0.0, cost_vs_on_demand=0.0, done_h=None, missed=False)
 
     def has_capacity(self, offer: Offer, i: int) -> bool:
@@ -256,9 +258,19 @@ class _ZoneReplay:
         self.known(offer, "probed")
         ok = self.has_capacity(offer, i)
         if ok:
+            self.probed.append(offer)
+        return ok
+
+    def bill_probes(self, launched: Offer | None, i: int) -> None:
+        """Bill this tick's probes that found capacity, each released at once (``PROBE_H``), except one of
+        the offer the plan launched: that launch attempt is the instance the job keeps, and the clouds bill it
+        as the run it becomes (the real loop's capacity search is its launch), not as a probe and a launch."""
+        probed, self.probed = self.probed, []
+        if launched is not None and launched in probed:
+            probed.remove(launched)
+        for offer in probed:
             self.run_.probes += 1
             self.cost += self.price(offer, i) * PROBE_H
-        return ok
 
     def observe(self, i: int) -> ZoneObservation:
         preempted = False
@@ -273,7 +285,7 @@ class _ZoneReplay:
                                preempted=preempted, failed=self.failed)
 
     def act(self, plan: list[Offer], i: int) -> None:
-        failed = []
+        failed, launched = [], None
         for offer in plan:
             self.known(offer, "planned")
             if offer == self.running:
@@ -282,10 +294,12 @@ class _ZoneReplay:
                 failed.append(offer)
                 continue
             self.launch(offer)
+            launched = offer
             break
         else:
             self.running = None
         self.failed = tuple(failed)
+        self.bill_probes(launched, i)
 
     def launch(self, offer: Offer) -> None:
         self.setup_left = self.moves.launch_h(self.p.changeover_h, self.checkpoint_zone, offer.zone)

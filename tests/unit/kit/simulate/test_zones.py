@@ -264,7 +264,30 @@ def test_a_probe_is_billed_one_minute_when_it_succeeds_and_nothing_when_it_fails
             return [] if obs.now_h < 0.5 - 1e-9 else super().decide(obs, view)
 
     run = replay(market, 0, params, MOVES, Prober(market.offers, MOVES, [b] * 30))
-    assert run.probes == Prober.ticks > 3  # one billed probe (b) per tick; the failed one (a) is free
+    # one billed probe (b) per tick, but for the tick that launches b: that probe is the launch, kept;
+    # the failed one (a) is free
+    assert run.probes == Prober.ticks - 1 > 3
+    assert run.cost == pytest.approx(2 * 1.0 * (1.0 + 0.2) + run.probes * 2 * 1.0 / 60)
+
+
+@pytest.mark.parametrize("plan", ["probed", "other"])
+def test_a_probe_the_same_tick_launches_is_billed_as_the_run_only(plan):
+    """Probe b, then launch it in the same tick: one instance, billed as the run it becomes (as a capacity search
+    that is the launch), not a minute more; a probe of b followed by a launch of c is a probe released, billed."""
+    traces = [zone_trace(z, [2] * 30) for z in ("us-east4-b", "us-east4-c")]
+    params = Params(nodes=2, job_h=1.0, deadline_h=4, changeover_h=0.2, starts=1)
+    market = market_of(traces, params)
+    b, c = (next(o for o in market.offers if o.zone == z and o.spot) for z in ("us-east4-b", "us-east4-c"))
+    launch = b if plan == "probed" else c
+
+    class ProbeThenLaunch(Script):
+        def decide(self, obs, view):
+            if obs.running is None:
+                assert view.probe(b) is True
+            return super().decide(obs, view)
+
+    run = replay(market, 0, params, MOVES, ProbeThenLaunch(market.offers, MOVES, [launch] * 30))
+    assert run.launches == 1 and run.probes == (0 if plan == "probed" else 1)
     assert run.cost == pytest.approx(2 * 1.0 * (1.0 + 0.2) + run.probes * 2 * 1.0 / 60)
 
 
