@@ -1,6 +1,6 @@
 """Multi-zone benchmark: kit's ``default`` against the omniscient bound and the baselines, with moves.
 
-    .venv/bin/python bench/zones.py [--out bench-zones.json] [--skip-synthetic] [--development]   # ~6 min
+    .venv/bin/python bench/zones.py [--out bench-zones.json] [--skip-synthetic] [--development]   # ~7 min
     .venv/bin/python bench/zones.py --baselines bench-zones.json [--development]   # default only: ~1-2 min
 
 1. The bundled GCP H100 set as one market (``kit simulate gcp-a3-h100-2025-10 --zones all``):
