@@ -469,6 +469,8 @@ class ZoneDefault(NettedZonePolicy):
     * Knowing: on spot, the zone it runs in; otherwise it probes the ranked offers in order and stops
       at the first that has capacity (failed probes are free; at most one is billed per tick), so it
       learns where spot is without paying to look at every zone.
+    * Staying: an offer is not launched for a stay that the return of a cheaper one found down would cut
+      so short that its progress costs as much as on-demand (:meth:`stay_h`).
     * Waiting for the best zone (:meth:`worth_now`): with the job off spot and the best offer it has
       run on in an outage, a dearer offer is launched only if its extra price per hour of progress is
       paid for by the slack its progress saves; with slack to spare and the best zone able to finish
@@ -549,8 +551,16 @@ class ZoneDefault(NettedZonePolicy):
         rated = [(self.rate(o, obs, m), self.tie[o.zone], o) for o, m in runs.items()]
         return [o for r, _, o in sorted(rated, key=lambda x: x[:2]) if r < ceiling]
 
-    def _find(self, obs: ZoneObservation, market: Market, ranked: list[Offer]) -> Offer | None:
+    def _find(self, obs: ZoneObservation, market: Market, ranked: list[Offer], ceiling: float) -> Offer | None:
+        """The first of ``ranked`` that has spot capacity (looked at in the zone the job is in, probed elsewhere),
+        leaving out an offer whose stay the return of a cheaper one found down would cut so short
+        (:meth:`stay_h`) that its progress costs ``ceiling`` or more (on-demand's price)."""
+        down: list[Offer] = []
+        runs = self.mean_runs(obs.now_h)
         for offer in ranked:
+            stay = self.stay_h(obs, offer, runs, down)
+            if stay < runs[offer] and self.rate(offer, obs, stay) >= ceiling:
+                continue
             if offer.zone == obs.zone and offer.shape.name in obs.here:
                 up = bool(obs.here[offer.shape.name])
             else:
@@ -558,7 +568,27 @@ class ZoneDefault(NettedZonePolicy):
             self.outages.seen(offer, up, obs.now_h, obs.tick_h)
             if up:
                 return offer
+            down.append(offer)
         return None
+
+    def stay_h(self, obs: ZoneObservation, offer: Offer, runs: Mapping[Offer, float], down: list[Offer]) -> float:
+        """How long the job would hold ``offer`` launched now: until its run ends or, if sooner, until one of
+        ``down`` (offers found without capacity) that it would move to from there comes back: one that ranks
+        cheaper per hour of progress than ``offer``'s bare price by the move margin (the rule on spot, with the
+        prices of :meth:`ranked`, from where the checkpoint is now). ``runs``: each offer's mean run from the
+        job's record (:meth:`mean_runs`), not the optimistic one a search ranks with, which decides where to
+        look, not how long the job stays. The rest of each outage (:class:`OutageLog`) is taken one
+        confidence width long, the side that argues for launching. Exponential run and outages: the first
+        of them ends at the sum of their rates. A pricey zone launched while a cheap one flickers is left
+        in the next tick, so its launch buys a changeover and the transfers there and back for no progress:
+        at N = 16 on the bundled GCP traces the job paid asia-south2-b's spot price (0.85 x on-demand) for
+        one-tick gaps of us-central1-a."""
+        back = 0.0  # the rate at which one of them comes back
+        for other in down:
+            if self.rate(other, obs, runs[other]) < offer.price * (1 - self.move_margin):
+                longer = 1 + self._error(len(self.outages.ended[other]))
+                back += 1 / max(EPS, longer * self.outages.rest(other, obs.now_h, self.inner.prior_down, self.w))
+        return runs[offer] if back == 0 else 1 / (1 / runs[offer] + back)
 
     def _error(self, n: float) -> float:
         """One confidence width (CONFIDENCE_SE standard errors) of a mean over ``n`` exponential lengths
@@ -638,7 +668,8 @@ class ZoneDefault(NettedZonePolicy):
             now_h=obs.now_h, progress_h=obs.progress_h, job_h=obs.job_h, deadline_h=obs.deadline_h,
             changeover_h=obs.changeover_h, market=obs.running.market if obs.running else None,
             spot_available=False, preempted=obs.preempted, tick_h=obs.tick_h, on_demand_price=od.price)
-        best = self._find(obs, market, self.worth_now(obs, single, self.ranked(obs, od.price, probing=True)))
+        best = self._find(obs, market, self.worth_now(obs, single, self.ranked(obs, od.price, probing=True)),
+                          od.price)
         single = replace(single, spot_available=best is not None, spot_price=best.price if best else None)
         if obs.preempted:  # the job's spot run ended here, even if another zone has spot right now
             self.inner.observe(replace(single, spot_available=False))
