@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 import re
 from dataclasses import replace
@@ -467,6 +468,23 @@ def test_default_does_not_launch_a_pricey_zone_for_a_flicker_of_the_cheap_one(de
     opt = simulate_opt_zones(market, 0, params, MOVES)
     assert pricey_ticks == 0 and not run.missed, pricey_ticks
     assert run.cost_vs_on_demand <= 1.01 * opt.cost_vs_on_demand, (run.cost_vs_on_demand, opt.cost_vs_on_demand)
+
+
+def test_a_stay_ends_at_the_first_of_the_run_and_the_return_of_a_zone_the_job_would_move_to():
+    """stay_h: the mean of the minimum of exponentials, B's run and the rest of each outage of an offer found
+    down that ranks below B's price by the move margin, that rest one standard error long."""
+    shape = Shape("t", 2)
+    cheap, mid, pricey, od = (Offer("us-east4-a", shape, SPOT, 0.8), Offer("us-east4-b", shape, SPOT, 3.0),
+                              Offer("us-central1-a", shape, SPOT, 3.4), Offer("us-east4-a", shape, ON_DEMAND, 4.0))
+    policy = ZoneDefault((cheap, mid, pricey, od), MOVES)
+    obs = _obs()
+    for offer in (cheap, mid):  # one ended outage of 0.5 h, and down since now
+        policy.outages.ended[offer], policy.outages.since[offer] = [0.5], obs.now_h
+    runs = {cheap: 2.0, mid: 2.0, pricey: 4.0}
+    rest = (0.5 + policy.inner.prior_down) / 2 * (1 + 1 / math.sqrt(2))
+    assert policy.stay_h(obs, pricey, runs, []) == 4.0
+    assert policy.stay_h(obs, pricey, runs, [mid]) == 4.0  # not 30 % cheaper: the job would stay on B
+    assert policy.stay_h(obs, pricey, runs, [cheap, mid]) == pytest.approx(1 / (1 / 4.0 + 1 / rest))
 
 
 def test_default_tries_a_zone_it_has_not_seen_lose_after_a_bad_start_elsewhere():
