@@ -187,6 +187,13 @@ POOL_WEIGHT = 0.7
 MOVE_MARGIN = 0.3
 
 
+def move_ceiling(price: float, margin: float = MOVE_MARGIN) -> float:
+    """The most an hour of progress on another spot offer may cost for a job on a spot offer at ``price`` $/h
+    to move there (:data:`MOVE_MARGIN` below that bare price): the simulated ``default``'s move rule, the
+    watcher's move tries, and the stay a cheaper offer's return cuts short (:meth:`ZoneDefault.stay_h`)."""
+    return price * (1 - margin)
+
+
 def moving_market_policy(**params) -> DefaultPolicy:
     """The market decision (spot, on-demand or wait) of a job that may move between offers: the one-zone
     ``default`` on the market "the best spot offer the job can get now", with one changeover of lookahead,
@@ -585,7 +592,7 @@ class ZoneDefault(NettedZonePolicy):
         one-tick gaps of us-central1-a."""
         back = 0.0  # the rate at which one of them comes back
         for other in down:
-            if self.rate(other, obs, runs[other]) < offer.price * (1 - self.move_margin):
+            if self.rate(other, obs, runs[other]) < move_ceiling(offer.price, self.move_margin):
                 longer = 1 + self._error(len(self.outages.ended[other]))
                 back += 1 / max(EPS, longer * self.outages.rest(other, obs.now_h, self.inner.prior_down, self.w))
         return runs[offer] if back == 0 else 1 / (1 / runs[offer] + back)
@@ -659,7 +666,7 @@ class ZoneDefault(NettedZonePolicy):
             # short runs included) than this one's bare price: try those first (a failed try is free).
             # No move whose changeover and transfer would end at the safety net.
             slack = zone_slack(obs, hours)
-            better = [o for o in self.ranked(obs, obs.running.price * (1 - self.move_margin)) if o != obs.running
+            better = [o for o in self.ranked(obs, move_ceiling(obs.running.price, self.move_margin)) if o != obs.running
                       and launch_can_progress(slack, self.moves.launch_h(obs.changeover_h, obs.checkpoint_zone, o.zone),
                                               obs.tick_h)]
             self.asked = tuple(better)
@@ -692,5 +699,5 @@ def make_zone_policy(name: str, offers: tuple[Offer, ...], moves: Moves, seed: i
 
 
 __all__ = ["MARKET_WINDOW", "PACE", "POOL_WEIGHT", "RUN_WINDOW", "ZONE_POLICY_NAMES", "Failover", "Market", "NettedZonePolicy", "Pinned", "RunRecord", "ZoneDefault", "ZoneObservation", "ZonePolicy",
-           "finishing_offer", "learned_order", "make_zone_policy", "mean_runs", "moving_market_policy", "probing_runs", "progress_price",
+           "finishing_offer", "learned_order", "make_zone_policy", "mean_runs", "move_ceiling", "moving_market_policy", "probing_runs", "progress_price",
            "search_order", "spot_ceiling"]

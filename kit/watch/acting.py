@@ -43,9 +43,9 @@ from kit.errors import KitError
 from kit.policy.market import launch_can_progress
 from kit.policy.offers import Offer
 from kit.policy.zones import (
-    MOVE_MARGIN,
     RunRecord,
     learned_order,
+    move_ceiling,
     progress_prices,
     search_order,
     spot_ceiling,
@@ -213,14 +213,14 @@ class Actor:
 
     def move_targets(self) -> tuple[Offer | None, dict[Offer, float]]:
         """The running spot offer and the spot offers a voluntary move would try, cheapest first, with their prices
-        per hour of progress from there: those below its bare price by :data:`MOVE_MARGIN` (the simulated
+        per hour of progress from there: those below :func:`~kit.policy.zones.move_ceiling` of its price (the simulated
         ``default``'s move rule; their changeover, transfer, egress and runs included). None and {} for a job that
         does not learn or cannot move."""
         current = self.current_offer()
         if current is None or not current.spot or not self.learns() or not self.spec.can_move:
             return current, {}
         prices = self._progress_from(current)
-        cheaper = sorted((o for o in prices if o != current and prices[o] < current.price * (1 - MOVE_MARGIN)),
+        cheaper = sorted((o for o in prices if o != current and prices[o] < move_ceiling(current.price)),
                          key=lambda o: prices[o])
         return current, {o: prices[o] for o in cheaper}
 
