@@ -19,7 +19,9 @@ as likely to end in the next tick as one that just began). This measures that as
    its spot runs split by whether the launch landed on a *fresh* run (the zone had no capacity in the tick
    before, so the run's age is under a tick) or an older one, and the share of each that ended after one
    tick (a changeover of 0.2 h is longer than a 10-minute tick: those made no progress); and what its
-   changeovers cost, beside its whole cost and ``opt``'s.
+   changeovers cost, beside its whole cost and ``opt``'s;
+3. after each one-tick gap of a zone, how long its capacity then holds, against how long the capacity of
+   the other zones of its region that are up at that tick goes on.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import replay_args
 from zones import synthetic_set
 
-from kit.policy.offers import Moves
+from kit.policy.offers import Moves, region_of
 from kit.simulate.single import Params
 from kit.simulate.zones import ZoneSet, policies_for, replay, simulate_opt_zones, zone_market, zone_starts
 from kit.traces import load_traces
@@ -59,6 +61,30 @@ def hazard(runs: list[int]) -> list[tuple[int, int, float, float]]:
         lasted = r[r >= k]
         if len(lasted):
             out.append((k, len(lasted), float(np.mean(lasted == k)), float(np.mean(lasted - k))))
+    return out
+
+
+def ticks_up(up, i: int) -> int:
+    """Ticks ``up`` holds from tick ``i`` on (0 when it is down there)."""
+    n = 0
+    while i + n < len(up) and up[i + n]:
+        n += 1
+    return n
+
+
+def gap_returns(market: ZoneSet) -> dict[str, list[int]]:
+    """After every one-tick gap of a zone (up, down, up): how long its capacity then holds ("back"), and how
+    long the capacity of each other zone of the same region that is up at that tick goes on ("other"), in
+    ticks. A job relaunching after a one-tick loss chooses between the two."""
+    out: dict[str, list[int]] = {"back": [], "other": []}
+    spot = [o for o in market.offers if o.spot]
+    for offer in spot:
+        up = market.avail[offer]
+        for t in range(1, len(up) - 1):
+            if up[t - 1] and not up[t] and up[t + 1]:
+                out["back"].append(ticks_up(up, t + 1))
+                out["other"] += [ticks_up(market.avail[o], t + 1) for o in spot if o.zone != offer.zone
+                                 and region_of(o.zone) == region_of(offer.zone) and market.avail[o][t + 1]]
     return out
 
 
@@ -123,6 +149,11 @@ def main() -> int:
     print("| lasted k ticks | runs | share ending at k | mean ticks beyond k |\n|---:|---:|---:|---:|")
     for k, n, ends, beyond in hazard(pooled):
         print(f"| {k} | {n} | {ends:.3f} | {beyond:.1f} |")
+    print("\nAfter a one-tick gap: the zone's capacity back, or another zone of its region up then\n")
+    print("| capacity | cases | median ticks it holds | mean |\n|---|---:|---:|---:|")
+    for kind, ticks in gap_returns(market).items():
+        if ticks:
+            print(f"| {kind} | {len(ticks)} | {np.median(ticks):g} | {np.mean(ticks):.1f} |")
     held, parts = launches(market, params, moves)
     print(f"\nThe multi-zone default's spot runs (R0 = {args.deadline_hours:g} h, 8 starts)\n")
     print("| launched on | runs | held 1 tick | held 2 ticks |\n|---|---:|---:|---:|")
