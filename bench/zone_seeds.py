@@ -1,0 +1,64 @@
+"""How much of ``default`` against ``failover`` is one draw of their shuffles, on rows of bench/zones.py.
+
+    .venv/bin/python bench/zone_seeds.py [--region us-east4] [--nodes 4,1] [--seeds 10]   # ~1 min
+
+bench/zones.py replays each policy once per start, its random choices seeded by the start: ``failover``
+shuffles the zones it tries (SkyPilot's EAGER_NEXT_REGION with the Spell seed's shuffle) and ``default``
+breaks ties between equally ranked zones the same way. Where the two policies are within a few ten-thousandths
+of on-demand of each other, that one draw decides which is "below". This replays both with ``--seeds``
+seeds per start (the start's own, as bench/zones.py, and others) and prints, per row, the draw bench/zones.py
+reports and the mean, least and greatest of the seeds' mean costs (``--traces``, the GCP H100 set unless
+given; C0 = 48 h, d = 0.2 h, 8 starts).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import replay_args
+
+from kit.policy.offers import Moves
+from kit.policy.zones import make_zone_policy
+from kit.simulate.single import Params
+from kit.simulate.zones import replay, zone_market, zone_starts
+from kit.traces import load_traces
+
+POLICIES = ("default", "failover")
+SEED_STRIDE = 100_003  # seed k of a start: start + k x this (k = 0 is bench/zones.py's draw)
+
+
+def seed_means(traces, nodes: int, deadline: float, seeds: int) -> dict[str, list[float]]:
+    """Each policy's mean cost over the 8 starts, once per seed."""
+    params, moves = Params(nodes=nodes, job_h=48.0, deadline_h=deadline, changeover_h=0.2, starts=8), Moves()
+    market = zone_market(traces, params, moves)
+    starts = zone_starts(market, params)
+    return {name: [statistics.mean(
+        replay(market, s, params, moves, make_zone_policy(name, market.offers, moves, seed=s + k * SEED_STRIDE))
+        .cost_vs_on_demand for s in starts) for k in range(seeds)] for name in POLICIES}
+
+
+def main() -> int:
+    def extra(ap) -> None:
+        ap.add_argument("--region", default="us-east4", help="the zones whose names start with this ('' for all)")
+        ap.add_argument("--nodes", default="4,1")
+        ap.add_argument("--seeds", type=int, default=10)
+
+    args = replay_args.parse(__doc__, extra)
+    traces = [t for t in load_traces([args.traces]) if t.name.startswith(args.region)]
+    print(f"| {args.region or 'all zones'} | R0 | " + " | ".join(
+        f"{p}: bench/zones.py's draw | {p}: mean of {args.seeds} seeds (least-greatest)" for p in POLICIES)
+        + " |\n|---|---:|" + "---:|---:|" * len(POLICIES))
+    for nodes in map(int, args.nodes.split(",")):
+        for deadline in (60.0, 72.0):
+            means = seed_means(traces, nodes, deadline, args.seeds)
+            cells = [f"{v[0]:.4f} | {statistics.mean(v):.4f} ({min(v):.4f}-{max(v):.4f})" for v in means.values()]
+            print(f"| N={nodes} | {deadline:g} | " + " | ".join(cells) + " |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
