@@ -21,6 +21,9 @@ change to ``default`` can move (``default`` and the one-zone ``default`` in each
 ``failover`` and ``up`` from that file: for comparing versions of ``default`` quickly, on the same traces
 and baselines' code; the ``opt`` runtime table is left out.
 
+Each row is one draw of the shuffles ``failover`` tries zones in and ``default`` breaks ties with, both seeded
+by the start; bench/zone_seeds.py replays 10 draws of the GCP rows.
+
 Prints Markdown tables (pasted into docs/benchmarks.md, section "Many zones"). Every row reports
 every policy; "ok" says whether ``default`` has no more misses than ``opt``, is below ``failover``
 and below the best zone's ``up``, and where it stands against 1.10 x ``opt``.
