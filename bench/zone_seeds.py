@@ -25,13 +25,13 @@ from kit.policy.offers import Moves
 from kit.policy.zones import make_zone_policy
 from kit.simulate.single import Params
 from kit.simulate.zones import replay, zone_market, zone_starts
-from kit.traces import load_traces
+from kit.traces import Trace, load_traces
 
 POLICIES = ("default", "failover")
 SEED_STRIDE = 100_003  # seed k of a start: start + k x this (k = 0 is bench/zones.py's draw)
 
 
-def seed_means(traces, nodes: int, deadline: float, seeds: int) -> dict[str, list[float]]:
+def seed_means(traces: list[Trace], nodes: int, deadline: float, seeds: int) -> dict[str, list[float]]:
     """Each policy's mean cost over the 8 starts, once per seed."""
     params, moves = Params(nodes=nodes, job_h=48.0, deadline_h=deadline, changeover_h=0.2, starts=8), Moves()
     market = zone_market(traces, params, moves)
