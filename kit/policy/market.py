@@ -288,7 +288,10 @@ class DefaultPolicy(Policy):
       Progress would keep now (``uniform_slack``), so waiting out outages never spends the slack much
       faster than ``up`` would (a wait for a run to prove itself is not an outage, and stays a wait);
     * with ``window`` (the multi-zone policy's inner one): everything above is learned from the latest
-      ``window`` runs and outages only, as the market the job sees changes with its zones.
+      ``window`` runs and outages only, as the market the job sees changes with its zones;
+    * with ``budget_se`` > 0 (the multi-zone policy's inner one): the slack budget's forecast (the slack
+      waiting would use until the deadline, in the abundance test and in the test that sends the job to
+      on-demand in an outage) is taken ``budget_se`` standard errors low, :meth:`_budget`.
 
     So the policy is Greedy on markets where on-demand excursions cannot pay (short outages,
     spot worth little, slack to spare) and moves to on-demand during long outages, one outage at
@@ -307,7 +310,7 @@ class DefaultPolicy(Policy):
 
     def __init__(self, price_ratio: float = 4.0, prior_spot_run_h: float = 4.0, prior_outage_h: float = 0.25,
                  prior_weight: float = 1.0, lookahead_changeovers: float = 2.0, pace: float = 0.0,
-                 window: int | None = None) -> None:
+                 window: int | None = None, budget_se: float = 0.0) -> None:
         super().__init__()
         if not (price_ratio > 1 and min(prior_spot_run_h, prior_outage_h, prior_weight, lookahead_changeovers) > 0):
             raise InputError(f"default needs price_ratio > 1 and prior_spot_run_h, prior_outage_h, prior_weight, "
@@ -316,6 +319,9 @@ class DefaultPolicy(Policy):
         if window is not None and int(window) < 1:
             raise InputError(f"default needs window >= 1 (got {window})", where="policy",
                              fix="window is how many of the latest spot runs and outages the policy learns from")
+        if not budget_se >= 0.0:
+            raise InputError(f"default needs budget_se >= 0 (got {budget_se})", where="policy",
+                             fix="budget_se is how many standard errors the slack budget's forecast is taken low")
         if not 0.0 <= pace <= 1.0:
             raise InputError(f"default needs 0 <= pace <= 1 (got {pace})", where="policy",
                              fix="pace is the share of Uniform Progress's slack that waiting may not go below")
@@ -334,6 +340,9 @@ class DefaultPolicy(Policy):
         # Only the latest ``window`` runs and outages are learned from (None: all of them). None in one zone; the
         # multi-zone policy's inner one sets it (kit/policy/zones.py, MARKET_WINDOW).
         self.window = None if window is None else int(window)
+        # How many standard errors low the slack budget's forecast is taken (:meth:`_budget`). 0 in one zone;
+        # the multi-zone policy's inner one sets it (kit/policy/zones.py, CONFIDENCE_SE).
+        self.budget_se = float(budget_se)
         self.runs: list[float] = []  # lengths of completed spot runs (hours)
         self.outages: list[float] = []  # lengths of completed outages
         self.run_start: float | None = None
@@ -442,11 +451,31 @@ class DefaultPolicy(Policy):
         assert obs.deadline_h is not None
         return max(0.0, obs.deadline_h - obs.now_h) / max(m["run_h"] + m["outage_h"], EPS)
 
+    def _budget(self, obs: Observation, m: dict, wait_h: float) -> float:
+        """The slack the job would use until the deadline waiting up to ``wait_h`` in each outage (the
+        market cycles left x :meth:`slack_per_cycle`), taken ``budget_se`` standard errors low. The outages'
+        share of it is a mean over the n learned outages and the prior's weight, of each one's
+        min(outage, wait) + d [outage > wait]: its standard error is their spread / sqrt(n) (none when the
+        outages and the prior's are all alike). Low, because the forecast decides between waiting, which the
+        deadline net can still undo, and paying for on-demand now, which nothing undoes (the confidence
+        bound on the side of the reversible choice, as the multi-zone search takes its estimates:
+        kit/policy/zones.py, CONFIDENCE_SE)."""
+        d = obs.changeover_h
+        need = self._cycles(obs, m) * self.slack_per_cycle(wait_h, d, m["run_waste_h"])
+        if self.budget_se <= 0:
+            return need
+        used = [min(x, wait_h) + (d if x > wait_h + EPS else 0.0) for x in (*self.outages, self.prior_down)]
+        weights = [1.0] * len(self.outages) + [self.w]
+        n = sum(weights)
+        mean = sum(w * u for w, u in zip(weights, used)) / n
+        spread = math.sqrt(sum(w * (u - mean) ** 2 for w, u in zip(weights, used)) / n)
+        return max(0.0, need - self._cycles(obs, m) * self.budget_se * spread / math.sqrt(n))
+
     def _abundant(self, obs: Observation, m: dict) -> bool:
         """Does waiting out every outage until the deadline fit in the slack left?"""
         slack = obs.slack_h()
         assert slack is not None
-        return self._cycles(obs, m) * self.slack_per_cycle(math.inf, obs.changeover_h, m["run_waste_h"]) <= slack
+        return self._budget(obs, m, math.inf) <= slack
 
     def slack_value(self, obs: Observation) -> tuple[float, bool]:
         """(lambda, abundant): what one more hour of slack saves when the job ends with an on-demand block,
@@ -478,7 +507,6 @@ class DefaultPolicy(Policy):
         m = self.market_stats(obs, k)
         slack = obs.slack_h()
         assert slack is not None  # a deadline is given
-        cycles = self._cycles(obs, m)
         lam = 0.0 if self._abundant(obs, m) else m["lambda"]
         if obs.spot_available:
             if obs.market == SPOT:
@@ -502,8 +530,7 @@ class DefaultPolicy(Policy):
             excursion_pays = lam * self._rest_of_outage(_since(self.outage_start, obs.now_h), d) > k * d
         if not excursion_pays:  # never with lambda = 0 (abundant slack, or spot that cannot pay)
             return WAIT
-        waited = _since(self.idle_since, obs.now_h)
-        return ON_DEMAND if cycles * self.slack_per_cycle(waited, d, m["run_waste_h"]) > slack else WAIT
+        return ON_DEMAND if self._budget(obs, m, _since(self.idle_since, obs.now_h)) > slack else WAIT
 
 
 _POLICIES: dict[str, type[Policy]] = {

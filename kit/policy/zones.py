@@ -203,7 +203,8 @@ def moving_market_policy(**params) -> DefaultPolicy:
     tests/unit/kit/simulate/test_zones.py), pacing (:data:`PACE`), and learning from the latest
     :data:`MARKET_WINDOW` runs and outages. :class:`ZoneDefault` decides with it, and so does the watcher
     for a spec with several zones or shapes (``kit.watch.session``)."""
-    return DefaultPolicy(**{"lookahead_changeovers": 1.0, "pace": PACE, "window": MARKET_WINDOW, **params})
+    return DefaultPolicy(**{"lookahead_changeovers": 1.0, "pace": PACE, "window": MARKET_WINDOW, "budget_se": CONFIDENCE_SE,
+                            **params})
 
 
 class RunRecord:

@@ -191,6 +191,42 @@ def test_default_with_a_window_learns_from_its_latest_runs_and_outages_only():
         make_policy("default", window=0)
 
 
+def test_default_with_budget_se_takes_the_slack_budget_low_by_the_spread_of_its_outages():
+    """2-h runs and outages of 10 min and 2 h in turn, half an hour into a new outage: the budget (waiting up to
+    this long in every outage until the deadline) is 8.9 h, one standard error of the outages' mean lower 7.7 h.
+    With 8 h of slack the plain budget sends the job to on-demand and the one taken low waits (the net can still
+    undo a wait); with outages all as long as the prior's the two budgets are the same."""
+    from kit.policy.zones import CONFIDENCE_SE, moving_market_policy
+
+    tick = 1 / 6
+
+    def at(slack, downs, **params):
+        policy = make_policy("default", **params)
+        t, progress = 0.0, 0.0
+        for down in downs:
+            t, progress = _cycles(policy, 2.0, down, 1, job=48.0, deadline=72.0, t=t, progress=progress)
+        policy.decide(obs(t, progress, job=48.0, deadline=72.0, spot=False, tick=tick))  # the outage begins
+        o = obs(t + 0.5, 48.0 - (72.0 - t - 0.5 - 0.2 - slack), job=48.0, deadline=72.0, spot=False, tick=tick)
+        assert o.slack_h() == pytest.approx(slack)
+        return policy, o
+
+    def budget(policy, o):
+        return policy._budget(o, policy.market_stats(o, policy.price_ratio(o)), 0.5)
+
+    spread = [1 / 6, 2.0] * 4
+    plain, low = at(8.0, spread), at(8.0, spread, budget_se=1.0)
+    assert budget(*plain) == pytest.approx(8.93, abs=0.01) and budget(*low) == pytest.approx(7.68, abs=0.01)
+    assert plain[0].decide(plain[1]) == ON_DEMAND and low[0].decide(low[1]) == WAIT
+    short = at(7.0, spread, budget_se=1.0)  # below even the low budget
+    assert short[0].decide(short[1]) == ON_DEMAND
+    alike = [1.0] * 8
+    assert budget(*at(8.0, alike, prior_outage_h=1.0)) == pytest.approx(
+        budget(*at(8.0, alike, prior_outage_h=1.0, budget_se=1.0)))
+    assert moving_market_policy().budget_se == CONFIDENCE_SE and make_policy("default").budget_se == 0.0
+    with pytest.raises(InputError, match="budget_se"):
+        make_policy("default", budget_se=-1.0)
+
+
 def test_default_learns_which_spot_runs_pay():
     tick = 1 / 6
     # always-spot market, slack to spare: it waits out an outage instead of paying on-demand (Greedy)
