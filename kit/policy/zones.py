@@ -662,7 +662,14 @@ class ZoneDefault(NettedZonePolicy):
 
     def _decide(self, obs: ZoneObservation, market: Market) -> list[Offer]:
         od, hours = finishing_offer(obs, self.offers, self.moves)
+        single = Observation(
+            now_h=obs.now_h, progress_h=obs.progress_h, job_h=obs.job_h, deadline_h=obs.deadline_h,
+            changeover_h=obs.changeover_h, market=obs.running.market if obs.running else None,
+            spot_available=False, preempted=obs.preempted, tick_h=obs.tick_h, on_demand_price=od.price)
         if obs.running is not None and obs.running.spot:
+            # The inner policy sees the tick on spot (as the watcher's sees every tick): its wait in an
+            # outage counts from the last time the job held something, not from its first idle tick.
+            self.inner.observe(replace(single, spot_available=True, spot_price=obs.running.price))
             # Stay, unless an offer is cheaper per hour of progress (its changeover, transfer and
             # short runs included) than this one's bare price: try those first (a failed try is free).
             # No move whose changeover and transfer would end at the safety net.
@@ -672,10 +679,6 @@ class ZoneDefault(NettedZonePolicy):
                                               obs.tick_h)]
             self.asked = tuple(better)
             return [*better, obs.running]
-        single = Observation(
-            now_h=obs.now_h, progress_h=obs.progress_h, job_h=obs.job_h, deadline_h=obs.deadline_h,
-            changeover_h=obs.changeover_h, market=obs.running.market if obs.running else None,
-            spot_available=False, preempted=obs.preempted, tick_h=obs.tick_h, on_demand_price=od.price)
         best = self._find(obs, market, self.worth_now(obs, single, self.ranked(obs, od.price, probing=True)),
                           od.price)
         single = replace(single, spot_available=best is not None, spot_price=best.price if best else None)

@@ -375,7 +375,12 @@ def test_default_gives_up_sooner_on_a_zone_whose_runs_cannot_pay_their_changeove
     """us-central1-a is cheapest (0.6) but its runs last 2 ticks, under the 4-tick changeover: no launch there
     makes progress. europe-west1-c (1.0) gives 3-h runs and 2-h outages. With the pooled mean run weighing as
     much as a run of its own, after its first loss us-central1-a still looked half as good as the pool and was
-    tried 3 times, 2.7 h of changeovers (1.33 / 1.44 x opt); weighed as 0.7 of a run, twice."""
+    tried 3 times, 2.7 h of changeovers (1.33 / 1.44 x opt); weighed as 0.7 of a run, twice (1.28 / 1.22 x).
+    Outages all 2 h long are the one-zone budget's weak case: it waits up to a in each outage, then runs
+    on-demand, and here an excursion stops paying for its changeover long before the wait the slack affords,
+    so the job waits out every outage and ends on on-demand at the pace line (start 0: 1.28 x; 1.20 x while
+    the simulated inner policy counted its wait from its first idle tick, not the outage's start, as the
+    watcher's does)."""
     good = zone_trace("europe-west1-c", (([2] * 18 + [0] * 12) * 20)[:600], spot=1.0)
     short = zone_trace("us-central1-a", (([2] * 2 + [0] * 3) * 120)[:600], spot=0.6)
     params = Params(nodes=2, job_h=20, deadline_h=40, changeover_h=4 / 6, starts=1)
@@ -386,7 +391,30 @@ def test_default_gives_up_sooner_on_a_zone_whose_runs_cannot_pay_their_changeove
                 if now["offer"] == name and (before is None or before["offer"] != name))
     opt = simulate_opt_zones(market, start, params, MOVES)
     assert tries <= 2 and not run.missed, tries
-    assert run.cost_vs_on_demand <= 1.25 * opt.cost_vs_on_demand, (run.cost_vs_on_demand, opt.cost_vs_on_demand)
+    assert run.cost_vs_on_demand <= 1.3 * opt.cost_vs_on_demand, (run.cost_vs_on_demand, opt.cost_vs_on_demand)
+
+
+def test_default_counts_its_wait_from_the_outage_not_from_its_first_idle_tick():
+    """The inner market policy goes on-demand in an outage once waiting this long in every outage left would
+    not fit in the slack, so "this long" is the wait since the job last held something. The watcher asks its
+    policy every tick, spot ticks included; the simulated default must tell its inner policy of those ticks
+    too, or a loss after 3 h on spot counts as 3 h of waiting (it did: the wait counted from the first tick)."""
+    up = zone_trace("us-central1-a", [2] * 18 + [0] * 282)
+    down = zone_trace("us-east4-a", [0] * 300)
+    params = Params(nodes=2, job_h=20, deadline_h=40, changeover_h=0.2, starts=1)
+    market = market_of([up, down], params)
+    seen = []
+
+    class Watched(ZoneDefault):
+        def _decide(self, obs, market):
+            plan = super()._decide(obs, market)
+            seen.append((obs.now_h, obs.running, self.inner.idle_since))
+            return plan
+
+    replay(market, 0, params, MOVES, Watched(market.offers, MOVES, seed=0))
+    assert seen[0][2] == 0.0 and all(since is None for now, running, since in seen if running is not None and running.spot)
+    lost = next((now, since) for now, running, since in seen if now > 0 and running is None)
+    assert lost == (pytest.approx(3.0), pytest.approx(3.0)), lost
 
 
 def test_default_forgets_a_zone_whose_runs_turned_into_flicker():
