@@ -460,8 +460,8 @@ class DefaultPolicy(Policy):
         deadline net can still undo, and paying for on-demand now, which nothing undoes (the confidence
         bound on the side of the reversible choice, as the multi-zone search takes its estimates:
         kit/policy/zones.py, CONFIDENCE_SE)."""
-        d = obs.changeover_h
-        need = self._cycles(obs, m) * self.slack_per_cycle(wait_h, d, m["run_waste_h"])
+        d, cycles = obs.changeover_h, self._cycles(obs, m)
+        need = cycles * self.slack_per_cycle(wait_h, d, m["run_waste_h"])
         if self.budget_se <= 0:
             return need
         used = [min(x, wait_h) + (d if x > wait_h + EPS else 0.0) for x in (*self.outages, self.prior_down)]
@@ -469,7 +469,7 @@ class DefaultPolicy(Policy):
         n = sum(weights)
         mean = sum(w * u for w, u in zip(weights, used)) / n
         spread = math.sqrt(sum(w * (u - mean) ** 2 for w, u in zip(weights, used)) / n)
-        return max(0.0, need - self._cycles(obs, m) * self.budget_se * spread / math.sqrt(n))
+        return max(0.0, need - cycles * self.budget_se * spread / math.sqrt(n))
 
     def _abundant(self, obs: Observation, m: dict) -> bool:
         """Does waiting out every outage until the deadline fit in the slack left?"""
