@@ -436,14 +436,6 @@ class DefaultPolicy(Policy):
             "run_waste_h": (sum(min(r, d) for r in self.runs) + w * min(self.prior_up, d)) / n_up,
         }
 
-    def slack_per_cycle(self, wait_h: float, d: float, run_waste_h: float) -> float:
-        """Slack one market cycle uses when the job waits up to ``wait_h`` in each outage, then on-demand."""
-        n = len(self.outages) + self.w
-        waited = (sum(min(x, wait_h) for x in self.outages) + self.w * min(self.prior_down, wait_h)) / n
-        longer = (sum(1.0 for x in self.outages if x > wait_h + EPS)
-                  + (self.w if self.prior_down > wait_h + EPS else 0.0)) / n
-        return run_waste_h + waited + d * longer
-
     # ------------------------------------------------------------------ deciding
     @staticmethod
     def _cycles(obs: Observation, m: dict) -> float:
@@ -452,24 +444,21 @@ class DefaultPolicy(Policy):
         return max(0.0, obs.deadline_h - obs.now_h) / max(m["run_h"] + m["outage_h"], EPS)
 
     def _budget(self, obs: Observation, m: dict, wait_h: float) -> float:
-        """The slack the job would use until the deadline waiting up to ``wait_h`` in each outage (the
-        market cycles left x :meth:`slack_per_cycle`), taken ``budget_se`` standard errors low. The outages'
-        share of it is a mean over the n learned outages and the prior's weight, of each one's
-        min(outage, wait) + d [outage > wait]: its standard error is their spread / sqrt(n) (none when the
-        outages and the prior's are all alike). Low, because the forecast decides between waiting, which the
-        deadline net can still undo, and paying for on-demand now, which nothing undoes (the confidence
-        bound on the side of the reversible choice, as the multi-zone search takes its estimates:
-        kit/policy/zones.py, CONFIDENCE_SE)."""
+        """The slack the job would use until the deadline waiting up to ``wait_h`` in each outage, then running
+        on-demand: per market cycle left, the runs' waste and the mean over the n learned outages (and the
+        prior's, at its weight) of min(outage, wait) + d [outage > wait]; taken ``budget_se`` standard errors
+        low, the standard error of that mean being their spread / sqrt(n) (none when the outages and the
+        prior's are all alike). Low, because the forecast decides between waiting, which the deadline net
+        can still undo, and paying for on-demand now, which nothing undoes (the confidence bound on the side
+        of the reversible choice, as the multi-zone search takes its estimates: kit/policy/zones.py,
+        CONFIDENCE_SE)."""
         d, cycles = obs.changeover_h, self._cycles(obs, m)
-        need = cycles * self.slack_per_cycle(wait_h, d, m["run_waste_h"])
-        if self.budget_se <= 0:
-            return need
         used = [min(x, wait_h) + (d if x > wait_h + EPS else 0.0) for x in (*self.outages, self.prior_down)]
         weights = [1.0] * len(self.outages) + [self.w]
         n = sum(weights)
         mean = sum(w * u for w, u in zip(weights, used)) / n
         spread = math.sqrt(sum(w * (u - mean) ** 2 for w, u in zip(weights, used)) / n)
-        return max(0.0, need - cycles * self.budget_se * spread / math.sqrt(n))
+        return max(0.0, cycles * (m["run_waste_h"] + mean - self.budget_se * spread / math.sqrt(n)))
 
     def _abundant(self, obs: Observation, m: dict) -> bool:
         """Does waiting out every outage until the deadline fit in the slack left?"""
