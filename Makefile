@@ -7,6 +7,11 @@ TOOLS := .tools
 SPEC ?= examples/gcp-a3-spot.yaml
 MARKET ?=
 PYTEST_ARGS ?=
+# The suite runs in TEST_WORKERS processes (pytest-xdist), a test file per worker at a time (a file's module
+# fixtures are built once). The slow integration tests wait on SSH hosts, Terraform and torchrun much of the
+# time: one worker left a 2-core machine 25-40 % idle through them. TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: install install-python install-tools test test-fast lint golden render plan apply destroy clean
 
@@ -31,10 +36,10 @@ install-tools: ## system packages and isolated tool environments (root needed fo
 	bash scripts/install-tools.sh
 
 test: lint ## lint, then the whole suite, slow integration tests included (this is what CI runs)
-	$(BIN)/pytest --durations=15 $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) --durations=15 $(PYTEST_ARGS)
 
 test-fast: ## skip the slow integration tests
-	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 lint: ## ruff (style, size limits), mypy, and the architecture's import contracts (all in pyproject.toml)
 	$(BIN)/ruff check kit training tests bench

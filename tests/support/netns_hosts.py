@@ -36,11 +36,21 @@ def _run(cmd: list[str] | str, **kw) -> subprocess.CompletedProcess:
 
 
 def rootfs_tarball() -> Path:
+    """The cached rootfs tarball, built on first use. The suite's workers (pytest-xdist) may all ask for it at
+    once on a fresh machine: one builds it under a file lock, the others wait and take the result."""
     if TARBALL.exists():
         return TARBALL
     if shutil.which("debootstrap") is None:
         raise RuntimeError("debootstrap not installed (scripts/install-tools.sh)")
     CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "rootfs.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not TARBALL.exists():
+            _build_rootfs_tarball()
+    return TARBALL
+
+
+def _build_rootfs_tarball() -> None:
     build = CACHE / f"build-{os.getpid()}"
     try:
         _run(["debootstrap", "--variant=minbase", f"--include={PACKAGES}", "bookworm", str(build), MIRROR],
@@ -52,7 +62,6 @@ def rootfs_tarball() -> Path:
         tmp.replace(TARBALL)
     finally:
         shutil.rmtree(build, ignore_errors=True)
-    return TARBALL
 
 
 def _alive(pid: int) -> bool:
