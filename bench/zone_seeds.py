@@ -1,6 +1,7 @@
 """How much of ``default`` against ``failover`` is one draw of their shuffles, on rows of bench/zones.py.
 
     .venv/bin/python bench/zone_seeds.py [--region us-east4] [--nodes 4,1] [--seeds 10]   # ~1 min
+    .venv/bin/python bench/zone_seeds.py --region '' --nodes 16 --per-start            # ~2 min
 
 bench/zones.py replays each policy once per start, its random choices seeded by the start: ``failover``
 shuffles the zones it tries (SkyPilot's EAGER_NEXT_REGION with the Spell seed's shuffle) and ``default``
@@ -8,7 +9,9 @@ breaks ties between equally ranked zones the same way. Where the two policies ar
 of on-demand of each other, that one draw decides which is "below". This replays both with ``--seeds``
 seeds per start (the start's own, as bench/zones.py, and others) and prints, per row, the draw bench/zones.py
 reports and the mean, least and greatest of the seeds' mean costs (``--traces``, the GCP H100 set unless
-given; C0 = 48 h, d = 0.2 h, 8 starts).
+given; C0 = 48 h, d = 0.2 h, 8 starts). With ``--per-start``, each start of each row instead: ``opt`` and
+``default``'s mean over the seeds of its cost, the hour its job was done, and its launches (where a row's gap
+to ``opt`` comes from).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import replay_args
 from kit.policy.offers import Moves
 from kit.policy.zones import make_zone_policy
 from kit.simulate.single import Params
-from kit.simulate.zones import replay, zone_market, zone_starts
+from kit.simulate.zones import replay, simulate_opt_zones, zone_market, zone_starts
 from kit.traces import Trace, load_traces
 
 POLICIES = ("default", "failover")
@@ -41,14 +44,37 @@ def seed_means(traces: list[Trace], nodes: int, deadline: float, seeds: int) -> 
         .cost_vs_on_demand for s in starts) for k in range(seeds)] for name in POLICIES}
 
 
+def per_start(traces: list[Trace], nodes: int, deadline: float, seeds: int) -> list[str]:
+    """A table row per start: ``opt``, and ``default``'s mean cost, end of the job and launches over the seeds."""
+    params, moves = Params(nodes=nodes, job_h=48.0, deadline_h=deadline, changeover_h=0.2, starts=8), Moves()
+    market = zone_market(traces, params, moves)
+    rows = []
+    for s in zone_starts(market, params):
+        runs = [replay(market, s, params, moves, make_zone_policy("default", market.offers, moves, seed=s + k * SEED_STRIDE))
+                for k in range(seeds)]
+        opt = simulate_opt_zones(market, s, params, moves).cost_vs_on_demand
+        cost = statistics.mean(r.cost_vs_on_demand for r in runs)
+        rows.append(f"| N={nodes} | {deadline:g} | {s} | {opt:.4f} | {cost:.4f} | {cost / opt:.3f} | "
+                    f"{statistics.mean(r.done_h for r in runs):.1f} | {statistics.mean(r.launches for r in runs):.1f} |")
+    return rows
+
+
 def main() -> int:
     def extra(ap) -> None:
         ap.add_argument("--region", default="us-east4", help="the zones whose names start with this ('' for all)")
         ap.add_argument("--nodes", default="4,1")
         ap.add_argument("--seeds", type=int, default=10)
+        ap.add_argument("--per-start", action="store_true", help="each start: opt, default's cost, end and launches")
 
     args = replay_args.parse(__doc__, extra)
     traces = [t for t in load_traces([args.traces]) if t.name.startswith(args.region)]
+    if args.per_start:
+        print(f"| {args.region or 'all zones'} | R0 | start | opt | default: mean of {args.seeds} seeds | / opt | "
+              "done (h) | launches |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+        for nodes in map(int, args.nodes.split(",")):
+            for deadline in (60.0, 72.0):
+                print("\n".join(per_start(traces, nodes, deadline, args.seeds)), flush=True)
+        return 0
     print(f"| {args.region or 'all zones'} | R0 | " + " | ".join(
         f"{p}: bench/zones.py's draw | {p}: mean of {args.seeds} seeds (least-greatest)" for p in POLICIES)
         + " |\n|---|---:|" + "---:|---:|" * len(POLICIES))
