@@ -9,7 +9,7 @@ MARKET ?=
 PYTEST_ARGS ?=
 # The suite runs in TEST_WORKERS processes (pytest-xdist), a test file per worker at a time (a file's module
 # fixtures are built once). The slow integration tests wait on SSH hosts, Terraform and torchrun much of the
-# time: one worker left a 2-core machine 25-40 % idle through them. TEST_WORKERS=0 runs it in one process.
+# time: one worker left a 2-core machine 22-31 % idle through the longest. TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadfile
 

@@ -1,7 +1,7 @@
 """How much of ``default`` against ``failover`` is one draw of their shuffles, on rows of bench/zones.py.
 
     .venv/bin/python bench/zone_seeds.py [--region us-east4] [--nodes 4,1] [--seeds 10]   # ~1 min
-    .venv/bin/python bench/zone_seeds.py --region '' --nodes 16 --per-start            # ~2 min
+    .venv/bin/python bench/zone_seeds.py --region '' --nodes 16 --per-start            # ~1 min
 
 bench/zones.py replays each policy once per start, its random choices seeded by the start: ``failover``
 shuffles the zones it tries (SkyPilot's EAGER_NEXT_REGION with the Spell seed's shuffle) and ``default``
