@@ -27,32 +27,42 @@ import replay_args
 from kit.policy.offers import Moves
 from kit.policy.zones import make_zone_policy
 from kit.simulate.single import Params
-from kit.simulate.zones import replay, simulate_opt_zones, zone_market, zone_starts
+from kit.simulate.zones import ZoneRun, replay, simulate_opt_zones, zone_market, zone_starts
 from kit.traces import Trace, load_traces
 
 POLICIES = ("default", "failover")
 SEED_STRIDE = 100_003  # seed k of a start: start + k x this (k = 0 is bench/zones.py's draw)
 
 
+class Row:
+    """One row of bench/zones.py: the market of ``traces`` for N = ``nodes`` and R0 = ``deadline``, and its starts."""
+
+    def __init__(self, traces: list[Trace], nodes: int, deadline: float) -> None:
+        self.params = Params(nodes=nodes, job_h=48.0, deadline_h=deadline, changeover_h=0.2, starts=8)
+        self.moves = Moves()
+        self.market = zone_market(traces, self.params, self.moves)
+        self.starts = zone_starts(self.market, self.params)
+
+    def replay(self, name: str, start: int, k: int) -> ZoneRun:
+        """``name`` from ``start`` with seed k of that start."""
+        policy = make_zone_policy(name, self.market.offers, self.moves, seed=start + k * SEED_STRIDE)
+        return replay(self.market, start, self.params, self.moves, policy)
+
+
 def seed_means(traces: list[Trace], nodes: int, deadline: float, seeds: int) -> dict[str, list[float]]:
     """Each policy's mean cost over the 8 starts, once per seed."""
-    params, moves = Params(nodes=nodes, job_h=48.0, deadline_h=deadline, changeover_h=0.2, starts=8), Moves()
-    market = zone_market(traces, params, moves)
-    starts = zone_starts(market, params)
-    return {name: [statistics.mean(
-        replay(market, s, params, moves, make_zone_policy(name, market.offers, moves, seed=s + k * SEED_STRIDE))
-        .cost_vs_on_demand for s in starts) for k in range(seeds)] for name in POLICIES}
+    row = Row(traces, nodes, deadline)
+    return {name: [statistics.mean(row.replay(name, s, k).cost_vs_on_demand for s in row.starts) for k in range(seeds)]
+            for name in POLICIES}
 
 
 def per_start(traces: list[Trace], nodes: int, deadline: float, seeds: int) -> list[str]:
     """A table row per start: ``opt``, and ``default``'s mean cost, end of the job and launches over the seeds."""
-    params, moves = Params(nodes=nodes, job_h=48.0, deadline_h=deadline, changeover_h=0.2, starts=8), Moves()
-    market = zone_market(traces, params, moves)
+    row = Row(traces, nodes, deadline)
     rows = []
-    for s in zone_starts(market, params):
-        runs = [replay(market, s, params, moves, make_zone_policy("default", market.offers, moves, seed=s + k * SEED_STRIDE))
-                for k in range(seeds)]
-        opt = simulate_opt_zones(market, s, params, moves).cost_vs_on_demand
+    for s in row.starts:
+        runs = [row.replay("default", s, k) for k in range(seeds)]
+        opt = simulate_opt_zones(row.market, s, row.params, row.moves).cost_vs_on_demand
         cost = statistics.mean(r.cost_vs_on_demand for r in runs)
         rows.append(f"| N={nodes} | {deadline:g} | {s} | {opt:.4f} | {cost:.4f} | {cost / opt:.3f} | "
                     f"{statistics.mean(r.done_h for r in runs):.1f} | {statistics.mean(r.launches for r in runs):.1f} |")

@@ -14,7 +14,6 @@ versions to them, ``bootstrap.vars``, as one does for a Deep Learning AMI whose 
 """
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import json
 import os
@@ -99,26 +98,18 @@ def progress_step(hosts, key: Path) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def ledger_of(deploy_dir: Path):
-    from kit.watch.ledger import Ledger
-    from kit.watch.session import LEDGER_FILE
-
-    ledger = Ledger(deploy_dir / LEDGER_FILE)
-    try:
-        yield ledger
-    finally:
-        ledger.close()
-
-
 def ledger_events(deploy_dir: Path) -> tuple[list[dict], float]:
     """The ledger's events, and when the trainer first reported the last step."""
+    from tests.support.watch import ledger_of
+
     with ledger_of(deploy_dir) as ledger:
         return ledger.events(), min(t for t, step in ledger.progress_history() if step == STEPS)
 
 
 def head_instance(deploy_dir: Path) -> str:
     """The instance of rank 0: the rendezvous endpoint, whose loss changes every node's train.env."""
+    from tests.support.watch import ledger_of
+
     with ledger_of(deploy_dir) as ledger:
         return next(n.instance_id for n in ledger.all_nodes() if n.rank == 0)
 

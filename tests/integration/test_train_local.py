@@ -72,14 +72,10 @@ def held_hours(deploy: Path) -> float:
     """Hours (the ledger's clock) in which the job held any node: the union of its nodes' intervals. Not
     node-hours / 2: the 1 x 2 shape holds one node where 2 x 1 holds two, so the more of the run the
     reshaped job spends there (a slow machine shifts the preemptions), the more that undercounts."""
-    from kit.watch.ledger import Ledger
-    from kit.watch.session import LEDGER_FILE
+    from tests.support.watch import ledger_of
 
-    ledger = Ledger(deploy / LEDGER_FILE)
-    try:
+    with ledger_of(deploy) as ledger:
         nodes = ledger.all_nodes()
-    finally:
-        ledger.close()
     assert nodes and all(n.until is not None for n in nodes), nodes  # every node released at the end
     held, end = 0.0, -float("inf")
     for since, until in sorted((n.since, n.until or n.since) for n in nodes):

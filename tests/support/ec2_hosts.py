@@ -24,7 +24,6 @@ spot termination's state reason is set on moto's own instance object, which no E
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -38,10 +37,10 @@ from pathlib import Path
 
 from tests.support import REPO
 from tests.support.netns_hosts import (
-    CACHE,
     StartStop,
     _run,
     boot,
+    cache_lock,
     free_subnets,
     reap_stale,
     rootfs_tarball,
@@ -108,9 +107,7 @@ class Ec2Hosts(StartStop):
     def start(self) -> Ec2Hosts:
         rootfs_tarball()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        CACHE.mkdir(parents=True, exist_ok=True)
-        with open(CACHE / "netns.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with cache_lock("netns"):
             reap_stale()
             (self.subnet,) = free_subnets(1)
             _run(["ip", "link", "add", self.bridge, "type", "bridge"])

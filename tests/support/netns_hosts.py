@@ -13,6 +13,7 @@ a file lock so that two test runs side by side never pick the same one.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -22,6 +23,7 @@ import socket
 import subprocess
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from pathlib import Path
 
 CACHE = Path(os.environ.get("KIT_TEST_CACHE", Path.home() / ".cache" / "kit-test"))
@@ -42,12 +44,19 @@ def rootfs_tarball() -> Path:
         return TARBALL
     if shutil.which("debootstrap") is None:
         raise RuntimeError("debootstrap not installed (scripts/install-tools.sh)")
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / "rootfs.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with cache_lock("rootfs"):
         if not TARBALL.exists():
             _build_rootfs_tarball()
     return TARBALL
+
+
+@contextlib.contextmanager
+def cache_lock(name: str) -> Iterator[None]:
+    """An exclusive lock (``CACHE/name.lock``) shared by every test process on this machine."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _build_rootfs_tarball() -> None:
@@ -201,9 +210,7 @@ class NetnsHosts(StartStop):
         tarball = rootfs_tarball()
         self.workdir.mkdir(parents=True, exist_ok=True)
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key)])
-        CACHE.mkdir(parents=True, exist_ok=True)
-        with open(CACHE / "netns.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with cache_lock("netns"):
             reap_stale()
             for h, subnet in zip(self.hosts, free_subnets(len(self.hosts)), strict=True):
                 h.subnet = subnet

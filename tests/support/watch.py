@@ -4,7 +4,9 @@ kit.policy.Policy); the specs and observations the tests use are the real models
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +14,21 @@ from kit.backends.base import Backend, CapacityError, Node, rendezvous_endpoint
 from kit.clouds.local import LocalSpec
 from kit.policy import Observation, Policy
 from kit.spec import CloudSpec, SpecBase, parse_spec
+from kit.watch.ledger import Ledger
+from kit.watch.session import LEDGER_FILE
 from kit.watch.sources.base import RUNNING, STOPPED, TERMINATED, EventSource, InstanceStatus, Poll
 
 PRICES = {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0}
+
+
+@contextlib.contextmanager
+def ledger_of(deploy_dir: Path) -> Iterator[Ledger]:
+    """The ledger of a deployment directory (what `kit train` left there), closed after use."""
+    ledger = Ledger(deploy_dir / LEDGER_FILE)
+    try:
+        yield ledger
+    finally:
+        ledger.close()
 
 
 def local_spec(*, name: str = "demo", nodes: int = 2, market: str = "spot", policy: dict[str, Any] | None = None,
