@@ -148,7 +148,7 @@ CONFIDENCE_SE = 1.0
 # over the whole history its mean run fell only from 1.6 to 1.1 h after 44 such losses, and the job kept
 # launching into it. A sliding window forgets the old regime after this many runs (sliding-window UCB:
 # Garivier and Moulines, "On Upper-Confidence Bound Policies for Switching Bandit Problems", ALT 2011).
-# Chosen on the development markets (docs/benchmarks.md, "Many zones"): 6 to 16 all fix the us-east4 rows;
+# Chosen on the development markets (docs/policy-rounds.md): 6 to 16 all fix the us-east4 rows;
 # 12 changes no stationary synthetic market measurably.
 RUN_WINDOW = 12
 # How much of Uniform Progress's slack the multi-zone ``default`` keeps from waiting: idle in an outage,
@@ -158,7 +158,7 @@ RUN_WINDOW = 12
 # the first 10-20 hours, and a job that had spent its slack waiting through flicker elsewhere could not
 # use it (Uniform Progress rations slack over the deadline for the same reason: Wu et al., "Can't Be
 # Late", NSDI 2024). Not in the one-zone ``default``, whose learned market is the market (there it lost
-# synthetic rows). Chosen on the development markets (docs/benchmarks.md, "Many zones"): 0.4 to 0.75
+# synthetic rows). Chosen on the development markets (docs/policy-rounds.md): 0.4 to 0.75
 # all helped; 1 (``up``'s own line) lost rows.
 PACE = 0.5
 # How many of the latest runs and outages of "the best spot offer the job can get now" the inner market
@@ -166,7 +166,7 @@ PACE = 0.5
 # regime as the job's zones do (the bundled GCP us-east4 zones give runs of hours for days, then capacity
 # that comes and goes every other tick), and its slack budget and launch rule are means over it; a
 # sliding window as for each offer's runs (RUN_WINDOW; Garivier and Moulines, ALT 2011). Chosen on the GCP
-# rows of docs/benchmarks.md ("Many zones") among 6-24: each lowers us-east4 at R0 = 72 h (0.5172 ->
+# rows of docs/benchmarks.md ("Many zones"; docs/policy-rounds.md) among 6-24: each lowers us-east4 at R0 = 72 h (0.5172 ->
 # 0.496-0.507, most of it one start that ended on 11 h of on-demand); 16 is the one that leaves no GCP row
 # more than 0.001 dearer. Held out: the AWS rows are unchanged, seeds 21-30 not worse (mean 0.4059 ->
 # 0.4052); the stationary synthetic markets of seeds 11-13 are 0.0018 dearer on average (none above a
@@ -179,7 +179,7 @@ MARKET_WINDOW = 16
 # with a weight of one run, a zone whose runs were far shorter than the pool's still looked half as good as
 # the pool after its first loss, so a job whose changeover was longer than those runs tried it again and again
 # (test_default_gives_up_sooner_on_a_zone_whose_runs_cannot_pay_their_changeover). Chosen on the development
-# markets among 0.5-1 (docs/benchmarks.md, "Many zones"): 0.5-0.8 all win more rows than 1; 0.7 the most.
+# markets among 0.5-1 (docs/policy-rounds.md): 0.5-0.8 all win more rows than 1; 0.7 the most.
 POOL_WEIGHT = 0.7
 # On spot, the multi-zone ``default`` leaves its offer only for one at least this much cheaper per hour of progress
 # than the running one's bare price (its changeover, transfer and short runs included there): the watcher's
