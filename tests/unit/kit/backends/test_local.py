@@ -302,11 +302,14 @@ def test_injector_does_not_relay_a_notice_the_agent_relayed_and_the_trainer_acte
 
     from training.contract import PREEMPTION_NOTICE, write_atomic
 
-    backend.use_agent = True
     wall = Wall()
     injector = Injector(backend, nodes=2, clock=VirtualClock(1000.0, 60, wall), origin=1000.0, preempt_every=1000,
                         grace_seconds=4, wall=wall)
     backend.bootstrap(backend.apply(backend.spec, "spot"))
+    # Agents from here on, but none started: the test plays both agents by hand. A real one, started by the
+    # bootstrap, raced the test: on a loaded machine node 0's wrote its stop file after the test's trainer
+    # had removed it.
+    backend.use_agent = True
     events = [backend.disk_dir(r) / "events.jsonl" for r in (0, 1)]
     for path in events:
         path.parent.mkdir(parents=True, exist_ok=True)
