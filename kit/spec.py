@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import reprlib
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
@@ -38,6 +37,7 @@ from pydantic import (
 from kit.errors import InputError
 from kit.policy import DEFAULT_CHANGEOVER_H, POLICY_NAMES
 from kit.policy.offers import DEFAULT_CHECKPOINT_GB, DEFAULT_TRANSFER_GBPS, Moves
+from kit.validation import describe, field_of, more_problems, require_mapping
 from training.config import FIELDS as TRAINING_FIELDS
 from training.config import to_flags
 from training.contract import MARKETS
@@ -792,27 +792,7 @@ def spec_warnings(spec: SpecBase) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------
-# Loading: pydantic's errors become one InputError naming the field and the fix.
-
-_FIXES = {
-    "literal_error": "use one of the allowed values",
-    "int_parsing": "use a whole number",
-    "int_type": "use a whole number",
-    "int_from_float": "use a whole number",
-    "float_type": "use a number",
-    "float_parsing": "use a number",
-    "finite_number": "use a finite number",
-    "bool_type": "use true or false",
-    "bool_parsing": "use true or false",
-    "string_type": "use a string",
-    "dict_type": "use a mapping (key: value)",
-    "list_type": "use a list",
-    "model_type": "use a mapping with the documented keys",
-    "model_attributes_type": "use a mapping with the documented keys",
-    "greater_than": "use a larger value",
-    "greater_than_equal": "use a larger value",
-    "less_than_equal": "use a smaller value",
-}
+# Loading: pydantic's errors become one InputError naming the field and the fix (kit.validation).
 
 
 @cache
@@ -824,10 +804,6 @@ def _adapter() -> TypeAdapter:
     return TypeAdapter(union)
 
 
-_SHORT = reprlib.Repr()
-_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxother = 2, 4, 4, 60, 60
-
-
 def _from_validation_error(error: ValidationError, path: str, cloud: Any) -> InputError:
     errors = error.errors(include_url=False)
     first = errors[0]
@@ -836,31 +812,21 @@ def _from_validation_error(error: ValidationError, path: str, cloud: Any) -> Inp
     if loc and loc[0] == cloud:  # the discriminated union puts the tag first
         loc = loc[1:]
     problem = (first.get("ctx") or {}).get("error")
-    more = len(errors) - 1
-    tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     if isinstance(problem, SpecProblem):
-        return InputError(problem.what + tail, where=f"{path}: {problem.field}", fix=problem.fix)
-    field = ".".join(str(p) for p in loc) if loc else "(top level)"
+        return InputError(problem.what + more_problems(errors), where=f"{path}: {problem.field}", fix=problem.fix)
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         from kit import clouds
 
         return InputError(f"unknown cloud {cloud!r}" if cloud is not None else "cloud is missing",
                           where=f"{path}: cloud", fix=f"use one of the allowed values: {', '.join(clouds.NAMES)}")
-    if kind == "extra_forbidden":
-        what = f"unknown key {loc[-1]!r}" + (f" for cloud {cloud}" if isinstance(cloud, str) else "")
-        fix = "remove it (check the spelling against docs/infrastructure.md; it may be another cloud's field)"
-    elif kind == "missing":
-        what, fix = f"required field {loc[-1]!r} is missing", f"add {loc[-1]}: ..."
-    else:
-        shown = _SHORT.repr(first.get("input"))  # bounded: the input may be huge (a YAML alias bomb)
-        what = f"{first.get('msg', 'invalid value')} (got {shown[:80] + '…' if len(shown) > 80 else shown})"
-        fix = _FIXES.get(kind, "see docs/infrastructure.md")
-    return InputError(what + tail, where=f"{path}: {field}", fix=fix)
+    what, fix = describe(first, loc, doc="docs/infrastructure.md", unknown_hint="; it may be another cloud's field")
+    if kind == "extra_forbidden" and isinstance(cloud, str):
+        what += f" for cloud {cloud}"
+    return InputError(what + more_problems(errors), where=f"{path}: {field_of(loc)}", fix=fix)
 
 
 def parse_spec(data: Any, path: str = "cluster.yaml") -> SpecBase:
-    if not isinstance(data, dict):
-        raise InputError("the spec must be a YAML mapping", where=path, fix="start from `kit example aws-g5-spot`")
+    require_mapping(data, path, what="spec", fix="start from `kit example aws-g5-spot`")
     try:
         spec = _adapter().validate_python(data, context={"path": path})
     except ValidationError as error:

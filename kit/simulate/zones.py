@@ -33,9 +33,11 @@ from kit.policy.offers import EACH, PROBE_H, Moves, Offer, Shape, check_shapes
 from kit.policy.zones import ZONE_POLICY_NAMES, Pinned, ZoneObservation, ZonePolicy, make_zone_policy
 from kit.simulate.single import EPS, OPT, Params, _Waste, span_ticks, split_tick
 from kit.traces import Trace, check_gang
+from kit.validation import input_error, require_mapping
 
 ZONE_ALL = (OPT, "default", "failover", "up@each", "default@each")
-OFFERS_FIX = "see docs/policies.md (\"Offers file\") for the format"
+OFFERS_DOC = 'docs/policies.md ("Offers file")'
+OFFERS_FIX = f"see {OFFERS_DOC} for the format"
 
 
 # --------------------------------------------------------------------------------------- market
@@ -139,13 +141,12 @@ def check_market_shapes(shapes: list[Shape], where: str = "shapes") -> None:
                              "or --shape TYPE:NODES:GPUS_PER_NODE:on-demand)")
 
 
-def _validated(model: type[BaseModel], raw: object, where: str, fix: str):
-    """``raw`` as ``model``, or an InputError naming the first bad field at ``where``."""
+def _validated(model: type[BaseModel], raw: object, where: str, fallback_fix: str):
+    """``raw`` as ``model``, or an InputError naming the first bad field at ``where`` (kit.validation's format)."""
     try:
         return model.model_validate(raw)
     except ValidationError as error:
-        first = error.errors()[0]
-        raise InputError(first["msg"], where=f"{where}: {'.'.join(str(x) for x in first['loc'])}", fix=fix) from None
+        raise input_error(error, where, doc=OFFERS_DOC, fallback_fix=fallback_fix) from None
 
 
 def _offers(raw: object, where: str, fix: str) -> Offers:
@@ -163,7 +164,9 @@ def load_offers(path: Path) -> Offers:
     markets, spot_price?, on_demand_price?}]``."""
     from kit.yamlfile import read_yaml
 
-    return _offers(read_yaml(path, what="offers file", fix=OFFERS_FIX), str(path), OFFERS_FIX)
+    raw = read_yaml(path, what="offers file", fix=OFFERS_FIX)
+    require_mapping(raw, str(path), what="offers file", fix=f"write shapes: [...] in it; {OFFERS_FIX}")
+    return _offers(raw, str(path), OFFERS_FIX)
 
 
 SHAPE_FLAG_FIX = ("--shape TYPE:NODES[:GPUS_PER_NODE[:MARKETS]], MARKETS spot, on-demand or spot+on-demand "

@@ -74,6 +74,7 @@ def event_from_agent(body: Any) -> Event:
     Raises BadReport naming the field."""
     from pydantic import ValidationError
 
+    from kit.validation import describe
     from training.messages import AgentReport
 
     if not isinstance(body, dict):
@@ -81,9 +82,10 @@ def event_from_agent(body: Any) -> Event:
     try:
         report = AgentReport.model_validate(body)
     except ValidationError as error:
-        first = error.errors()[0]
-        field = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        raise BadReport(f"field {field!r}: {first.get('msg')}") from None
+        first = error.errors(include_url=False)[0]
+        loc = tuple(first.get("loc", ()))
+        what, _ = describe(first, loc, doc="training/messages.py")
+        raise BadReport(f"field {'.'.join(str(p) for p in loc) or 'body'!r}: {what}") from None
     event_kind = AGENT_KINDS[report.kind]
     # A notice is one fact per instance and kind, however often the agent retries the POST.
     dedup = None if event_kind == PROGRESS else f"agent:{report.instance}:{event_kind}:{int(report.time)}"

@@ -162,6 +162,8 @@ BAD = [
      "kit sets"),
     ("bootstrap-var-not-a-value", GCP, "bootstrap.vars", {"python_env_pip_extra_args": [{"a": 1}]},
      "bootstrap.vars.python_env_pip_extra_args", "nested"),
+    # a section that is not a mapping: said in the user's words, not pydantic's class name (test below)
+    ("section-not-a-mapping", AWS, "ssh", "ubuntu", "ssh", "mapping"),
 ]
 
 
@@ -184,6 +186,24 @@ def test_bad_spec_names_field_and_fix(case, tmp_path, monkeypatch):
         assert result.exit_code == 2, result.output
         assert where in result.output and "fix:" in result.output and "Traceback" not in result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.yaml"]
+
+
+def test_a_section_of_the_wrong_type_does_not_name_kit_s_classes(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(_set(AWS, "ssh", "ubuntu")))
+    with pytest.raises(InputError) as info:
+        load_spec(path)
+    assert info.value.what == "Input should be a mapping (got 'ubuntu')", info.value.render()
+
+
+@pytest.mark.parametrize(("text", "what"), [("", "the spec is empty"), ("- a\n- b\n", "not a list"),
+                                             ("42\n", "not a number")])
+def test_a_spec_that_is_not_a_mapping(tmp_path, text, what):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError) as info:
+        load_spec(path)
+    assert what in info.value.what and info.value.where == str(path) and "kit example" in info.value.fix
 
 
 def test_yaml_syntax_error_and_missing_file(tmp_path):

@@ -634,6 +634,24 @@ def test_offers_file_shapes_and_prices(tmp_path):
         load_offers(path)
 
 
+@pytest.mark.parametrize(("text", "where", "what"), [
+    ("", "", "the offers file is empty"),
+    ("- {instance_type: a, nodes: 1}\n", "", "must be a YAML mapping (key: value), not a list"),
+    ("shapes: 3\n", ": shapes", "Input should be a valid list (got 3)"),
+    ("shapes:\n  - a3-highgpu-1g\n", ": shapes.0", "Input should be a mapping (got 'a3-highgpu-1g')"),
+    ("shapes:\n  - {instance_type: a, nodes: 1, zone: us-east4-a}\n", ": shapes.0.zone", "unknown key 'zone'"),
+    ("shapes:\n  - {nodes: 1}\n", ": shapes.0.instance_type", "required field 'instance_type' is missing"),
+])
+def test_a_bad_offers_file_says_what_and_where_in_the_user_s_words(tmp_path, text, where, what):
+    path = tmp_path / "offers.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError) as info:
+        load_offers(path)
+    assert info.value.where == f"{path}{where}" and what in info.value.what, info.value.render()
+    assert "_ShapeFile" not in info.value.render() and "_OffersFile" not in info.value.render()
+    assert info.value.fix
+
+
 def test_regions_and_default_egress():
     assert region_of("us-central1-a") == "us-central1" and region_of("us-east-1a") == "us-east-1"
     moves = Moves()
