@@ -97,9 +97,29 @@ def load_trace(path: str | Path) -> Trace:
     for key in ("spot_price_per_hour", "on_demand_price_per_hour"):
         if metadata.get(key) is not None:
             _number(metadata[key], f"{path}: metadata.{key}", positive=True)
+    _check_optional(metadata, path)
     counts = _counts(raw.get("data"), path)
     return Trace(path=path, gap_seconds=gap, data=counts, metadata=dict(metadata),
                  prices=_prices(raw.get("prices"), path, len(counts)))
+
+
+# The optional metadata kit reads besides gap_seconds and the prices: names, and whole counts >= 1.
+NAME_FIELDS = ("zone", "instance_type")
+COUNT_FIELDS = ("nodes_requested", "gpus_per_instance")
+
+
+def _check_optional(metadata: dict, path: Path) -> None:
+    """The optional fields kit uses, when present: a zone and an instance type are non-empty strings (they
+    name offers), ``nodes_requested`` and ``gpus_per_instance`` whole numbers >= 1 (they size gangs and
+    prices). Other keys are the collector's notes (``source``, ``convention``, ...) and are kept as they are."""
+    for key in NAME_FIELDS:
+        value = metadata.get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise InputError(f"expected a non-empty string, got {value!r}", where=f"{path}: metadata.{key}", fix=FIX)
+    for key in COUNT_FIELDS:
+        value = metadata.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InputError(f"expected a whole number >= 1, got {value!r}", where=f"{path}: metadata.{key}", fix=FIX)
 
 
 def _read_object(path: Path) -> dict:

@@ -47,6 +47,13 @@ def test_shared_traces_load():
     ({"metadata": {"gap_seconds": 600}, "data": [1, 1], "prices": [1.0]}, "prices"),
     ({"metadata": {"gap_seconds": 600}, "data": [1, 1], "prices": [1.0, -2]}, "prices[1]"),
     ({"metadata": {"gap_seconds": 600, "on_demand_price_per_hour": 0}, "data": [1]}, "on_demand_price_per_hour"),
+    # the optional fields that name offers and size gangs and prices (a bad one crashed `--zones all`)
+    ({"metadata": {"gap_seconds": 600, "gpus_per_instance": "nan"}, "data": [1]}, "metadata.gpus_per_instance"),
+    ({"metadata": {"gap_seconds": 600, "gpus_per_instance": [8]}, "data": [1]}, "metadata.gpus_per_instance"),
+    ({"metadata": {"gap_seconds": 600, "nodes_requested": 0}, "data": [1]}, "metadata.nodes_requested"),
+    ({"metadata": {"gap_seconds": 600, "nodes_requested": "16"}, "data": [1]}, "metadata.nodes_requested"),
+    ({"metadata": {"gap_seconds": 600, "instance_type": ["a3"]}, "data": [1]}, "metadata.instance_type"),
+    ({"metadata": {"gap_seconds": 600, "zone": ""}, "data": [1]}, "metadata.zone"),
 ])
 def test_bad_files_are_input_errors(tmp_path, doc, where):
     path = write(tmp_path, "bad.json", doc)
