@@ -122,11 +122,18 @@ def _shapes(offers: Path | None, shape: list[str] | None) -> Offers | None:
 
 
 def _zone_policies(policy: str) -> list[str]:
-    from kit.simulate.zones import ZONE_ALL
+    """The multi-zone policy names ``--policy`` gives (each name is checked where it is replayed)."""
+    from kit.errors import InputError
+    from kit.simulate.zones import OPT, ZONE_ALL, ZONE_POLICY_NAMES
 
     if policy == "all":
         return list(ZONE_ALL)
-    return [p.strip() for p in policy.split(",") if p.strip()]
+    names = [p.strip() for p in policy.split(",") if p.strip()]
+    if not names:
+        raise InputError(f"no policy in {policy!r}", where="--policy",
+                         fix=f"use all, or one or more (comma-separated) of: {', '.join((OPT, *ZONE_POLICY_NAMES))}, "
+                             "POLICY@each, POLICY@ZONE")
+    return names
 
 
 def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Offers | None, json_out: bool,

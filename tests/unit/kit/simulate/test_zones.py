@@ -680,6 +680,9 @@ def test_cli_zones_all_json_and_errors():
     assert opt_row.split()[-4:] == ["-", "-", "-", "-"], opt_row
     bad = runner.invoke(app, ["simulate", "gcp-a3-h100-2025-10", "--zones", "mars-1a"])
     assert bad.exit_code != 0 and "--zones" in bad.output and "us-central1-a" in bad.output
+    for policy in ("", ","):  # named no policy: crashed on the empty table before
+        bad = runner.invoke(app, ["simulate", "gcp-a3-h100-2025-10", "--zones", "us-east4-a", "--policy", policy])
+        assert bad.exit_code == 2 and "--policy" in bad.output and "failover" in bad.output, bad.output
 
 
 def test_simulate_zones_refuses_traces_with_different_ticks():
