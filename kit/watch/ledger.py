@@ -198,7 +198,7 @@ class Ledger:
         self._lock = threading.RLock()
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None, timeout=30)
         self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
+        self._check_readable()
         # FULL: a committed decision or apply record survives power loss, not just a crash.
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.execute("PRAGMA foreign_keys=ON")
@@ -216,6 +216,24 @@ class Ledger:
             if 0 < version < 8:
                 self._allow_moves()
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _check_readable(self) -> None:
+        """Refuse a damaged ledger before anything reads or writes it: SQLite's quick_check reads every page
+        (a ledger is small) and finds a file that is not a database or whose pages are torn."""
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            problem = self._db.execute("PRAGMA quick_check").fetchone()[0]
+        except sqlite3.OperationalError:  # locked, read-only, ...: not damage, said as it is
+            self._db.close()
+            raise
+        except sqlite3.DatabaseError as error:  # "file is not a database", "database disk image is malformed"
+            problem = str(error)
+        if problem != "ok":
+            self._db.close()
+            raise KitError(f"the ledger cannot be read: {problem}", where=str(self.path),
+                           fix="the file is damaged or not kit's, and kit changed nothing: restore it from a copy if "
+                               "you have one, or move it aside (a new `kit watch` then starts an empty ledger, "
+                               "without the cost and history so far)")
 
     def _version(self) -> int:
         """0 for a new ledger; versions 1 and 2 kept theirs in a ``meta`` table."""

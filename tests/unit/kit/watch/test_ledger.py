@@ -88,6 +88,26 @@ def test_newer_ledger_schema_is_refused(tmp_path):
         Ledger(tmp_path / "l.sqlite")
 
 
+@pytest.mark.parametrize("damage", ["not a database", "torn pages", "truncated"])
+def test_a_damaged_ledger_is_refused_before_anything_reads_or_writes_it(tmp_path, damage):
+    """A ledger that is not SQLite, or whose pages were torn (a disk fault, a copy cut short), is an error
+    that names the file and says what to do, with the file as it was: not a traceback from the first query
+    that happens to touch the bad page (the watcher would have acted on a half-read history)."""
+    path = tmp_path / "l.sqlite"
+    ledger = Ledger(path)
+    ledger.job_started(100.0)
+    ledger.close()
+    data = path.read_bytes()
+    page = 4096  # SQLite's default page size: the first page holds the header and the schema
+    bad = {"not a database": b"x" * 100 + data[100:], "torn pages": data[:page] + b"\xff" * (len(data) - page),
+           "truncated": data[:1500]}[damage]
+    path.write_bytes(bad)
+    with pytest.raises(KitError, match="the ledger cannot be read") as info:
+        Ledger(path)
+    assert info.value.where == str(path) and "move it aside" in info.value.fix
+    assert path.read_bytes() == bad
+
+
 def test_a_crash_after_the_tick_is_recorded_does_not_count_its_preemption_twice(tmp_path):
     """Finding 12: the tick and the event cursor were two transactions; a watcher killed between
     them replayed the tick (preempted) on restart and then saw its events again (preempted twice)."""
