@@ -47,9 +47,9 @@ _SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxoth
 SHOWN_CHARS = 80
 
 
-def field_of(loc: tuple[Any, ...]) -> str:
-    """The dotted field a location names (``shapes.0.nodes``), or "(top level)"."""
-    return ".".join(str(part) for part in loc) if loc else "(top level)"
+def field_of(loc: tuple[Any, ...], top: str = "(top level)") -> str:
+    """The dotted field a location names (``shapes.0.nodes``), or ``top`` for the document itself."""
+    return ".".join(str(part) for part in loc) if loc else top
 
 
 def more_problems(errors: list[Any]) -> str:

@@ -74,7 +74,7 @@ def event_from_agent(body: Any) -> Event:
     Raises BadReport naming the field."""
     from pydantic import ValidationError
 
-    from kit.validation import describe
+    from kit.validation import describe, field_of
     from training.messages import AgentReport
 
     if not isinstance(body, dict):
@@ -85,7 +85,7 @@ def event_from_agent(body: Any) -> Event:
         first = error.errors(include_url=False)[0]
         loc = tuple(first.get("loc", ()))
         what, _ = describe(first, loc, doc="training/messages.py")
-        raise BadReport(f"field {'.'.join(str(p) for p in loc) or 'body'!r}: {what}") from None
+        raise BadReport(f"field {field_of(loc, top='body')!r}: {what}") from None
     event_kind = AGENT_KINDS[report.kind]
     # A notice is one fact per instance and kind, however often the agent retries the POST.
     dedup = None if event_kind == PROGRESS else f"agent:{report.instance}:{event_kind}:{int(report.time)}"
