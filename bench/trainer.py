@@ -1,7 +1,7 @@
 """Trainer benchmark: throughput/MFU vs a tutorial-style baseline in the same run,
 periodic-checkpoint stall, emergency-save time, resume time.
 
-GPU (the reported configuration; an H100 is the target machine)::
+GPU (the reported configuration; an H100 or H200 is the target machine)::
 
     python bench/trainer.py --device cuda --out bench-trainer.json
 
@@ -21,7 +21,8 @@ Phases, each in its own process so GPU memory and caches do not leak between the
 3. relaunch with the same flags -> resume time = process start -> first finished step (includes
    imports, CUDA init, reading + verifying the checkpoint); then the stop file right after the next
    periodic save started (``ckpt step=`` line) -> emergency save time with a background write in
-   flight (the stop save first waits for it: the realistic worst case of a preemption).
+   flight (the realistic worst case of a preemption: the stop save gives that write of an older
+   step up and saves the newer state; ``--ckpt-io`` compares that with waiting for the write).
 """
 from __future__ import annotations
 
