@@ -118,8 +118,35 @@ def run_baseline(a) -> dict:
     if cuda:
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
+    from training.metrics import peak_memory
+
+    peak = peak_memory(a.device)
     return {"samples_per_s": a.baseline_steps * a.batch_size / dt, "steps": a.baseline_steps,
-            "workers": a.baseline_workers, "final_loss": float(loss)}
+            "workers": a.baseline_workers, "final_loss": float(loss), "peak_host_gb": peak["host"],
+            "peak_gpu_gb": peak["gpu"], "peak_gpu_reserved_gb": peak["gpu_reserved"],
+            "workers_pss_gb": children_pss_gb()}
+
+
+def children_pss_gb() -> float | None:
+    """The proportional set sizes (``Pss``: each shared page divided among the processes that map it, so
+    the pages a forked worker shares with its parent are not counted twice) of this process's live
+    children, summed, in GB: the baseline's ``DataLoader`` workers, which its own peak does not include;
+    None where ``/proc/PID/smaps_rollup`` (Linux 4.14+) is not there."""
+    me, total, found = os.getpid(), 0, False
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) != me:  # field 4, the parent's pid, after "(comm)"
+                continue
+            pss = next(x for x in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines() if x.startswith("Pss:"))
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue  # gone meanwhile, or not readable
+        total, found = total + int(pss.split()[1]) * 1024, True
+    return total / 1e9 if found else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,6 +232,9 @@ def run_trainer(a, ckpt_dir: Path, compile_: bool, env) -> dict:
     # best case: no background write in flight when the stop arrives
     res["emergency_save_s"] = float(stop_lines[-1]["emergency_save_s"]) if stop_lines else None
     res["stopped_at_step"] = int(stop_lines[-1]["step"]) if stop_lines else None
+    memory = next((kv(x) for x in reversed(p.lines) if x.startswith("memory ")), {})
+    for key in ("peak_host_gb", "peak_gpu_gb", "peak_gpu_reserved_gb"):  # training + periodic saves + stop save
+        res[key] = None if memory.get(key, "n/a") == "n/a" else float(memory[key])
 
     # run 2: resume time (process start -> first finished step); then a stop right after the next
     # periodic save started, so the stop save must first wait for that background write
@@ -312,10 +342,13 @@ def verdicts(result: dict) -> dict:
 
 def markdown(result: dict) -> str:
     header = ("| variant | samples/s | vs baseline | MFU | stall/save max (mean) | of which staging max "
-              "| bg write | emergency save: idle / write in flight (wait) | resume |")
-    lines = [header, "|---|---|---|---|---|---|---|---|---|"]
+              "| bg write | emergency save: idle / write in flight (wait) | resume | peak GPU (reserved) | peak host |")
+    lines = [header, "|---|---|---|---|---|---|---|---|---|---|---|"]
     b = result["baseline"]
-    lines.append(f"| baseline (CPU DataLoader, Adam, eager) | {b['samples_per_s']:.1f} | 1.00x | | | | | | |")
+    workers = b.get("workers_pss_gb")
+    in_workers = "" if workers is None else f" + {gb(workers)} (PSS) in {b['workers']} workers"
+    lines.append(f"| baseline (CPU DataLoader, Adam, eager) | {b['samples_per_s']:.1f} | 1.00x | | | | | | "
+                 f"| {gpu_memory(b)} | {gb(b.get('peak_host_gb'))}{in_workers} |")
 
     def sec(v, fmt=".2f"):
         return "n/a" if v is None else f"{v:{fmt}} s"
@@ -328,8 +361,16 @@ def markdown(result: dict) -> str:
             f"| {sec(r['stall_staging_s_max'], '.3f')} | {sec(r['write_s_mean'])} "
             f"({(r['checkpoint_bytes'] or 0) / 1e9:.3f} GB) | {sec(r['emergency_save_s'])} / "
             f"{sec(r['emergency_save_in_flight_s'])} ({sec(r['emergency_save_in_flight_wait_s'])}) "
-            f"| {sec(r['resume_s'], '.1f')} |")
+            f"| {sec(r['resume_s'], '.1f')} | {gpu_memory(r)} | {gb(r.get('peak_host_gb'))} |")
     return "\n".join(lines)
+
+
+def gb(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f} GB"
+
+
+def gpu_memory(r: dict) -> str:
+    return "n/a" if r.get("peak_gpu_gb") is None else f"{gb(r['peak_gpu_gb'])} ({gb(r.get('peak_gpu_reserved_gb'))})"
 
 
 def main(argv=None) -> int:

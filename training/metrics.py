@@ -1,5 +1,8 @@
-"""Throughput and model FLOPs utilisation (MFU)."""
+"""Throughput, model FLOPs utilisation (MFU) and peak memory."""
 from __future__ import annotations
+
+import resource
+import sys
 
 import torch
 
@@ -67,3 +70,23 @@ def mfu(samples_per_s: float, flops_per_sample: float, peak_per_device: float | 
     if not peak_per_device:
         return None
     return samples_per_s * flops_per_sample / (peak_per_device * devices)
+
+
+def peak_memory(device: str) -> dict[str, float | None]:
+    """This process's peak memory in GB: ``host`` its peak resident set (``getrusage``'s ``ru_maxrss``,
+    kilobytes on Linux and bytes on macOS; pinned staging buffers count, they are resident), and on CUDA
+    ``gpu`` the most its tensors held at once (``torch.cuda.max_memory_allocated``) and ``gpu_reserved``
+    the most the caching allocator held (what other processes on the GPU could not have);
+    https://pytorch.org/docs/stable/notes/cuda.html#memory-management."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    cuda = device == "cuda" and torch.cuda.is_available()
+    return {"host": rss / 1e9,
+            "gpu": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
+            "gpu_reserved": torch.cuda.max_memory_reserved() / 1e9 if cuda else None}
+
+
+def memory_line(device: str) -> str:
+    """``memory peak_host_gb=... peak_gpu_gb=... peak_gpu_reserved_gb=...`` (``n/a`` off CUDA): the trainer logs
+    it when it stops or finishes, and bench/trainer.py reads it."""
+    peak = peak_memory(device)
+    return "memory " + " ".join(f"peak_{k}_gb={'n/a' if v is None else f'{v:.3f}'}" for k, v in peak.items())

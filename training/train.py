@@ -430,6 +430,7 @@ class Trainer:
             self.stop.consume_stop_file()
         self.log(f"stop step={self.step} reason={reason.replace(' ', '_')} emergency_save_s={save_s:.3f} "
                  f"wait_s={wait_s:.3f}")
+        self.log(self.memory_line())
         self.progress.write(self.step, state="preempted", step_time_s=self.step_time, force=True)
         return exitcodes.PREEMPTED
 
@@ -446,6 +447,12 @@ class Trainer:
         digest = params_sha256(self.raw_model) if (self.info.is_main or self.info.is_node_writer) else None
         self.progress.write(self.step, state="done", step_time_s=self.step_time, params_sha256=digest, force=True)
         self.log(f"params_sha256={digest}")
+        self.log(self.memory_line())
+
+    def memory_line(self) -> str:
+        from .metrics import memory_line
+
+        return memory_line(self.device_kind)
 
     # ------------------------------------------------------------------ training
     def wrap_model(self) -> None:

@@ -19,7 +19,7 @@ from training.checkpoint import (
 )
 from training.data import ResumableSampler, SyntheticData
 from training.distributed import DistInfo, _fill, _skeleton, broadcast_state
-from training.metrics import mfu
+from training.metrics import memory_line, mfu, peak_memory
 from training.optim import warmup_cosine
 from training.progress import ProgressWriter, read_progress
 from training.stop import StopMonitor, agree
@@ -254,6 +254,29 @@ def _image_folder(root, n_per_class=5):
         (root / c).mkdir(parents=True)
         for i in range(n_per_class):
             Image.new("RGB", (12, 12), (i * 40 % 255, len(c) * 60, 100)).save(root / c / f"{i}.png")
+
+
+def test_peak_memory_counts_what_this_process_touched():
+    before = peak_memory("cpu")
+    assert before["gpu"] is None and before["gpu_reserved"] is None  # no CUDA on CPU
+    block = bytearray(300 * 2**20)  # zero-filled, so every page is touched: resident
+    after = peak_memory("cpu")
+    # ru_maxrss is the peak, so it rises by the block unless the process once held more than it holds now
+    assert after["host"] >= before["host"] and after["host"] >= 300 * 2**20 / 1e9, (before, after)
+    del block
+    line = memory_line("cpu")
+    fields = dict(t.split("=", 1) for t in line.split()[1:])
+    assert line.startswith("memory ") and fields["peak_gpu_gb"] == fields["peak_gpu_reserved_gb"] == "n/a"
+    assert float(fields["peak_host_gb"]) == pytest.approx(peak_memory("cpu")["host"], abs=0.01)
+
+
+def test_the_trainer_logs_its_peak_memory_when_it_finishes(tmp_path, capsys, restore_signals):
+    from training.train import main
+
+    assert main([*TINY_ARGS, "--ckpt-dir", str(tmp_path / "c")]) == exitcodes.DONE
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("memory "))  # bench/trainer.py reads it
+    assert float(dict(t.split("=", 1) for t in line.split()[1:])["peak_host_gb"]) > 0.1, out
 
 
 def test_imagefolder_resume_position_is_exact(tmp_path):
