@@ -35,6 +35,7 @@ import json
 import logging
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from statistics import mean
@@ -169,17 +170,19 @@ def spec_for(zones: list[str], params: Params, prices: dict | None = None) -> Sp
 
 
 def replay_watcher(traces: list[Trace], start: int, params: Params, workdir: Path, *, prices: dict | None = None,
-                   billed: dict[str, dict[str, float]] | None = None) -> dict:
+                   billed: dict[str, dict[str, float]] | None = None,
+                   on_tick: Callable[[int, Path], None] | None = None) -> dict:
     """One start of the real watch loop: cost vs on-demand, deadline met, launches. ``prices``: the spec's
     (default: one for every zone); ``billed``: each zone's real prices, which the cost is counted at (default:
-    the flat prices)."""
+    the flat prices); ``on_tick(i, ledger file)`` after each tick the watcher made (bench/memory.py)."""
     gap = traces[0].gap_seconds
     tick_h = gap / 3600.0
     clock = Clock(1_000_000.0)
     cloud = TraceCloud({t.name: t for t in traces}, params.nodes, clock)
     cloud.first_tick = start
     spec = spec_for([t.name for t in traces], params, prices)
-    ledger = Ledger(Path(tempfile.mkdtemp(dir=workdir)) / "ledger.sqlite")  # a fresh ledger for each run
+    ledger_path = Path(tempfile.mkdtemp(dir=workdir)) / "ledger.sqlite"
+    ledger = Ledger(ledger_path)  # a fresh ledger for each run
     actor = Actor(cloud, ledger, spec, backoff=Backoff(initial_s=1.0, cap_s=1.0, jitter=0.0), clock=clock)
     watcher = Watcher(spec, ledger, actor, moving_market_policy(), source=CloudView(cloud), interval_s=gap, clock=clock)
     watcher.start()
@@ -195,6 +198,8 @@ def replay_watcher(traces: list[Trace], start: int, params: Params, workdir: Pat
         if step >= total:
             break
         watcher.tick()
+        if on_tick is not None:
+            on_tick(i, ledger_path)
         if cloud.deployed:  # progress through the next tick, after the changeover
             useful_from = cloud.launched_at + params.changeover_h * 3600
             progress += max(0.0, min(gap, clock.t + gap - useful_from)) / 3600
