@@ -9,6 +9,12 @@ the clouds, a zone's directory locally) at a time, when both hold:
 * it holds nothing newer than what exists elsewhere: some node reported a complete checkpoint
   (``checkpoint_step`` in its progress) after the set was left that is at least as new as the highest
   step any trainer had written by then. Until such a report arrives the set is kept, however long.
+  Elsewhere means a node that did not run on the set, writing while a node of another set was up: a
+  cloud dates a preemption when it begins (GCP's preempted operation; the node's ``until``), and the
+  node then saves and reports within its notice (30 s on GCP,
+  cloud.google.com/compute/docs/instances/spot#preemption-process), so the set's own last checkpoint is
+  reported *after* the set was left. An agent's report names its node; one the watcher pulled itself
+  names none, and counts only if a node of another set was up when it was written.
 
 Each release is recorded (``disks-released``, naming the disks and why); ``kit status`` and the cost report
 stop charging those disks from then on. A failed release is logged and tried again on a later tick. When the
@@ -18,6 +24,7 @@ job ends and ``kit train`` deletes every disk with its instances, that is record
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -45,6 +52,7 @@ class DiskSet:
     disk_ids: tuple[str, ...]
     in_use: bool              # a node on it is up, or the job runs on its zone and shape
     left_at: float            # when the last node on it ended (the ledger's clock)
+    instances: tuple[str, ...] = ()  # the instance ids of the nodes that ran on it
 
 
 class DiskKeeper:
@@ -67,7 +75,8 @@ class DiskKeeper:
             if released.get(name, float("-inf")) >= left_at:
                 continue
             out.append(DiskSet(name, nodes[0].zone or "", tuple(sorted({n.shape or "" for n in nodes})),
-                               tuple(sorted({n.disk_id for n in nodes if n.disk_id})), in_use, left_at))
+                               tuple(sorted({n.disk_id for n in nodes if n.disk_id})), in_use, left_at,
+                               tuple(sorted({n.instance_id for n in nodes}))))
         return out
 
     def released(self) -> dict[str, float]:
@@ -75,11 +84,24 @@ class DiskKeeper:
         return {e["instance"]: e["time"] for e in self.ledger.events(kinds=(DISKS_RELEASED,))}
 
     def newer_elsewhere(self, left: DiskSet) -> bool:
-        """A checkpoint complete elsewhere, reported after the set was left, at least as new as any step
-        reached by then (the set cannot hold a newer one)."""
-        wall = self.backend.wall_time(left.left_at)
-        reached = self.ledger.step_written_by(wall)
-        return reached >= 0 and self.ledger.checkpoint_written_after(wall) >= reached
+        """A checkpoint complete elsewhere (module docstring), reported after the set was left, at least as
+        new as any step reached by then (the set cannot hold a newer one)."""
+        wall = self.backend.wall_time
+        reached = self.ledger.step_written_by(wall(left.left_at))
+        if reached < 0:
+            return False
+        nodes = self.ledger.all_nodes()
+        known = {n.instance_id for n in nodes}
+        others = [(wall(n.since), math.inf if n.until is None else wall(n.until))
+                  for n in nodes if n.instance_id not in left.instances]
+
+        def elsewhere(instance: str, written: float) -> bool:
+            if instance in known:  # an agent's report names its node
+                return instance not in left.instances
+            return any(since <= written <= until for since, until in others)
+
+        return any(step >= reached and elsewhere(instance, written)
+                   for instance, written, step in self.ledger.checkpoint_reports_after(wall(left.left_at)))
 
     def due(self, now: float) -> list[DiskSet]:
         keep_h = self.spec.disk.keep_left_hours

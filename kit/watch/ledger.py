@@ -470,10 +470,12 @@ class Ledger:
         row = self._query(f"SELECT MAX(step) AS s FROM progress WHERE {WRITTEN} <= ?", (wall,))[0]
         return -1 if row["s"] is None else int(row["s"])
 
-    def checkpoint_written_after(self, wall: float) -> int:
-        """The newest complete checkpoint a node reported after the wall-clock moment ``wall`` (-1: none)."""
-        row = self._query(f"SELECT MAX(checkpoint_step) AS s FROM progress WHERE {WRITTEN} > ?", (wall,))[0]
-        return -1 if row["s"] is None else int(row["s"])
+    def checkpoint_reports_after(self, wall: float) -> list[tuple[str, float, int]]:
+        """(instance, written, checkpoint step) of every report of a complete checkpoint written after the
+        wall-clock moment ``wall``, oldest first."""
+        rows = self._query(f"SELECT instance, {WRITTEN} AS w, checkpoint_step FROM progress WHERE {WRITTEN} > ?"
+                           " AND checkpoint_step IS NOT NULL ORDER BY w, id", (wall,))
+        return [(r["instance"], float(r["w"]), int(r["checkpoint_step"])) for r in rows]
 
     def checkpoint_gb(self) -> float | None:
         """The size (GB) of the newest checkpoint a node reported, by when it wrote the report (None: none yet)."""

@@ -2,6 +2,7 @@
 only once a checkpoint at least as new is complete elsewhere; released disks stop billing."""
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -75,6 +76,35 @@ def test_left_disks_are_kept_for_the_set_time_then_deleted_once_a_newer_checkpoi
 
 
 
+def test_the_left_zones_own_last_report_is_not_a_checkpoint_elsewhere(tmp_path):
+    """A cloud dates a preemption when it begins (GCP's preempted operation, the nodes' ``until``) and the
+    node then saves and reports within its notice: that report, written after the set was left, is of the
+    set's own disk. It does not let the set go, whether its agent names the instance or the watcher pulled
+    it (no instance: nothing but zone a's nodes was up when it was written, before b's apply)."""
+    ledger, spec = moved(tmp_path)
+    ledger.record(heartbeat(404, 1000, written=T0 + 10 * H - 60))
+    stop_save = heartbeat(405, 1000, state="preempted", written=T0 + 10 * H + 20, checkpoint_step=405)
+    ledger.record(replace(stop_save, instance="i-0"))  # zone a's node-0, by its agent
+    backend = Sets("b")
+    keeper = DiskKeeper(backend, ledger, spec, clock=lambda: T0 + 100 * H)
+    assert keeper.tick() == [] and backend.released == [], "step 405 is on zone a's disks only"
+    idle, spec = preempted_and_idle(tmp_path / "idle")
+    idle.record(replace(stop_save, instance="trainer", source="local"))  # pulled by the watcher: no instance
+    assert DiskKeeper(Sets("b"), idle, spec, clock=lambda: T0 + 100 * H).tick() == []
+    ledger.record(heartbeat(405 + 5, 1000, written=T0 + 11 * H, checkpoint_step=405))  # b resumed from the bucket
+    assert [s.name for s in keeper.tick()] == ["a/" + SHAPE] and backend.released == ["a/" + SHAPE]
+
+
+def preempted_and_idle(tmp_path) -> tuple[Ledger, object]:
+    """Ran in zone a from T0 and was preempted at T0 + 10 h; nothing has run since."""
+    ledger = Ledger(tmp_path / "l.sqlite")
+    ledger.adopt_deployment(nodes("a", 0), "spot", "default", T0)
+    ledger.record(heartbeat(400, 1000, written=T0 + 9 * H, checkpoint_step=400))
+    for i in ("i-0", "i-1"):
+        ledger.mark_lost(i, T0 + 10 * H, "preemption")
+    return ledger, cloud_spec("aws", disk={"size_gb": 100, "type": "gp3", "keep_left_hours": 24.0})
+
+
 def test_released_disks_stop_billing_and_say_so(tmp_path):
     from kit.watch.status import disk_report
 
@@ -106,7 +136,9 @@ def test_the_running_set_is_never_released(tmp_path):
     ledger, spec = moved(tmp_path, keep_left_hours=0)
     for i in ("i-10", "i-11"):
         ledger.mark_lost(i, T0 + 11 * H, "preemption")
-    ledger.record(heartbeat(500 + 5, 1000, written=T0 + 12 * H, checkpoint_step=500))
+    # b's node-0 saved step 500 within its notice (after the cloud dated its preemption): on b's disks
+    ledger.record(replace(heartbeat(500, 1000, state="preempted", written=T0 + 11 * H + 20, checkpoint_step=500),
+                          instance="i-10"))
     backend = Sets("b")
     DiskKeeper(backend, ledger, spec, clock=lambda: T0 + 100 * H).tick()
     assert backend.released == ["a/" + SHAPE]
