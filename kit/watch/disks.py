@@ -14,7 +14,8 @@ the clouds, a zone's directory locally) at a time, when both hold:
   node then saves and reports within its notice (30 s on GCP,
   cloud.google.com/compute/docs/instances/spot#preemption-process), so the set's own last checkpoint is
   reported *after* the set was left. An agent's report names its node; one the watcher pulled itself
-  names none, and counts only if a node of another set was up when it was written.
+  names none, and counts only if a node of another set was up when it was written. The copy must also be
+  at least as new as the set's own newest report (that stop save).
 
 Each release is recorded (``disks-released``, naming the disks and why); ``kit status`` and the cost report
 stop charging those disks from then on. A failed release is logged and tried again on a later tick. When the
@@ -87,7 +88,8 @@ class DiskKeeper:
         """A checkpoint complete elsewhere (module docstring), reported after the set was left, at least as
         new as any step reached by then (the set cannot hold a newer one)."""
         wall = self.backend.wall_time
-        reached = self.ledger.step_written_by(wall(left.left_at))
+        # and at least as new as the set's own newest report: its stop save may come after it was left
+        reached = max(self.ledger.step_written_by(wall(left.left_at)), self.ledger.newest_checkpoint_of(left.instances))
         if reached < 0:
             return False
         nodes = self.ledger.all_nodes()

@@ -32,7 +32,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -468,6 +468,15 @@ class Ledger:
     def step_written_by(self, wall: float) -> int:
         """The highest step any trainer had written by the wall-clock moment ``wall`` (-1: none)."""
         row = self._query(f"SELECT MAX(step) AS s FROM progress WHERE {WRITTEN} <= ?", (wall,))[0]
+        return -1 if row["s"] is None else int(row["s"])
+
+    def newest_checkpoint_of(self, instances: Collection[str]) -> int:
+        """The newest complete checkpoint any of ``instances`` reported (-1: none)."""
+        if not instances:
+            return -1
+        marks = ", ".join("?" * len(instances))
+        row = self._query(f"SELECT MAX(checkpoint_step) AS s FROM progress WHERE instance IN ({marks})",
+                          tuple(instances))[0]
         return -1 if row["s"] is None else int(row["s"])
 
     def checkpoint_reports_after(self, wall: float) -> list[tuple[str, float, int]]:

@@ -95,6 +95,20 @@ def test_the_left_zones_own_last_report_is_not_a_checkpoint_elsewhere(tmp_path):
     assert [s.name for s in keeper.tick()] == ["a/" + SHAPE] and backend.released == ["a/" + SHAPE]
 
 
+def test_a_copy_elsewhere_must_be_as_new_as_the_left_sets_own_stop_save(tmp_path):
+    """Zone a's node saved step 405 within its notice, after the preemption's date; b restored the bucket's
+    400 and saved 404 (a checkpoint by time): a holds the newer one until b has 405."""
+    ledger, spec = moved(tmp_path)
+    ledger.record(replace(heartbeat(405, 1000, state="preempted", written=T0 + 10 * H + 20, checkpoint_step=405),
+                          instance="i-0"))
+    ledger.record(replace(heartbeat(404, 1000, written=T0 + 11 * H, checkpoint_step=404), instance="i-10"))
+    backend = Sets("b")
+    keeper = DiskKeeper(backend, ledger, spec, clock=lambda: T0 + 100 * H)
+    assert keeper.tick() == [] and backend.released == []
+    ledger.record(replace(heartbeat(405, 1000, written=T0 + 12 * H, checkpoint_step=405), instance="i-10"))
+    assert [s.name for s in keeper.tick()] == ["a/" + SHAPE]
+
+
 def preempted_and_idle(tmp_path) -> tuple[Ledger, object]:
     """Ran in zone a from T0 and was preempted at T0 + 10 h; nothing has run since."""
     ledger = Ledger(tmp_path / "l.sqlite")
