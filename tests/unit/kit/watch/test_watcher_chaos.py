@@ -40,8 +40,8 @@ class World(Backend):
 
     cloud = "local"
 
-    def __init__(self, rng: random.Random, clock: Clock) -> None:
-        self.rng, self.clock = rng, clock
+    def __init__(self, rng: random.Random, clock: Clock, changeover_s: float) -> None:
+        self.rng, self.clock, self.changeover_s = rng, clock, changeover_s
         self.room = {z: True for z in ZONES}
         self.disk = {z: -1 for z in ZONES}  # the newest complete checkpoint on each zone's disks (-1: none)
         self.bucket = -1
@@ -59,6 +59,10 @@ class World(Backend):
         if market == "spot" and not self.room[zone]:
             raise CapacityError(f"no spot capacity in {zone}")
         if not (self.deployed and all(n.zone == zone and n.market == market for n in self.deployed)):
+            if self.deployed and self.clock() - self.started >= self.changeover_s:
+                # replaced: the nodes shut down, and the trainer saves on the way (a stop save, reported
+                # by the old node once the ledger has moved on)
+                self.save(self.deployed[0].zone or "", self.clock() + NOTICE_S, state="preempted")
             self.deployed = []  # another zone or market: new nodes, on that zone's disks
             for rank in range(2):
                 self.serial += 1
@@ -101,13 +105,13 @@ class World(Backend):
                                   node_rank=0, detail={"state": state, "checkpoint_step": max(self.disk[zone], 0)},
                                   step=self.step, total_steps=TOTAL, step_time_s=1.0, written=written))
 
-    def tick(self, changeover_s: float) -> None:
+    def tick(self) -> None:
         """One tick of the world: capacity changes, a preemption (saved within its notice) or training."""
         now = self.clock()
         for z in ZONES:
             if self.rng.random() < 0.1:
                 self.room[z] = not self.room[z]
-        if not self.deployed or now - self.started < changeover_s:
+        if not self.deployed or now - self.started < self.changeover_s:
             return
         zone = self.deployed[0].zone or ""
         if self.deployed[0].market == "spot" and not self.room[zone]:
@@ -142,7 +146,7 @@ class View(EventSource):
 
 def run(seed: int, ledger_path: Path) -> World:
     rng, clock = random.Random(seed), Clock()
-    world = World(rng, clock)
+    world = World(rng, clock, changeover_s=0.05 * 3600)
     spec = parse_spec({"name": "chaos", "cloud": "local", "zones": list(ZONES), "market": "spot", "nodes": 2,
                        "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0},
                        "disk": {"keep_left_hours": rng.choice([0.0, 0.25, 1.0])},
@@ -154,7 +158,7 @@ def run(seed: int, ledger_path: Path) -> World:
     watcher.start()
     for _ in range(1500):
         clock.t += TICK_S
-        world.tick(0.05 * 3600)
+        world.tick()
         for event in world.reports:
             ledger.record(event)
         world.reports.clear()
