@@ -100,10 +100,11 @@ class World(Backend):
         self.report(written, state)
 
     def report(self, written: float, state: str = "running") -> None:
-        zone = self.deployed[0].zone or ""
+        held = self.disk[self.deployed[0].zone or ""]
+        detail = {"state": state} | ({"checkpoint_step": held} if held >= 0 else {})  # none on its disks yet
         self.reports.append(Event(kind=PROGRESS, instance=self.deployed[0].instance_id, time=written, source="agent",
-                                  node_rank=0, detail={"state": state, "checkpoint_step": max(self.disk[zone], 0)},
-                                  step=self.step, total_steps=TOTAL, step_time_s=1.0, written=written))
+                                  node_rank=0, detail=detail, step=self.step, total_steps=TOTAL, step_time_s=1.0,
+                                  written=written))
 
     def tick(self) -> None:
         """One tick of the world: capacity changes, a preemption (saved within its notice) or training."""
