@@ -9,7 +9,7 @@ the clouds, a zone's directory locally) at a time, when both hold:
 * it holds nothing newer than what exists elsewhere: some node reported a complete checkpoint
   (``checkpoint_step`` in its progress) after the set was left that is at least as new as the highest
   step any trainer had written by then. Until such a report arrives the set is kept, however long.
-  Elsewhere means a node that did not run on the set, writing while a node of another set was up: a
+  Elsewhere means a node that did not run on the set, because "after the set was left" is not enough: a
   cloud dates a preemption when it begins (GCP's preempted operation; the node's ``until``), and the
   node then saves and reports within its notice (30 s on GCP,
   cloud.google.com/compute/docs/instances/spot#preemption-process), so the set's own last checkpoint is
