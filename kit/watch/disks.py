@@ -14,7 +14,9 @@ the clouds, a zone's directory locally) at a time, when both hold:
   node then saves and reports within its notice (30 s on GCP,
   cloud.google.com/compute/docs/instances/spot#preemption-process), so the set's own last checkpoint is
   reported *after* the set was left. An agent's report names its node; one the watcher pulled itself
-  names none, and counts only if a node of another set was up when it was written. The copy must also be
+  names none, and counts only if a node of another set was up when it was written (the ledger counts
+  nodes up from the end of the apply that made them, which replaced the running ones first; after a
+  preemption that apply comes after the notice: it takes minutes, the notice 30 s). The copy must also be
   at least as new as the set's own newest report (that stop save).
 
 Each release is recorded (``disks-released``, naming the disks and why); ``kit status`` and the cost report

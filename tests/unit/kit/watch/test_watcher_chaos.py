@@ -60,9 +60,9 @@ class World(Backend):
             raise CapacityError(f"no spot capacity in {zone}")
         if not (self.deployed and all(n.zone == zone and n.market == market for n in self.deployed)):
             if self.deployed and self.clock() - self.started >= self.changeover_s:
-                # replaced: the nodes shut down, and the trainer saves on the way (a stop save, reported
-                # by the old node once the ledger has moved on)
-                self.save(self.deployed[0].zone or "", self.clock() + NOTICE_S, state="preempted")
+                # replaced: the old nodes are destroyed before the new ones are created (one cluster root; a
+                # data disk attaches to one instance at a time), and their trainer saves on the way out
+                self.save(self.deployed[0].zone or "", self.clock() - 1.0, state="preempted")
             self.deployed = []  # another zone or market: new nodes, on that zone's disks
             for rank in range(2):
                 self.serial += 1
@@ -102,7 +102,9 @@ class World(Backend):
     def report(self, written: float, state: str = "running") -> None:
         held = self.disk[self.deployed[0].zone or ""]
         detail = {"state": state} | ({"checkpoint_step": held} if held >= 0 else {})  # none on its disks yet
-        self.reports.append(Event(kind=PROGRESS, instance=self.deployed[0].instance_id, time=written, source="agent",
+        # an agent's report names its node; the watcher's own pull of the progress file names none
+        instance = self.deployed[0].instance_id if self.rng.random() < 0.7 else "trainer"
+        self.reports.append(Event(kind=PROGRESS, instance=instance, time=written, source="agent",
                                   node_rank=0, detail=detail, step=self.step, total_steps=TOTAL, step_time_s=1.0,
                                   written=written))
 
@@ -116,7 +118,9 @@ class World(Backend):
             return
         zone = self.deployed[0].zone or ""
         if self.deployed[0].market == "spot" and not self.room[zone]:
-            began = now - self.rng.uniform(0, TICK_S - NOTICE_S)
+            # it began within the last tick, and the stop save is written by now: a relaunch elsewhere comes later
+            # (an apply takes minutes, the notice 30 s on GCP)
+            began = now - self.rng.uniform(NOTICE_S, TICK_S)
             self.save(zone, began + NOTICE_S, state="preempted")
             self.gone.update({n.instance_id: began for n in self.deployed})
             self.deployed = []
