@@ -34,7 +34,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-GCP = "gcp-a3-h100-2025-10"
 WARM_TICKS = 500  # the watcher's baseline: its resident set once this many ticks have run
 CASES = {"gcp": ((60.0, 0.2), (60.0, 0.2001), (72.0, 0.2), (72.0, 0.2001)), "32s": ((72.0, 0.2), (72.0, 0.2001))}
 # each simulate case by name: (market, R0, d, --policy); "failover" is the baseline of "opt" and "all"
@@ -49,6 +48,7 @@ def rss_now() -> int:
 
 def simulate_case(market_name: str, deadline: float, d: float, policies: str) -> dict:
     """What ``kit simulate SET --zones all --policy POLICIES`` holds: traces, market and the replays."""
+    from replay_args import GCP
     from zones import markets_32s
 
     from kit.cli.simulate import _zone_policies
