@@ -21,7 +21,14 @@ as likely to end in the next tick as one that just began). This measures that as
    tick (a changeover of 0.2 h is longer than a 10-minute tick: those made no progress); and what its
    changeovers cost, beside its whole cost and ``opt``'s;
 3. after each one-tick gap of a zone, how long its capacity then holds, against how long the capacity of
-   the other zones of its region that are up at that tick goes on.
+   the other zones of its region that are up at that tick goes on;
+4. what a move to a cheaper zone's run pays once that run has lasted k ticks (runs that have lasted long
+   last longer: the hazard falls), for a job that otherwise stays on the offer whose whole trace gives the
+   cheapest progress (``--from-zone`` to choose another): the hours of progress the rest of the run gives
+   after the launch, the saving on them less the launch there and the launch back (changeovers, transfers
+   and egress), and per 48 hours of trace the sum over its runs less the probes that watch a run's age
+   (one minute billed for each tick a probe finds it up, until age k). This is the causal policy's share
+   of what ``opt``, which foresees run lengths, takes from the cheap zones.
 """
 
 from __future__ import annotations
@@ -118,11 +125,52 @@ def launches(market: ZoneSet, params: Params, moves: Moves) -> tuple[dict[str, l
     return out, parts
 
 
+def stay_offer(market: ZoneSet, params: Params):
+    """The spot offer whose whole trace gives the cheapest progress: its mean price x the hours its runs
+    hold over the hours they make after a changeover each."""
+    def price(offer):
+        hours = np.asarray(runs_of(market.avail[offer])) * market.G
+        useful = np.maximum(0.0, hours - params.changeover_h).sum()
+        return float(np.mean(market.prices[offer])) * hours.sum() / useful if useful > 0 else float("inf")
+    return min((o for o in market.offers if o.spot), key=price)
+
+
+def aged_moves(market: ZoneSet, params: Params, moves: Moves, home) -> list[tuple]:
+    """For each spot offer cheaper than ``home`` and each age k in AGES: (zone, price / q_min, k, runs that
+    lasted k ticks, mean hours of progress after a move at k, net saving per move in hours of the cheapest
+    on-demand offer, and net saving per 48 h of trace, before and after the probes, relative to the job's
+    on-demand baseline N x Q_min x (C0 + d), the unit of ``cost_vs_on_demand``). See the module's
+    docstring, part 4."""
+    out = []
+    here = float(np.mean(market.prices[home]))
+    span_h = market.ticks * market.G
+    for offer in market.offers:
+        price = float(np.mean(market.prices[offer])) if offer.spot else 0.0
+        if not offer.spot or price >= here:
+            continue
+        there_h = moves.launch_h(params.changeover_h, home.zone, offer.zone)
+        back = moves.launch_h(params.changeover_h, offer.zone, home.zone) * here + 2 * moves.egress(home.zone, offer.zone)
+        runs = np.asarray(runs_of(market.avail[offer]))
+        for k in AGES:
+            rest_h = (runs[runs >= k] - k) * market.G
+            if not len(rest_h):
+                continue
+            progress = np.maximum(0.0, rest_h - there_h)
+            net = progress * (here - price) - there_h * price - back
+            watched = np.minimum(runs, k).sum() * price / 60
+            unit = market.q_min * (params.job_h + params.changeover_h) * span_h / 48
+            out.append((offer.zone, price / market.q_min, k, len(rest_h), float(progress.mean()),
+                        float(net.mean()) / market.q_min, net.sum() / unit, (net.sum() - watched) / unit))
+    return out
+
+
 def main() -> int:
     def extra(ap):
         ap.add_argument("--nodes", type=int, default=16)
         ap.add_argument("--deadline-hours", type=float, default=60.0)
         ap.add_argument("--region", default="", help="only the zones whose names start with this (us-east4)")
+        ap.add_argument("--from-zone", default="", help="part 4: the zone the job stays on (default: the spot "
+                        "offer whose whole trace gives the cheapest progress)")
         ap.add_argument("--synthetic", type=int, default=None, metavar="SEED",
                         help="bench/zones.py's synthetic Markov set of this seed instead of --traces")
 
@@ -154,6 +202,7 @@ def main() -> int:
     for kind, ticks in gap_returns(market).items():
         if ticks:
             print(f"| {kind} | {len(ticks)} | {np.median(ticks):g} | {np.mean(ticks):.1f} |")
+    print_aged_moves(market, params, moves, args.from_zone)
     held, parts = launches(market, params, moves)
     print(f"\nThe multi-zone default's spot runs (R0 = {args.deadline_hours:g} h, 8 starts)\n")
     print("| launched on | runs | held 1 tick | held 2 ticks |\n|---|---:|---:|---:|")
@@ -163,6 +212,17 @@ def main() -> int:
     print(f"\nCost vs on-demand: default {parts['default']:.4f}, of which changeovers and transfers "
           f"{parts['changeovers']:.4f} and egress {parts['egress']:.4f}; opt {parts['opt']:.4f}")
     return 0
+
+
+def print_aged_moves(market: ZoneSet, params: Params, moves: Moves, from_zone: str) -> None:
+    home = (next(o for o in market.offers if o.spot and o.zone == from_zone) if from_zone
+            else stay_offer(market, params))
+    print(f"\nA move from {home.zone} ({float(np.mean(market.prices[home])) / market.q_min:.3f} of on-demand) to a "
+          f"cheaper zone's run once it has lasted k ticks (hours of on-demand per job, d = {params.changeover_h:g} h)\n")
+    print("| zone | price | k | runs | progress after the move (h) | net per move (h) | net per 48 h "
+          "(of the baseline) | the same, probes paid |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+    for zone, price, k, n, progress, net, per_48, probed in aged_moves(market, params, moves, home):
+        print(f"| {zone} | {price:.3f} | {k} | {n} | {progress:.2f} | {net:+.3f} | {per_48:+.4f} | {probed:+.4f} |")
 
 
 if __name__ == "__main__":
