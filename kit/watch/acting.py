@@ -51,9 +51,9 @@ from kit.policy.zones import (
     spot_ceiling,
     try_move,
 )
-from kit.watch.events import CAPACITY_ERROR, PREEMPTION, STOPPED_BY_KIT, Event
+from kit.watch.events import BY_KIT, CAPACITY_ERROR, INSTANCE_LOST, PREEMPTION, STOPPED_BY_KIT, Event
 from kit.watch.ledger import Apply, Decision, Ledger
-from kit.watch.sources.base import EventSource, SourceError
+from kit.watch.sources.base import GONE_STATES, EventSource, SourceError, loss_key
 from training.contract import SPOT
 
 if TYPE_CHECKING:
@@ -106,6 +106,12 @@ class Actor:
         self.backend.use(self.deployed_spec())
         for attempt in self.ledger.applies(status="applied"):
             decision = self.ledger.decision(attempt.decision_id)
+            if decision.status == "failed" and self._bootstrap_abandoned(decision, attempt):
+                # The watcher gave up bootstrapping these nodes and stopped for a person to fix the cause;
+                # they still run, untrained. This start is that person's retry: bootstrap them again.
+                log.info("decision %d: bootstrapping the nodes it left unbootstrapped again", decision.id)
+                self.ledger.reopen_decision(decision.id)
+                decision = self.ledger.decision(decision.id)
             if decision.status != "pending":
                 # Superseded (or given up) before its bootstrap: another decision took over, and
                 # these nodes may be gone. Nothing to finish.
@@ -117,17 +123,38 @@ class Actor:
             if decision.status != "pending":
                 self.ledger.mark_interrupted(attempt.id, self.clock())
                 continue
-            deployed = self.backend.nodes()
-            if self._converged(decision, deployed):
-                log.info("decision %d: the interrupted apply had converged; adopting it", decision.id)
-                self.ledger.mark_applied(attempt.id, [n.to_dict() for n in deployed], market=decision.market_after,
-                                         now=self.clock(), adopted=True)
-                self._finish(decision, attempt, deployed)
-            else:
-                log.info("decision %d: the interrupted apply had not converged; it will be retried", decision.id)
-                self.ledger.mark_interrupted(attempt.id, self.clock())
+            self._adopt_or_retry(decision, attempt)
 
-    def _converged(self, decision: Decision, deployed: list[Node]) -> bool:
+    def _bootstrap_abandoned(self, decision: Decision, attempt: Apply) -> bool:
+        """Whether ``attempt`` is the deployment that runs now and ``decision`` failed only on its bootstrap:
+        the newest apply that reached the cloud, each of its nodes still up, and no other decision pending."""
+        newest = self.ledger.applies(status="applied")[-1]
+        up = {n.instance_id for n in self.ledger.nodes(("up",))}
+        nodes = self._nodes_of(attempt)
+        return (decision.bootstrap_failures > 0 and attempt.id == newest.id and bool(nodes)
+                and all(n.instance_id in up for n in nodes) and self.ledger.pending_decision() is None)
+
+    def _adopt_or_retry(self, decision: Decision, attempt: Apply) -> None:
+        """An apply the watcher was killed in: adopt what the cloud runs if it is what the apply was for (its
+        offer, recorded before the apply began), else leave the decision to be retried."""
+        deployed = self.backend.nodes()
+        offer = next((o for o in self.spec.offers() if o.name == attempt.offer), None) if attempt.offer else None
+        if self._converged(decision, deployed, offer):
+            log.info("decision %d: the interrupted apply had converged; adopting it", decision.id)
+            if offer is not None and decision.market_after is not None:
+                deployed = self._priced(deployed, offer, decision.market_after)
+            self.ledger.mark_applied(attempt.id, [n.to_dict() for n in deployed], market=decision.market_after,
+                                     now=self.clock(), adopted=True)
+            self._finish(decision, attempt, deployed)
+        else:
+            log.info("decision %d: the interrupted apply had not converged; it will be retried", decision.id)
+            self.ledger.mark_interrupted(attempt.id, self.clock())
+
+    def _converged(self, decision: Decision, deployed: list[Node], offer: Offer | None = None) -> bool:
+        """Whether ``deployed`` is what the decision's apply was for: its market and, when the apply had chosen
+        an ``offer``, that offer's zone and node count (a move or a shape switch keeps the market, and the
+        nodes it was to replace are still deployed when it was killed before it ran); none of them an instance
+        that has ended."""
         if decision.action == "release":
             return not deployed
         rows = self.ledger.all_nodes()
@@ -136,9 +163,16 @@ class Actor:
         # GCP VM that an apply restarts keeps its id, so such an apply is retried, not adopted:
         # harmless, applying is idempotent.
         lost = {n.instance_id for n in rows if n.state in ("lost", "replaced", "released")} - up
-        return (len(deployed) in {shape.nodes for shape in self.spec.shape_list()}
+        counts = {offer.shape.nodes} if offer is not None else {shape.nodes for shape in self.spec.shape_list()}
+        return (len(deployed) in counts
                 and all(n.market == decision.market_after for n in deployed)
+                and (offer is None or all(n.zone in (None, offer.zone) for n in deployed))  # None: not reported
                 and not any(n.instance_id in lost for n in deployed))
+
+    def _priced(self, nodes: list[Node], offer: Offer, market: str) -> list[Node]:
+        """``nodes`` as the ledger keeps them: with their shape and price (None: unknown, the cost stays unknown)."""
+        price = self.spec.node_price(offer.shape, market, offer.zone)
+        return [replace(n, shape=offer.shape.name, price=price) for n in nodes]
 
     @staticmethod
     def _nodes_of(attempt: Apply) -> list[Node]:
@@ -323,18 +357,23 @@ class Actor:
             raise KitError(f"no offer of the spec is on {market}", where="shapes", fix="add a shape sold on it")
         errors = []
         for offer in order:
+            # Said before the apply: a watcher killed inside it adopts on restart only what it was applying.
+            self.ledger.set_apply_offer(attempt_id, offer.name)
             try:
                 nodes = self.backend.apply(self.spec.with_offer(offer), market)
             except CapacityError as error:
                 errors.append(f"{offer.name}: {error.what}")
                 self._capacity_event(decision, attempt_id, market, offer.name, str(error))
                 continue
-            self.ledger.set_apply_offer(attempt_id, offer.name)
+            if len(nodes) != offer.shape.nodes:
+                # An apply that converged reports its nodes (Terraform outputs); fewer means the report was
+                # not read, and a ledger without them would bill nothing and miss their losses.
+                raise KitError(f"the apply of {offer.name} reported {len(nodes)} node(s), not {offer.shape.nodes}",
+                               where="terraform output nodes", fix="kit watch applies again (idempotent) and rereads it")
             if len(order) > 1:
                 log.info("decision %d: %s has capacity (offer %d of %d)", decision.id, offer.name,
                          order.index(offer) + 1, len(order))
-            price = self.spec.node_price(offer.shape, market, offer.zone)  # None: unknown (the cost stays unknown)
-            return [replace(n, shape=offer.shape.name, price=price) for n in nodes]
+            return self._priced(nodes, offer, market)
         raise CapacityError(f"no {market} capacity in {len(order)} offer(s): {'; '.join(errors)}",
                             where=f"offers on {market}", fix="kit watch retries with backoff")
 
@@ -390,6 +429,8 @@ class Actor:
         return Outcome("done", nodes=nodes)
 
     def _failed(self, decision: Decision, attempt_id: int, error: str, *, capacity: bool) -> Outcome:
+        if decision.action != "release":
+            self._end_replaced()
         now = self.clock()
         attempts = self.ledger.decision(decision.id).attempts
         # Capacity: the market's failures since its last success, not this decision's attempts.
@@ -407,6 +448,36 @@ class Actor:
         log.warning("decision %d: apply failed (attempt %d), retry in %.0f s: %s",
                     decision.id, attempts, next_attempt - now, error)
         return Outcome("retry", error=error)
+
+    def _end_replaced(self) -> None:
+        """After an apply that failed: the running nodes it destroyed on its way (Terraform replaces an instance
+        destroy-first, and a move or market switch replaces them all before the new ones fail to come up) end
+        in the ledger now, stopped by kit. Left up, they would be billed on, and the next poll would report
+        them lost as if the market had taken them: a preemption to the policy, their zone tried last. What
+        still runs is asked of the cloud API when the watcher has it, else of the backend's outputs."""
+        up = self.ledger.nodes(("up",))
+        if not up:
+            return
+        try:
+            alive = self._alive()
+        except (KitError, SourceError) as error:  # cannot tell now: the next poll records what is gone
+            log.warning("could not check which nodes the failed apply left running: %s", error)
+            return
+        now = self.clock()
+        for node in up:
+            if node.instance_id in alive or node.name in alive:
+                continue
+            self.ledger.record(Event(kind=INSTANCE_LOST, instance=node.instance_id, time=now, source="watcher",
+                                     node_rank=node.rank, dedup_key=loss_key(node.instance_id, node.since),
+                                     detail={"state": "replaced", "reason": "destroyed by an apply that failed",
+                                             BY_KIT: True}))
+            self.ledger.mark_lost(node.instance_id, now, STOPPED_BY_KIT)
+
+    def _alive(self) -> set[str]:
+        """Ids and names of the instances that run now."""
+        if self.source is None:
+            return {n.instance_id for n in self.backend.nodes()}
+        return {s.instance for s in self.source.poll().instances if s.state not in GONE_STATES}
 
     def _retry_later(self, decision: Decision, error: str, *, attempt: int) -> Outcome:
         now = self.clock()

@@ -573,6 +573,13 @@ class Ledger:
             db.execute("UPDATE decisions SET status = 'failed', error = ?, finished = ? WHERE id = ?",
                        (error, now, decision_id))
 
+    def reopen_decision(self, decision_id: int) -> None:
+        """A decision given up after its bootstrap failed is pending again, its bootstrap failures counted
+        from zero: a restarted watcher retries the bootstrap the person it stopped for has fixed."""
+        with self.transaction() as db:
+            db.execute("UPDATE decisions SET status = 'pending', finished = NULL, bootstrap_failures = 0, "
+                       "next_attempt = 0 WHERE id = ?", (decision_id,))
+
     # ------------------------------------------------------------------ applies
     def start_apply(self, decision_id: int, market: str | None, now: float) -> int:
         with self.transaction() as db:

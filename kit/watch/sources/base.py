@@ -85,7 +85,12 @@ def loss_events(poll: Poll, current: Mapping[str, int | None], source: str, now:
         events.append(Event(
             kind=kind, instance=instance, time=when, source=source, node_rank=rank,
             detail={"state": state, "reason": reason, **({BY_KIT: True} if status and status.by_kit else {})},
-            # One loss per incarnation, however often the poller sees it gone.
-            dedup_key=f"loss:{instance}" + (f"@{since[instance]!r}" if since and instance in since else ""),
+            dedup_key=loss_key(instance, since.get(instance) if since else None),
         ))
     return events
+
+
+def loss_key(instance: str, since: float | None) -> str:
+    """The dedup key of a loss: one per incarnation (``since``: when it came up), however often the poller
+    sees it gone, and whoever reports it first (the poll, or the actor for the nodes its failed apply ended)."""
+    return f"loss:{instance}" + (f"@{since!r}" if since is not None else "")

@@ -1072,3 +1072,138 @@ def test_a_job_that_may_move_relaunches_elsewhere_in_the_tick_its_spot_run_is_lo
     again = moving_market_policy()
     watcher_with(again).start()
     assert (again.runs, again.outages) == (policy.runs, policy.outages)
+
+
+# ---------------------------------------------------------------------------------------------
+# A watcher killed inside an apply, a bootstrap given up, an apply that failed half way: each test
+# failed before its fix.
+
+
+class Killed(BaseException):
+    """SIGKILL inside the backend's apply: nothing after it in the watcher runs."""
+
+
+class KillableZonedBackend(ZonedBackend):
+    """``kill``: "before" dies as the apply starts (the cloud unchanged), "after" once the cloud converged."""
+
+    kill: str | None = None
+
+    def apply(self, spec, market):
+        if self.kill == "before":
+            raise Killed
+        nodes = super().apply(spec, market)
+        if self.kill == "after":
+            raise Killed
+        return nodes
+
+
+def moving_job(tmp_path):
+    """A job on spot in zone b, dear (a and c full at its launch), that may move, and a move decision: to a."""
+    from kit.spec import parse_spec
+
+    spec = parse_spec({"name": "demo", "cloud": "local", "zones": ["a", "b", "c"], "market": "spot", "nodes": 2,
+                       "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0, "zones": {"b": {"spot_per_hour": 3.0}}},
+                       "policy": {"name": "default", "changeover_hours": 0.2, "egress_per_gb": 0, "checkpoint_gb": 0.001}})
+    clock, ledger, backend = Clock(), Ledger(tmp_path / "ledger.sqlite"), KillableZonedBackend(full={"a", "c"})
+    actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1)), clock=clock)
+    launch = ledger.begin_decision(policy="default", decision="spot", action="launch", market_before=None,
+                                   market_after="spot", reason="first launch", now=clock.t)
+    assert actor.execute(ledger.decision(launch)).status == "done" and actor.current_offer().zone == "b"
+    clock.t += 3600
+    backend.full = {"b", "c"}  # only a has room: the move's search (a, then b where it runs) lands in a
+    move = ledger.begin_decision(policy="default", decision="spot", action="move", market_before="spot",
+                                 market_after="spot", reason="try to move", now=clock.t)
+    return spec, clock, ledger, backend, actor, move
+
+
+def test_a_watcher_killed_inside_a_move_that_converged_adopts_it_with_its_zone_shape_and_price(tmp_path):
+    """The offer an apply is for is recorded before it runs: adopted without it, the job lost where it ran
+    (the next start's backend pointed at the spec's first zone, no move was ever tried again, nodes unpriced)."""
+    spec, clock, ledger, backend, actor, move = moving_job(tmp_path)
+    backend.kill = "after"
+    with pytest.raises(Killed):
+        actor.execute(ledger.decision(move))
+    backend.kill, applies = None, len(backend.zones_tried)
+    restarted = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1)), clock=clock)
+    restarted.resume()
+    assert len(backend.zones_tried) == applies, "adopted, not applied again"
+    assert ledger.decision(move).status == "done" and restarted.current_offer().zone == "a"
+    assert restarted.deployed_spec().start_zone == "a"
+    assert {(n.zone, n.shape, n.price) for n in ledger.nodes(("up",))} == {("a", "2xlocal", 1.0)}
+
+
+def test_a_watcher_killed_before_its_move_applied_moves_on_restart_instead_of_adopting_the_old_zone(tmp_path):
+    """A move keeps the market and the node count: the nodes still in the old zone looked converged, so the
+    move was marked done without moving."""
+    spec, clock, ledger, backend, actor, move = moving_job(tmp_path)
+    backend.kill = "before"
+    with pytest.raises(Killed):
+        actor.execute(ledger.decision(move))
+    backend.kill = None
+    restarted = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1)), clock=clock)
+    restarted.resume()
+    assert ledger.decision(move).status == "pending" and restarted.current_offer().zone == "b"
+    assert restarted.execute(ledger.decision(move)).status == "done"
+    assert restarted.current_offer().zone == "a" and {n.zone for n in backend.deployed} == {"a"}
+
+
+def test_nodes_a_given_up_bootstrap_left_untrained_are_bootstrapped_when_the_watcher_is_started_again(tmp_path):
+    """kit watch stops after five failed bootstraps for a person to fix the cause; started again, it saw the
+    market it wanted already deployed and did nothing, and the nodes ran on, billed, without a trainer."""
+    watcher, backend, ledger, _policy, clock = make(tmp_path, ["on-demand"])
+    ledger.record(heartbeat(10, 1000))
+    failing = make_bootstrap_fail(backend)
+    for _ in range(5):
+        outcome = watcher.tick().outcome
+        clock.t += 400
+    assert outcome.status == "failed"
+    failing["on"] = False  # fixed
+    restarted = Watcher(watcher.spec, ledger, Actor(backend, ledger, watcher.spec, clock=clock),
+                        ScriptedPolicy(["on-demand"]), source=BackendSource(backend), interval_s=15, clock=clock)
+    restarted.start()
+    up = tuple(sorted(n.instance_id for n in ledger.nodes(("up",))))
+    assert [c[1] for c in backend.of("bootstrap")] == [up]
+    assert ledger.pending_decision() is None and ledger.decisions()[0].status == "done"
+
+
+def test_an_apply_that_reports_no_nodes_is_retried_not_recorded_as_a_cluster_of_none(tmp_path):
+    """`terraform output` failing after an apply converged gave no nodes: the ledger said the market ran on
+    none, so nothing was billed, no loss was seen, and the loop never applied again."""
+    watcher, backend, ledger, _policy, clock = make(tmp_path, ["on-demand"])
+    ledger.record(heartbeat(10, 1000))
+    real_apply = backend.apply
+    backend.apply = lambda spec, market: (real_apply(spec, market), [])[1]
+    result = watcher.tick()
+    assert result.outcome.status == "retry" and "reported 0 node(s), not 2" in result.outcome.error
+    backend.apply = real_apply
+    clock.t += 400
+    watcher.tick()
+    assert [(n.market, n.instance_id in {d.instance_id for d in backend.deployed}) for n in ledger.nodes(("up",))] \
+        == [("on-demand", True)] * 2 and ledger.market() == "on-demand"
+
+
+def test_nodes_a_failed_replacing_apply_destroyed_end_as_stopped_by_kit_not_as_lost_to_the_market(tmp_path):
+    """Terraform replaces an instance destroy-first: a switch to spot that then finds no capacity has ended the
+    on-demand nodes. The ledger kept them up (billed), and the next poll reported them lost: a preemption to
+    the policy and to `kit status`."""
+    watcher, backend, ledger, policy, clock = make(tmp_path, ["on-demand", "spot", "on-demand"],
+                                                    deployed_market="on-demand")
+    ledger.record(heartbeat(10, 1000))
+    watcher.tick()
+    real_apply = backend.apply
+
+    def destroy_then_no_capacity(spec, market):
+        if market == "spot":
+            backend.deployed = []
+            raise CapacityError("InsufficientInstanceCapacity")
+        return real_apply(spec, market)
+
+    backend.apply = destroy_then_no_capacity
+    clock.t += 15
+    assert watcher.tick().outcome.capacity_error
+    assert ledger.nodes(("up",)) == [] and {n.lost_kind for n in ledger.nodes(("lost",))} == {"stopped-by-kit"}
+    assert {n.until for n in ledger.nodes(("lost",))} == {clock.t}
+    clock.t += 15
+    result = watcher.tick()
+    assert policy.seen[-1].preempted is False and not result.new_events
+    assert result.action == "recover" and status_report(ledger, watcher.spec, now=clock.t)["nodes_lost"] == 0
