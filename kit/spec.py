@@ -739,14 +739,25 @@ def _check_instance_type(spec: CloudSpec) -> None:
 
 
 def _check_disk_type(spec: CloudSpec) -> None:
-    """The data-disk type exists on the cloud, and the machine type can attach it (catalog)."""
+    """The data-disk type exists on the cloud, and every shape's machine type can attach it (catalog): a
+    move or a shape switch renders the offer's own disks root with this type (kit.render). Left out, each
+    shape gets its own family's default (``disk_type`` of the offer's spec), which it always attaches."""
     known = spec.cloud_facts.disk_types
-    if spec.disk.type and spec.disk.type not in known:
-        raise SpecProblem("disk.type", f"unknown {spec.cloud} disk type {spec.disk.type!r}", f"use one of {', '.join(known)}")
-    itype = spec.instance
-    if itype is not None and itype.disk_types and spec.disk_type not in itype.disk_types:
-        raise SpecProblem("disk.type", f"{spec.instance_type} cannot attach a {spec.disk_type} disk",
-                          f"use one of {', '.join(itype.disk_types)}")
+    chosen = spec.disk.type
+    if chosen and chosen not in known:
+        raise SpecProblem("disk.type", f"unknown {spec.cloud} disk type {chosen!r}", f"use one of {', '.join(known)}")
+    if not chosen:
+        return
+    catalog = [spec.cloud_facts.instance(s.instance_type) for s in spec.shape_list()]
+    attachable = [t.disk_types for t in catalog if t is not None and t.disk_types]
+    common = [d for d in known if all(d in types for types in attachable)]
+    for i, itype in enumerate(catalog):
+        if itype is None or not itype.disk_types or chosen in itype.disk_types:
+            continue
+        where = f"shapes[{i}] ({itype.name})" if spec.shapes else spec.instance_type
+        every = f"use one that every shape attaches ({', '.join(common)}), or " if common else ""
+        raise SpecProblem("disk.type", f"{where} cannot attach a {chosen} disk (it takes {', '.join(itype.disk_types)})",
+                          f"{every}leave disk.type out (each shape then gets its own default type)")
 
 
 def _check_ssh(spec: CloudSpec) -> None:

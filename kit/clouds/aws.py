@@ -19,6 +19,10 @@ EBS_TYPES = ("gp3", "gp2", "io1", "io2", "st1")  # every EBS volume type attache
 class AwsNetwork(_Model):
     vpc_id: str | None = None       # existing VPC (default: the region's default VPC)
     subnet_id: str | None = None    # existing subnet in the zone (default: the zone's default subnet)
+    # A subnet lives in one Availability Zone (CreateSubnet's AvailabilityZone,
+    # https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateSubnet.html): a job with several
+    # zones names one existing subnet per zone, and the offer's zone's is rendered.
+    subnet_ids: dict[str, str] = Field(default_factory=dict)
     egress_cidrs: list[str] = Field(default_factory=lambda: ["0.0.0.0/0"])  # outbound, every port
 
     @field_validator("egress_cidrs")
@@ -31,6 +35,13 @@ class AwsNetwork(_Model):
                 raise SpecProblem(f"network.egress_cidrs[{i}]", f"not an IPv4 CIDR: {cidr!r} ({error})",
                                   "write it as a network, e.g. 0.0.0.0/0 or 10.0.0.0/8") from None
         return [str(ipaddress.IPv4Network(c)) for c in cidrs]
+
+    @model_validator(mode="after")
+    def _one_way_to_name_subnets(self) -> AwsNetwork:
+        if self.subnet_id is not None and self.subnet_ids:
+            raise SpecProblem("network.subnet_ids", "network.subnet_id and network.subnet_ids both name the subnet",
+                              "keep subnet_id for a job in one zone, or subnet_ids (one per zone) for several")
+        return self
 
 
 class AwsSpec(CloudSpec):
@@ -56,7 +67,42 @@ class AwsSpec(CloudSpec):
             raise SpecProblem("efa", "EFA is not supported by kit yet (it needs the EFA installer, aws-ofi-nccl "
                               "and one interface per network card, which kit does not set up)",
                               "remove efa (NCCL then uses TCP sockets over the ENA interface)")
+        _check_places_of_ids(self)
         return self
+
+    @property
+    def subnet_id(self) -> str | None:
+        """The existing subnet of the spec's zone (None: the zone's default subnet)."""
+        return self.network.subnet_id or self.network.subnet_ids.get(self.zone)
+
+
+def _check_places_of_ids(spec: AwsSpec) -> None:
+    """Ids that name something in one place fit every place the job may move to: a subnet is in one
+    Availability Zone (RunInstances with a subnet of another zone fails "Subnet '...' is in the
+    availability zone ..."), a VPC and an AMI are in one region (an AMI is used elsewhere only as a copy
+    with another id: https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CopyImage.html). Moves
+    render the offer's zone and region (CloudSpec.with_offer) and are not validated again, so it is
+    checked here."""
+    zones, regions, net = spec.zone_list, spec.region_list, spec.network
+    if net.subnet_id is not None and len(zones) > 1:
+        raise SpecProblem("network.subnet_id", f"subnet {net.subnet_id} is in one Availability Zone, but the job may "
+                          f"run in {', '.join(zones)}",
+                          "list only the subnet's zone in zones, name one subnet per zone (network.subnet_ids: "
+                          "{zone: subnet-...}), or leave it out for each zone's default subnet")
+    for zone in net.subnet_ids:
+        if zone not in zones:
+            raise SpecProblem(f"network.subnet_ids.{zone}", f"{zone!r} is not one of the job's zones",
+                              f"key subnet_ids by the zones ({', '.join(zones)})")
+    missing = [z for z in zones if net.subnet_ids and z not in net.subnet_ids]
+    if missing:
+        raise SpecProblem("network.subnet_ids", f"no subnet for {', '.join(missing)}",
+                          "name an existing subnet of each zone the job may run in")
+    regional = (("network.vpc_id", net.vpc_id, "each region's default VPC, or the VPC of each zone's subnet_ids entry"),
+                ("image", spec.image, "the AWS Deep Learning Base AMI of each region"))
+    for field, value, default in regional:
+        if value is not None and len(regions) > 1:
+            raise SpecProblem(field, f"{value} is in one region, but the job's zones are in {', '.join(regions)}",
+                              f"list zones of one region only, or leave {field} out (kit then uses {default})")
 
 
 def _t(name: str, gpus: int, gpu: str, on_demand: float, spot: float, *, efa: bool = False) -> InstanceType:
@@ -75,6 +121,12 @@ class Aws(Cloud[AwsSpec]):
     # EBS, us-east-1 (aws.amazon.com/ebs/pricing): storage only (gp3's and io*'s extra IOPS/throughput not counted)
     disk_prices: ClassVar[dict[str, float]] = {"gp3": 0.08, "gp2": 0.10, "io1": 0.125, "io2": 0.125, "st1": 0.045}
     # EC2 error texts that mean "no capacity right now" (retry later or elsewhere), not a bug.
+    # MaxSpotInstanceCountExceeded is no stockout but the account's Spot vCPU quota, per Region and per
+    # family group (G and VT, P, ...; https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/using-spot-limits.html,
+    # "request a quota increase if ... you receive the error Max spot instance count exceeded"). It stays
+    # here because the capacity search's answer to it is still the useful one: another region, another
+    # shape's family or on-demand (quotas of their own) may launch, and the error's text, kept in the
+    # ledger and the log with the capacity error, names the quota to raise in Service Quotas.
     capacity_patterns = (r"InsufficientInstanceCapacity", r"InsufficientCapacity", r"capacity-not-available",
                          r"capacity-oversubscribed", r"SpotMaxPriceTooLow", r"price-too-low",
                          r"MaxSpotInstanceCountExceeded", r"UnfulfillableCapacity",
@@ -108,7 +160,7 @@ class Aws(Cloud[AwsSpec]):
                          spec.image, nullable=True),
                 Variable("vpc_id", "string", "Existing VPC (null: default VPC).", spec.network.vpc_id, nullable=True),
                 Variable("subnet_id", "string", "Existing subnet (null: default subnet of the zone).",
-                         spec.network.subnet_id, nullable=True),
+                         spec.subnet_id, nullable=True),
                 Variable("detailed_monitoring", "bool", "CloudWatch detailed monitoring.", spec.monitoring),
                 *self.bucket_variables(spec)]
 

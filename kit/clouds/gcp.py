@@ -65,6 +65,18 @@ class GcpSpec(CloudSpec):
     ssh: GcpSsh = Field(default_factory=GcpSsh)
     network: GcpNetwork = Field(default_factory=GcpNetwork)
 
+    @model_validator(mode="after")
+    def _subnetwork_in_every_region(self) -> GcpSpec:
+        """A subnetwork is a regional resource (https://cloud.google.com/vpc/docs/subnets): a VM of another
+        region cannot use it, and a move renders the offer's region unvalidated (CloudSpec.with_offer)."""
+        regions = self.region_list
+        if self.network.subnetwork is not None and len(regions) > 1:
+            raise SpecProblem("network.subnetwork", f"subnetwork {self.network.subnetwork} is in one region, but the "
+                              f"job's zones are in {', '.join(regions)}",
+                              "list zones of one region only, or leave subnetwork out (an auto-mode network, e.g. "
+                              "default, gives each region its subnetwork; or leave network out for kit's own)")
+        return self
+
     @property
     def creates_network(self) -> bool:
         net = self.network

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jinja2
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from kit.cli import app
@@ -311,3 +312,48 @@ def test_a_move_to_another_region_keeps_the_state_where_its_bucket_is(example_ho
     assert all('"us-east-1"' in text and '"us-west-2"' not in text for text in state.values()), state
     assert 'region = "us-west-2"' in texts["cluster/terraform.tfvars"].splitlines()  # the provider's
     assert len([p for p in state if p.endswith("versions.tf")]) == 2  # the new zone's disks root and the cluster
+
+
+def _module_args(text: str, name: str) -> dict:
+    import io
+
+    import hcl2
+
+    doc = hcl2.load(io.StringIO(text))
+    return next(body for entry in doc.get("module", []) for key, body in entry.items() if key.strip('"') == name)
+
+
+@pytest.mark.parametrize(("example", "zone_arg", "name"), [
+    ("aws-g5-spot", "availability_zone", "${var.cluster_name}-pg-${var.availability_zone}"),
+    ("gcp-a3-spot", "zone", "${var.cluster_name}-place-${var.zone}")])
+def test_the_placement_group_is_per_zone_so_a_move_replaces_it(example, zone_arg, name):
+    """An AWS cluster placement group is confined to one Availability Zone (a launch into it from another
+    zone fails while it holds instances), and a GCP compact policy places VMs close together in one zone:
+    the zone is in the name, so a move to another zone replaces the group after the instances that use it."""
+    import hcl2
+
+    from kit.paths import TERRAFORM_MODULES_DIR as M
+
+    cloud = example.split("-")[0]
+    with open(M / cloud / "placement" / "main.tf") as fh:
+        resources = hcl2.load(fh)["resource"]
+    group = next(body for entry in resources for named in entry.values() for body in named.values())
+    assert group["name"] == f'"{name}"'
+    data = one_place(yaml.safe_load((EXAMPLES_DIR / f"{example}.yaml").read_text()))
+    zones = {"aws": ["us-east-1a", "us-east-1b"], "gcp": ["us-central1-a", "us-central1-c"]}[cloud]
+    spec = parse_spec({**data, "zones": zones})
+    moved = spec.with_offer(next(o for o in spec.offers() if o.zone == zones[1]))
+    texts = render_texts(moved, "spot")
+    assert _module_args(texts["cluster/main.tf"], "placement")[zone_arg] == "${var.zone}"
+    assert f'zone = "{zones[1]}"' in " ".join(texts["cluster/terraform.tfvars"].split())
+
+
+def test_a_move_renders_the_subnet_of_its_zone():
+    data = one_place(yaml.safe_load((EXAMPLES_DIR / "aws-g5-spot.yaml").read_text()))
+    data.update(zones=["us-east-1a", "us-west-2a"], network={"subnet_ids": {"us-east-1a": "subnet-e",
+                                                                            "us-west-2a": "subnet-w"}})
+    del data["zone"]
+    spec = parse_spec(data)
+    assert 'subnet_id = "subnet-e"' in " ".join(render_texts(spec, "spot")["cluster/terraform.tfvars"].split())
+    moved = spec.with_offer(next(o for o in spec.offers() if o.zone == "us-west-2a"))
+    assert 'subnet_id = "subnet-w"' in " ".join(render_texts(moved, "spot")["cluster/terraform.tfvars"].split())

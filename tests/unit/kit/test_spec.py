@@ -81,6 +81,10 @@ def _set(data, dotted, value):
 
 _DEL = object()
 
+# A2 x4 as the spec's own shape, with G2 (the same 4 GPUs in one node) to switch to
+A2_G2 = {**{k: v for k, v in GCP.items() if k not in ("instance_type", "nodes")},
+         "shapes": [{"instance_type": "a2-highgpu-1g", "nodes": 4}, {"instance_type": "g2-standard-48", "nodes": 1}]}
+
 BAD = [
     ("unknown-cloud", AWS, "cloud", "azure", "cloud", "allowed"),
     ("nodes-zero", AWS, "nodes", 0, "nodes", "nodes: 1"),
@@ -164,6 +168,26 @@ BAD = [
      "bootstrap.vars.python_env_pip_extra_args", "nested"),
     # a section that is not a mapping: said in the user's words, not pydantic's class name (test below)
     ("section-not-a-mapping", AWS, "ssh", "ubuntu", "ssh", "mapping"),
+    # every shape attaches the disk type (a shape switch renders its own disks root with it): G2 takes no
+    # pd-standard, which the spec's own A2 does
+    ("shape-cannot-attach-disk-type", _set(_set(A2_G2, "disk.type", "pd-standard"), "disk.size_gb", 500), "zones",
+     ["us-central1-a", "us-central1-c"], "disk.type", "shapes[1] (g2-standard-48)"),
+    # ids of one zone or region in a spec that may move elsewhere (a move renders them unvalidated)
+    ("aws-subnet-in-two-zones", _set(_set(AWS, "zone", _DEL), "network", {"subnet_id": "subnet-0123"}), "zones",
+     ["us-east-1a", "us-east-1b"], "network.subnet_id", "network.subnet_ids"),
+    ("aws-subnet-ids-miss-a-zone", _set(_set(AWS, "zone", _DEL), "network", {"subnet_ids": {"us-east-1a": "subnet-1"}}),
+     "zones", ["us-east-1a", "us-east-1b"], "network.subnet_ids", "us-east-1b"),
+    ("aws-subnet-ids-of-another-zone", AWS, "network", {"subnet_ids": {"us-east-1b": "subnet-1"}},
+     "network.subnet_ids.us-east-1b", "us-east-1a"),
+    ("aws-subnet-id-and-ids", AWS, "network", {"subnet_id": "subnet-1", "subnet_ids": {"us-east-1a": "subnet-1"}},
+     "network.subnet_ids", "subnet_ids (one per zone)"),
+    ("aws-vpc-in-two-regions", _set(_set(AWS, "zone", _DEL), "network", {"vpc_id": "vpc-0123"}), "zones",
+     ["us-east-1a", "us-west-2a"], "network.vpc_id", "one region"),
+    ("aws-image-in-two-regions", _set(_set(AWS, "zone", _DEL), "image", "ami-0123456789abcdef0"), "zones",
+     ["us-east-1a", "us-west-2a"], "image", "one region"),
+    ("gcp-subnetwork-in-two-regions", _set(_set(_set(GCP, "zone", _DEL), "region", _DEL), "network",
+                                           {"name": "default", "subnetwork": "sub"}), "zones",
+     ["us-central1-a", "us-east4-b"], "network.subnetwork", "one region"),
 ]
 
 
@@ -375,3 +399,27 @@ def test_local_zones_replay_one_file_of_a_set_each(tmp_path):
     with pytest.raises(InputError, match="sold spot twice") as twice:
         parse_spec(_set(data, "shapes", [{"nodes": 2, "gpus_per_node": 1}, {"nodes": 2, "gpus_per_node": 1}]))
     assert twice.value.where.endswith("shapes[1]")
+
+
+def test_each_shape_gets_a_disk_type_it_can_attach():
+    """Without disk.type each shape's disks root gets its own family's default; with one, every shape can
+    attach it (checked at load), so no offer renders a disk its machine type cannot attach."""
+    for disk in ({"size_gb": 500}, {"size_gb": 500, "type": "pd-ssd"}):
+        spec = parse_spec({**A2_G2, "zones": ["us-central1-a", "us-central1-c"], "disk": disk})
+        for offer in spec.offers():
+            moved = spec.with_offer(offer)
+            assert moved.disk_type in moved.instance.disk_types, offer.name
+            assert moved.disk_type == disk.get("type", moved.instance.disk_types[0])
+
+
+def test_aws_subnets_per_zone_follow_a_move_and_take_the_vpc_from_each_subnet():
+    """network.subnet_ids names one existing subnet per zone, zones of several regions included (the
+    instances module takes the VPC from the subnet); a move's spec names the subnet of its zone."""
+    data = _set(_set(AWS, "zone", _DEL), "zones", ["us-east-1a", "us-west-2a"])
+    data["network"] = {"subnet_ids": {"us-east-1a": "subnet-east", "us-west-2a": "subnet-west"}}
+    spec = parse_spec(data)
+    assert spec.subnet_id == "subnet-east"
+    west = next(o for o in spec.offers() if o.zone == "us-west-2a")
+    assert spec.with_offer(west).subnet_id == "subnet-west"
+    one_zone = parse_spec(_set(AWS, "network", {"subnet_id": "subnet-1", "vpc_id": "vpc-1"}))
+    assert one_zone.subnet_id == "subnet-1"

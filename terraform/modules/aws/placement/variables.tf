@@ -7,6 +7,15 @@ variable "cluster_name" {
   }
 }
 
+variable "availability_zone" {
+  description = "The nodes' Availability Zone; names the placement group (a cluster group is confined to one)."
+  type        = string
+  validation {
+    condition     = can(regex("^[a-z]{2}(-[a-z0-9]+)+$", var.availability_zone))
+    error_message = "availability_zone: an AWS Availability Zone name, e.g. us-east-1a."
+  }
+}
+
 variable "enabled" {
   description = "Create a cluster placement group (spec placement: cluster)."
   type        = bool

@@ -23,6 +23,15 @@ variable "region" {
   type        = string
 }
 
+variable "zone" {
+  description = "The VMs' zone; names the policy (a compact policy places VMs close together in one zone)."
+  type        = string
+  validation {
+    condition     = can(regex("^[a-z]+-[a-z]+[0-9]+-[a-z0-9]+$", var.zone)) && length(var.zone) <= 25
+    error_message = "zone: a GCP zone name of at most 25 characters, e.g. us-central1-a."
+  }
+}
+
 variable "enabled" {
   description = "Create a compact placement policy (spec placement: cluster)."
   type        = bool

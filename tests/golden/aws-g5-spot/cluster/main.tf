@@ -20,9 +20,10 @@ locals {
 module "placement" {
   source = "../modules/aws/placement"
 
-  cluster_name = var.cluster_name
-  enabled      = var.placement == "cluster"
-  tags         = var.tags
+  cluster_name      = var.cluster_name
+  availability_zone = var.zone
+  enabled           = var.placement == "cluster"
+  tags              = var.tags
 }
 
 module "instances" {

@@ -37,6 +37,7 @@ module "placement" {
   cluster_name = var.cluster_name
   project      = var.project
   region       = var.region
+  zone         = var.zone
   enabled      = var.placement == "cluster"
   labels       = var.labels
 }
