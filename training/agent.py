@@ -25,6 +25,7 @@ Heartbeats are coalesced (only the newest pending one is sent); on exit pending 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import logging
 import os
@@ -43,6 +44,10 @@ log = logging.getLogger("kit.agent")
 
 DEFAULT_METADATA = {"aws": "http://169.254.169.254", "gcp": "http://metadata.google.internal"}
 HTTP_TIMEOUT = 2.0
+# what a bad answer raises besides OSError: a truncated body (IncompleteRead), a status line that is not
+# HTTP (BadStatusLine); neither is an OSError (https://docs.python.org/3/library/http.client.html)
+NETWORK_ERRORS = (OSError, http.client.HTTPException)
+MILESTONE_RETRIES = 3  # a progress report whose state or checkpoint step changed (a heartbeat gets 1)
 
 
 class MetadataError(Exception):
@@ -56,6 +61,15 @@ def _request(url: str, method: str = "GET", headers: dict | None = None, timeout
             return resp.status, resp.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode("utf-8", "replace")
+
+
+def _json_object(body: str) -> dict:
+    """A metadata answer's JSON object; anything else (not JSON, a list, a number) as its raw text."""
+    try:
+        detail = json.loads(body)
+    except ValueError:
+        return {"raw": body}
+    return detail if isinstance(detail, dict) else {"raw": body}
 
 
 class AwsProbe:
@@ -86,10 +100,7 @@ class AwsProbe:
         events = []
         status, body = self._get("/latest/meta-data/spot/instance-action")
         if status == 200:
-            try:
-                detail = json.loads(body)
-            except ValueError:
-                detail = {"raw": body}
+            detail = _json_object(body)
             if detail.get("action") in ("terminate", "stop", "hibernate"):
                 events.append((PREEMPTION_NOTICE, detail))
         elif status != 404:
@@ -98,11 +109,7 @@ class AwsProbe:
             status, body = self._get("/latest/meta-data/events/recommendations/rebalance")
             if status == 200:
                 self.rebalance_seen = True
-                try:
-                    detail = json.loads(body)
-                except ValueError:
-                    detail = {"raw": body}
-                events.append(("rebalance-recommendation", detail))
+                events.append(("rebalance-recommendation", _json_object(body)))
         return events
 
 
@@ -220,19 +227,55 @@ class Agent:
         self._abort_posts = threading.Event()  # set when the flush time at exit is over: no more backoff
         self.noticed = False
         self._last_heartbeat = 0.0
+        self._milestone: tuple | None = None  # the progress file's (state, checkpoint_step) last reported
+        self._report("shutdown", {}, {})  # the agent's own settings are valid (a ValueError for main)
         self.sender = Sender(self.post)
 
-    def event(self, kind: str, detail: dict | None = None) -> dict:
-        """A report as the watcher's endpoint validates it (training.messages.AgentReport)."""
+    def _report(self, kind: str, detail: dict, numbers: dict) -> dict:
         from training.messages import AgentReport
 
+        return AgentReport(kind=kind, instance=self.instance, node_rank=self.node_rank, time=time.time(),
+                           cloud=self.cloud, detail=detail, **numbers).model_dump()
+
+    def event(self, kind: str, detail: dict | None = None) -> dict:
+        """A report as the watcher's endpoint validates it (training.messages.AgentReport). Never
+        raises over what the progress file or the metadata server said: progress numbers the report
+        cannot carry are dropped, then a detail it cannot carry, each with a warning, so that a notice
+        is always recorded and sent."""
+        from pydantic import ValidationError
+
+        numbers, detail = self._progress_numbers(), detail or {}
+        while True:
+            try:
+                return self._report(kind, detail, numbers)
+            except ValidationError as err:
+                first = err.errors()[0]
+                problem = f"{'.'.join(str(p) for p in first.get('loc', ())) or 'report'}: {first.get('msg')}"
+                if not (numbers or detail):
+                    raise  # the agent's own settings, checked in __init__: not reached
+                if numbers:
+                    log.warning("progress file %s: %s; the %s report goes without its numbers",
+                                self.progress_file, problem, kind)
+                    numbers = {}
+                else:
+                    log.warning("%s detail not reportable (%s): replaced by a note", kind, problem)
+                    detail = {"dropped": f"the detail failed validation: {problem}"[:1000]}
+
+    def _progress_numbers(self) -> dict:
+        """The progress file's numbers for a report; a step past ``total_steps`` is clamped to it."""
         prog = read_json(self.progress_file) or {}
         numbers = {k: prog.get(k) for k in ("step", "total_steps", "step_time_s")}
         numbers["progress_time"] = prog.get("time")
         if not all(isinstance(v, (int, float)) or v is None for v in numbers.values()):
-            numbers = {}  # a progress file from another version: report without progress
-        return AgentReport(kind=kind, instance=self.instance, node_rank=self.node_rank, time=time.time(),
-                           cloud=self.cloud, detail=detail or {}, **numbers).model_dump()
+            return {}  # a progress file from another version: report without progress
+        step, total = numbers["step"], numbers["total_steps"]
+        if isinstance(step, int) and isinstance(total, int) and step > total > 0:
+            # a relaunch with --steps lowered below the step reached: the trainer stops there at once
+            # ("done"), so the run is at its end; the report's schema has no step past it
+            log.warning("progress file %s: step %d is past total_steps %d; reported as step %d",
+                        self.progress_file, step, total, total)
+            numbers["step"] = total
+        return numbers
 
     def record(self, ev: dict) -> None:
         self.event_dir.mkdir(parents=True, exist_ok=True)
@@ -259,8 +302,8 @@ class Agent:
                 if 400 <= err.code < 500:
                     log.warning("watcher refused %s: %s", ev["kind"], err.code)
                     return False
-            except (OSError, urllib.error.URLError) as err:
-                log.info("watcher post failed (%s), attempt %d", err, attempt + 1)
+            except NETWORK_ERRORS as err:  # URLError is an OSError
+                log.info("watcher post failed (%s: %s), attempt %d", type(err).__name__, err, attempt + 1)
             if attempt + 1 < attempts and self._abort_posts.wait(self.retry_delay * (2 ** attempt)):
                 break
         return False
@@ -300,24 +343,37 @@ class Agent:
         try:
             for kind, detail in self.probe.poll():
                 self.handle(kind, detail)
-        except (MetadataError, OSError) as err:
-            log.info("metadata poll failed: %s", err)
+        except (MetadataError, *NETWORK_ERRORS) as err:
+            log.info("metadata poll failed: %s: %s", type(err).__name__, err)
 
     def tick(self) -> None:
         self.poll()
+        self.report_progress()
+
+    def report_progress(self, final: bool = False) -> None:
+        """Send the progress file to the watcher every ``heartbeat_every`` seconds, and at the next
+        poll (<= 2 s) when its state or checkpoint step changed: the stop save's step must reach the
+        watcher within the notice (GCP gives 30 s), not at the next heartbeat. ``final``: now, whatever
+        changed (the agent is stopping). State "done" and the digest let the watcher stop and verify."""
+        if not self.watcher_url:
+            return
+        prog = read_json(self.progress_file) or {}
         now = time.monotonic()
-        if self.watcher_url and now - self._last_heartbeat >= self.heartbeat_every:
-            self._last_heartbeat = now
-            prog = (read_json(self.progress_file) or {})
-            if prog:  # state "done" and the final digest let the watcher stop and verify the export
-                self.submit(self.event("progress", {k: prog[k] for k in PROGRESS_DETAIL if prog.get(k) is not None}),
-                            retries=1)
+        milestone = (prog.get("state"), prog.get("checkpoint_step"))
+        changed = milestone != self._milestone
+        if not prog or not (final or changed or now - self._last_heartbeat >= self.heartbeat_every):
+            return
+        self._last_heartbeat, self._milestone = now, milestone
+        detail = {k: prog[k] for k in PROGRESS_DETAIL if prog.get(k) is not None}
+        self.submit(self.event("progress", detail), retries=MILESTONE_RETRIES if changed or final else 1)
 
     def shutdown(self) -> None:
         """A stop of the agent itself: one last poll (a notice may have come since the previous one),
-        then a normal shutdown unless a notice came first; pending POSTs get ``flush_timeout``."""
+        a last progress report, then a normal shutdown unless a notice came first; pending POSTs get
+        ``flush_timeout``."""
         if not self.noticed:
             self.poll()
+        self.report_progress(final=True)
         if not self.noticed:
             ev = self.event("shutdown", {"reason": "agent stopped without a preemption notice"})
             self.record(ev)
@@ -329,7 +385,10 @@ class Agent:
     def run(self) -> int:
         while not self.stopping.is_set():
             started = time.monotonic()
-            self.tick()
+            try:
+                self.tick()
+            except Exception:  # a bug in one tick must not end the watch for the notice
+                log.exception("agent tick failed; polling on")
             self.stopping.wait(max(0.0, self.interval - (time.monotonic() - started)))
         self.shutdown()
         return 0

@@ -25,6 +25,7 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, cast
@@ -158,18 +159,26 @@ def list_complete(directory: Path) -> list[tuple[int, Path]]:
     if not directory.is_dir():
         return out
     for p in directory.iterdir():
-        m = STEP_DIR_RE.match(p.name)
-        if m and (p / MARKER).is_file():
-            out.append((int(m.group(1)), p))
+        step = step_of(p)
+        if step is not None and (p / MARKER).is_file():
+            out.append((step, p))
     out.sort(key=lambda t: t[0], reverse=True)
     return out
 
 
-def read_marker(path: Path) -> Marker:
-    """The checkpoint's marker, validated (:class:`Marker`) and consistent with its directory name.
-    Raises CorruptCheckpoint: the checkpoint is incomplete, whatever the marker says."""
+def step_of(path: Path) -> int | None:
+    """The step a checkpoint directory's name (``step-N``) says, or None for another name."""
+    named = STEP_DIR_RE.match(Path(path).name)
+    return int(named.group(1)) if named else None
+
+
+def read_marker_bytes(path: Path) -> tuple[Marker, bytes]:
+    """The checkpoint's marker, validated (:class:`Marker`) and consistent with its directory name,
+    with the exact bytes it was parsed from (a copy writes those, not a second read that may find the
+    directory gone). Raises CorruptCheckpoint: the checkpoint is incomplete, whatever the marker says."""
     try:
-        marker = Marker.model_validate_json((path / MARKER).read_bytes())
+        raw = (path / MARKER).read_bytes()
+        marker = Marker.model_validate_json(raw)
     except OSError as e:
         raise CorruptCheckpoint(f"{path}: unreadable marker ({e})") from e
     except ValidationError as e:
@@ -177,10 +186,15 @@ def read_marker(path: Path) -> Marker:
         where = ".".join(str(p) for p in first.get("loc", ())) or "marker"
         raise CorruptCheckpoint(f"{path}: the marker fails its schema ({e.error_count()} problem(s); "
                                 f"{where}: {first.get('msg')})") from None
-    named = STEP_DIR_RE.match(path.name)
-    if named and int(named.group(1)) != marker.step:
+    named = step_of(path)
+    if named is not None and named != marker.step:
         raise CorruptCheckpoint(f"{path}: the marker says step {marker.step}")
-    return marker
+    return marker, raw
+
+
+def read_marker(path: Path) -> Marker:
+    """:func:`read_marker_bytes` without the bytes."""
+    return read_marker_bytes(path)[0]
 
 
 def marked_bytes(path: Path) -> int | None:
@@ -317,7 +331,7 @@ class Checkpointer:
     """
 
     def __init__(self, directory: str | os.PathLike, keep: int = 3, writer: bool = True, log=print,
-                 write_delay_s: float = 0.0):
+                 write_delay_s: float = 0.0, in_use: Callable[[], Iterable[Path]] | None = None):
         if keep < 2:
             raise ValueError("keep must be >= 2 (the newest may be mid-write when a node dies)")
         self.directory = Path(directory)
@@ -330,6 +344,7 @@ class Checkpointer:
         self._cancel = threading.Event()  # of the write in flight; each write gets a fresh one
         self.history: list[SaveStats] = []
         self.write_delay_s = write_delay_s  # tests only: two sleeps inside every write
+        self.in_use = in_use  # checkpoints retention must not remove yet (training.bucket.Uploader.in_use)
         if writer:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._clean_tmp()
@@ -458,7 +473,20 @@ class Checkpointer:
         stats.write_s = time.perf_counter() - t0
 
     def _prune(self) -> None:
+        """Remove complete checkpoints beyond the newest ``keep``, except those ``in_use`` names.
+
+        With a bucket that is the one being uploaded and the one queued next: removing the first
+        fails its upload (and, with uploads slower than ``keep`` saves, every upload), removing the
+        second fails the next. Any other one is safe to remove before it reaches the bucket, because
+        the uploader only ever copies the newest checkpoint submitted: an older one that is neither
+        in flight nor queued would never be copied, so keeping it makes the bucket no fresher, while
+        keeping everything newer than the bucket's copy would fill the disk whenever the bucket is
+        unreachable (and then the saves themselves fail). Retention therefore holds at most two
+        directories beyond ``keep``."""
+        busy = {Path(p).resolve() for p in self.in_use()} if self.in_use is not None else set()
         for _, path in list_complete(self.directory)[self.keep:]:
+            if path.resolve() in busy:
+                continue
             trash = path.with_name(f".tmp-pruned-{path.name}-{os.getpid()}")
             try:
                 os.rename(path, trash)  # atomic: never a half-deleted step-N

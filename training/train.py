@@ -249,11 +249,6 @@ class Trainer:
         from .progress import ProgressWriter
 
         args = self.args
-        self.ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, writer=self.info.is_node_writer, log=self.warn,
-                                 write_delay_s=args.ckpt_write_delay_s)
-        # Every node's writer keeps its node-local progress file (launch.exit_status reads it to map
-        # torchrun's 1 back to 75 on that node); all nodes write the same content.
-        self.progress = ProgressWriter(args.progress_file, args.steps, enabled=self.info.is_node_writer)
         # The durable tier (training/bucket.py): rank 0 alone copies checkpoints and restores from them.
         self.bucket, self.uploader = None, None
         if args.ckpt_bucket and self.info.is_main:
@@ -261,12 +256,20 @@ class Trainer:
 
             self.bucket = Bucket(args.ckpt_bucket, keep=2, log=self.warn)
             self.uploader = Uploader(self.bucket)
+        # retention keeps what the uploader still reads (Checkpointer._prune says why that suffices)
+        self.ckpt = Checkpointer(args.ckpt_dir, keep=args.keep, writer=self.info.is_node_writer, log=self.warn,
+                                 write_delay_s=args.ckpt_write_delay_s,
+                                 in_use=self.uploader.in_use if self.uploader is not None else None)
+        # Every node's writer keeps its node-local progress file (launch.exit_status reads it to map
+        # torchrun's 1 back to 75 on that node); all nodes write the same content.
+        self.progress = ProgressWriter(args.progress_file, args.steps, enabled=self.info.is_node_writer)
         self.saved_args = {"model": args.model, "batch_size": args.batch_size, "seed": args.seed,
                            "image_size": args.image_size, "num_classes": args.num_classes, "steps": args.steps}
 
     # ------------------------------------------------------------------ resume
     def _local_view(self) -> tuple[dict, tuple | None]:
-        """What this rank knows: {step, path, writer, history, error}, and the loaded state."""
+        """What this rank knows: {step, path, writer, lost, error}, and the loaded state. ``lost``:
+        the checkpoints a start from step 0 would pass over (fatal only when no rank resumes)."""
         from .checkpoint import (
             UnloadableCheckpoint,
             list_complete,
@@ -276,11 +279,13 @@ class Trainer:
             unmarked,
         )
 
-        found, error, history = None, None, False
+        found, error, lost = None, None, []
         if self.info.is_node_writer:
             ckpt_dir = Path(self.args.ckpt_dir)
             lost_markers = unmarked(ckpt_dir)
-            history = bool(list_complete(ckpt_dir) or quarantined(ckpt_dir) or lost_markers)
+            if list_complete(ckpt_dir) or quarantined(ckpt_dir) or lost_markers:
+                lost.append(f"{ckpt_dir} holds checkpoints (or corrupt-* ones moved aside, or state files whose "
+                            "marker is gone) but none verifies and loads")
             if lost_markers:
                 self.warn(f"WARNING {ckpt_dir}: {', '.join(p.name for p in lost_markers)} hold state.pt but no "
                           "COMPLETE marker (lost or deleted): kept, not trusted, and no fresh start over them")
@@ -290,18 +295,29 @@ class Trainer:
                     found = newest_loadable(ckpt_dir, log=self.warn)  # restore order: the disk, then the bucket
             except UnloadableCheckpoint as e:
                 error = str(e)
+            if found is None and self.bucket is not None and self.bucket.failed:
+                lost.append(self._bucket_lost(self.bucket))
         if found is not None:
             self.progress.checkpoint(found[0], marked_bytes(found[1]))
         mine = {"step": found[0] if found else -1, "path": str(found[1]) if found else None,
-                "writer": self.info.is_node_writer, "history": history, "error": error}
+                "writer": self.info.is_node_writer, "lost": lost, "error": error}
         return mine, found
+
+    @staticmethod
+    def _bucket_lost(bucket) -> str:
+        """The bucket lists complete checkpoints and none restored: which, why, and what to do."""
+        from .checkpoint import step_dir_name
+
+        copies = "; ".join(f"{step_dir_name(s)}: {why}" for s, why in sorted(bucket.failed.items(), reverse=True))
+        return (f"the bucket {bucket.url} lists complete checkpoints but none restored ({copies}). They are "
+                "left in place. If the download failed, fix the bucket's access (credentials, network) and start "
+                "again; if the copies are damaged, put a good checkpoint into the bucket (e.g. from another zone's "
+                "disk), or point --ckpt-bucket at an empty prefix to start from step 0")
 
     def _resume_errors(self, everywhere: list[dict], newest: int) -> list[str]:
         errors = [f"rank {r}: {d['error']}" for r, d in enumerate(everywhere) if d["error"]]
-        if not errors and newest < 0 and any(d["history"] for d in everywhere):
-            errors = [f"rank {r}: {self.args.ckpt_dir} holds checkpoints (or corrupt-* ones moved aside, or state "
-                      "files whose marker is gone) but none verifies and loads" for r, d in enumerate(everywhere)
-                      if d["history"]]
+        if not errors and newest < 0:
+            errors = [f"rank {r}: {why}" for r, d in enumerate(everywhere) for why in d["lost"]]
         return errors
 
     def resume(self) -> int | None:
@@ -319,8 +335,8 @@ class Trainer:
                 for e in errors:
                     print(f"error: cannot resume: {e}", file=sys.stderr, flush=True)
                 print("error: refusing to start from step 0 while checkpoints exist. Fix the environment (e.g. "
-                      "the torch version) or move the checkpoint directory aside to start fresh.",
-                      file=sys.stderr, flush=True)
+                      "the torch version) or move the checkpoint directory (and the --ckpt-bucket prefix's "
+                      "checkpoints) aside to start fresh.", file=sys.stderr, flush=True)
             D.destroy()
             return exitcodes.CHECKPOINT_ERROR
         if newest >= 0:
@@ -425,13 +441,15 @@ class Trainer:
         D.barrier(self.info)
         self.saved_here()
         save_s = time.perf_counter() - t0
+        # The stop save is complete on every node (the barrier): say so now, so that the agent reports
+        # its step within the notice (GCP gives 30 s), before the upload takes up to STOP_FLUSH_S of it
+        self.progress.write(self.step, state="preempted", step_time_s=self.step_time, force=True)
         self.upload(self.step, wait_s=bucket.STOP_FLUSH_S)
         if self.info.is_node_writer:
             self.stop.consume_stop_file()
         self.log(f"stop step={self.step} reason={reason.replace(' ', '_')} emergency_save_s={save_s:.3f} "
                  f"wait_s={wait_s:.3f}")
         self.log(self.memory_line())
-        self.progress.write(self.step, state="preempted", step_time_s=self.step_time, force=True)
         return exitcodes.PREEMPTED
 
     def finish(self) -> None:

@@ -391,3 +391,156 @@ def test_agent_process_exits_promptly_with_unreachable_watcher(tmp_path, meta):
     finally:
         watcher.close()
     assert [e["kind"] for e in events(tmp_path)] == ["preemption-notice"]
+
+
+# -- regressions: the agent survives bad inputs; the stop save's progress reaches the watcher in time ------
+
+def _progress(tmp_path, **fields):
+    doc = {"step": 7, "total_steps": 100, "step_time_s": 0.5, "state": "running", "time": time.time(),
+           "params_sha256": None, "checkpoint_step": None, "checkpoint_bytes": None}
+    (tmp_path / "progress.json").write_text(json.dumps({**doc, **fields}))
+
+
+def test_a_progress_file_past_its_total_never_stops_the_notice(tmp_path, caplog):
+    """A relaunch with --steps lowered below the reached step: the trainer writes step > total_steps."""
+    notice = tmp_path / "preempted"
+    notice.write_text("TRUE")
+    watcher = FakeWatcher()
+    try:
+        ag = make_agent(tmp_path, "local", str(notice), watcher)
+        _progress(tmp_path, step=1000, total_steps=500, state="done")
+        with caplog.at_level("WARNING", logger="kit.agent"):
+            ag.tick()
+            assert ag.flush(5)
+    finally:
+        watcher.close()
+    assert (tmp_path / "stop").exists()
+    [ev] = events(tmp_path)
+    assert ev["kind"] == "preemption-notice" and ev["step"] == 500 and ev["total_steps"] == 500
+    assert {e["kind"] for e in watcher.events} == {"preemption-notice", "progress"}
+    assert any("past total_steps" in r.getMessage() for r in caplog.records)
+
+
+def test_a_progress_file_with_unusable_numbers_is_reported_without_them(tmp_path, caplog):
+    ag = make_agent(tmp_path, "local", str(tmp_path / "preempted"))
+    _progress(tmp_path, step=-3, step_time_s=1e300)
+    with caplog.at_level("WARNING", logger="kit.agent"):
+        ev = ag.event("shutdown")
+    assert ev["kind"] == "shutdown" and ev["step"] is None and ev["total_steps"] is None
+    assert any("progress" in r.getMessage() for r in caplog.records)
+
+
+class TruncatingMetadata:
+    """A GCP metadata server that cuts its first ``bad`` answers short (Content-Length promises more
+    than is sent: http.client.IncompleteRead), then answers TRUE."""
+
+    def __init__(self, bad=2):
+        self.bad = bad
+        fake = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                self.send_response(200)
+                if fake.bad > 0:
+                    fake.bad -= 1
+                    self.send_header("Content-Length", "100")
+                    self.end_headers()
+                    self.wfile.write(b"TR")
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                self.send_header("Content-Length", "4")
+                self.end_headers()
+                self.wfile.write(b"TRUE")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_truncated_metadata_answer_is_a_failed_poll_not_a_dead_agent(tmp_path):
+    meta = TruncatingMetadata(bad=2)
+    try:
+        ag = make_agent(tmp_path, "gcp", meta.url)
+        ag.tick()
+        ag.tick()
+        assert not (tmp_path / "stop").exists()
+        ag.tick()  # the metadata server answers properly again: the notice is handled
+    finally:
+        meta.close()
+    assert (tmp_path / "stop").exists()
+    assert [e["kind"] for e in events(tmp_path)] == ["preemption-notice"]
+
+
+def test_aws_instance_action_that_is_json_but_not_an_object_is_not_a_crash(tmp_path, meta):
+    ag = make_agent(tmp_path, "aws", meta.url)
+    meta.action = ["terminate"]  # 200 with a JSON list
+    ag.tick()
+    assert not (tmp_path / "stop").exists()
+
+
+def test_a_garbled_watcher_answer_is_retried_not_raised(tmp_path, meta):
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    watcher = FakeWatcher()
+
+    def garble_once():  # one connection answered with a status line that is not HTTP (BadStatusLine)
+        conn, _ = sock.accept()
+        conn.recv(65536)
+        conn.sendall(b"garbage\r\n\r\n")
+        conn.close()
+
+    threading.Thread(target=garble_once, daemon=True).start()
+    try:
+        ag = make_agent(tmp_path, "gcp", meta.url, watcher)
+        ag.watcher_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        assert ag.post(ag.event("preemption-notice"), retries=1) is False  # garbled: a failed attempt
+        ag.watcher_url = watcher.url
+        assert ag.post(ag.event("preemption-notice"), retries=1) is True
+    finally:
+        sock.close()
+        watcher.close()
+
+
+def test_the_stop_saves_progress_is_reported_at_once_not_at_the_next_heartbeat(tmp_path, meta):
+    watcher = FakeWatcher()
+    try:
+        ag = make_agent(tmp_path, "gcp", meta.url, watcher, heartbeat_every=3600)
+        ag.tick()
+        assert ag.flush(5) and [e["detail"].get("state") for e in watcher.events] == ["running"]
+        meta.preempted = True
+        ag.tick()
+        assert ag.flush(5)
+        _progress(tmp_path, step=9, state="preempted", checkpoint_step=9, checkpoint_bytes=1000)  # the stop save
+        t0 = time.monotonic()
+        ag.tick()
+        assert ag.flush(5) and time.monotonic() - t0 < 5
+        last = [e for e in watcher.events if e["kind"] == "progress"][-1]
+        assert last["detail"].get("checkpoint_step") == 9 and last["detail"].get("state") == "preempted"
+    finally:
+        watcher.close()
+
+
+def test_shutdown_sends_a_last_progress_report(tmp_path, meta):
+    watcher = FakeWatcher()
+    try:
+        ag = make_agent(tmp_path, "gcp", meta.url, watcher, heartbeat_every=3600)
+        ag.tick()
+        assert ag.flush(5)
+        _progress(tmp_path, step=12, checkpoint_step=10)
+        ag.shutdown()
+    finally:
+        watcher.close()
+    progress = [e for e in watcher.events if e["kind"] == "progress"]
+    assert progress[-1]["step"] == 12 and progress[-1]["detail"]["checkpoint_step"] == 10
+    assert watcher.events[-1]["kind"] == "shutdown"

@@ -228,3 +228,92 @@ def test_object_stores_upload_restore_and_skip_partial_and_corrupt_copies(store,
     assert time.monotonic() - t0 < 60
     assert newest_loadable(fresh)[0] == 100
     assert any("sha256 mismatch" in line for line in logs)
+
+
+# -- regressions: local retention, a damaged copy of a step held locally, a durable downloaded marker ------
+
+def test_an_upload_completes_when_local_retention_removes_the_directory_mid_copy(bucket, tmp_path, monkeypatch):
+    src = save(tmp_path / "disk", 100)
+    real_open = bucket.fs.open
+
+    def pruned_meanwhile(path, mode="rb", **kw):  # Checkpointer._prune renames the directory away, then deletes it
+        if "w" in mode and src.exists():
+            gone = src.with_name(f".tmp-pruned-{src.name}")
+            src.rename(gone)
+            for f in gone.iterdir():
+                f.unlink()
+            gone.rmdir()
+        return real_open(path, mode, **kw)
+
+    monkeypatch.setattr(bucket.fs, "open", pruned_meanwhile)
+    assert bucket.upload(src) is True
+    monkeypatch.undo()
+    assert not src.exists() and bucket.complete_steps() == [100]
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert bucket.restore_newer(fresh, -1) == 100
+
+
+def test_the_uploader_records_the_step_of_a_directory_pruned_after_its_upload(bucket, tmp_path):
+    src = save(tmp_path / "disk", 100)
+    real = bucket.upload
+
+    def then_pruned(path):
+        done = real(path)
+        for f in src.iterdir():
+            f.unlink()
+        src.rmdir()
+        return done
+
+    bucket.upload = then_pruned
+    up = Uploader(bucket)
+    up.submit(src)
+    assert up.close(30)
+    assert up.uploaded == [100], bucket.logs
+    assert not any("failed" in line for line in bucket.logs)
+
+
+def test_a_bucket_copy_that_failed_verification_is_replaced_by_the_good_local_one(bucket, tmp_path):
+    disk = tmp_path / "disk"
+    for step in (100, 200):
+        bucket.upload(save(disk, step))
+    data = bytearray(remote(bucket, 200, STATE_FILE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    remote(bucket, 200, STATE_FILE).write_bytes(bytes(data))
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert bucket.restore_newer(fresh, -1) == 100  # 200 fails verification, is skipped and remembered
+    assert bucket.upload(disk / step_dir_name(200)) is True  # the good local copy replaces the damaged one
+    again = tmp_path / "again"
+    again.mkdir()
+    assert bucket.restore_newer(again, -1) == 200
+    assert bucket.upload(disk / step_dir_name(200)) is False  # now verified: not copied twice
+
+
+def test_a_bucket_copy_with_other_checksums_than_the_local_marker_is_replaced(bucket, tmp_path):
+    a, b = save(tmp_path / "a", 100), tmp_path / "b"
+    Checkpointer(b, keep=5, log=lambda m: None).save(100, {"step": 100, "w": torch.zeros(256)}, sync=True)
+    assert bucket.upload(b / step_dir_name(100)) is True
+    assert bucket.upload(a) is True  # same step, other bytes: the bucket copy must match the disk that uploads
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert bucket.restore_newer(fresh, -1) == 100
+    assert torch.equal(newest_loadable(fresh)[2]["w"], torch.full((256,), 100.0))
+
+
+def test_the_downloaded_marker_is_fsynced_before_the_rename(bucket, tmp_path, monkeypatch):
+    import os
+
+    bucket.upload(save(tmp_path / "disk", 100))
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def record(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", record)
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    assert bucket.restore_newer(fresh, -1) == 100
+    assert any(p.endswith(f"/{MARKER}") and ".tmp-bucket-" in p for p in synced), synced

@@ -554,3 +554,95 @@ def test_imagefolder_loader_leaves_the_global_rng_alone_and_forks_workers(tmp_pa
         data.batch(1)
     finally:
         data.close()
+
+
+# -- the trainer with a bucket (training/bucket.py) -------------------------------------------------------
+
+def _bucket_with(tmp_path, steps, damage: bool):
+    """A bucket holding complete copies of ``steps`` (uploaded from a disk that is then gone), each
+    state file with one byte flipped when ``damage``."""
+    from training.bucket import Bucket
+
+    url = f"file://{tmp_path / 'bucket'}"
+    b = Bucket(url, keep=5, log=lambda m: None)
+    for s in steps:
+        Checkpointer(tmp_path / "gone", keep=5, log=lambda m: None).save(s, _state(s), sync=True)
+        assert b.upload(tmp_path / "gone" / f"step-{s:08d}")
+        if damage:
+            state = tmp_path / "bucket" / f"step-{s:08d}" / "state.pt"
+            data = bytearray(state.read_bytes())
+            data[len(data) // 2] ^= 1
+            state.write_bytes(bytes(data))
+    return url
+
+
+def test_a_fresh_disk_refuses_step_0_when_every_bucket_copy_fails_to_restore(tmp_path, capsys, restore_signals):
+    from training.train import main
+
+    url = _bucket_with(tmp_path, (2, 4), damage=True)
+    disk = tmp_path / "fresh"
+    assert main([*TINY_ARGS, "--ckpt-dir", str(disk), "--ckpt-bucket", url]) == exitcodes.CHECKPOINT_ERROR
+    err = capsys.readouterr().err
+    assert "refusing to start from step 0" in err and url in err
+    assert "step-00000004" in err and "step-00000002" in err and "sha256 mismatch" in err
+    assert list_complete(disk) == []  # nothing trained, nothing saved
+    assert sorted(p.name for p in (tmp_path / "bucket").iterdir()) == ["step-00000002", "step-00000004"]  # kept
+
+
+def test_retention_keeps_the_checkpoint_being_uploaded_until_its_copy_is_in_the_bucket(tmp_path, monkeypatch,
+                                                                                       restore_signals):
+    """An upload slower than ``--keep`` save intervals: the trainer must not prune the directory the
+    uploader is copying (its upload would fail and the bucket would get nothing while training runs)."""
+    import threading
+
+    from training import bucket as bucket_mod
+    from training.train import main
+
+    gate, uploaders, started = threading.Event(), [], []
+    real_upload, real_flush = bucket_mod.Bucket.upload, bucket_mod.Uploader.flush
+
+    def slow_first(self, path):
+        started.append(int(path.name.split("-")[1]))
+        if len(started) == 1:
+            gate.wait(60)  # the link is slow: the later steps are saved meanwhile
+        return real_upload(self, path)
+
+    def flush(self, timeout=None):  # the trainer's first wait for the uploader: the end of the run
+        uploaders.append(self)
+        gate.set()
+        return real_flush(self, timeout)
+
+    monkeypatch.setattr(bucket_mod.Bucket, "upload", slow_first)
+    monkeypatch.setattr(bucket_mod.Uploader, "flush", flush)
+    args = [*TINY_ARGS, "--steps", "5", "--ckpt-every", "1", "--keep", "2", "--ckpt-dir", str(tmp_path / "ckpt"),
+            "--ckpt-bucket", f"file://{tmp_path / 'bucket'}"]
+    assert main(args) == exitcodes.DONE
+    first = started[0]  # step 1, unless the uploader thread woke only after step 2 was queued
+    assert first < 3 and uploaders and uploaders[0].uploaded[0] == first  # the slow upload completed
+    assert uploaders[0].uploaded[-1] == 5
+    # kept past --keep 2 while its upload ran (the next save's retention removes it); the ones only
+    # queued and superseded before their turn were removed as usual
+    assert [s for s, _ in list_complete(tmp_path / "ckpt")] == [5, 4, first]
+
+
+def test_the_stop_save_is_in_the_progress_file_before_the_upload_is_waited_for(tmp_path, monkeypatch,
+                                                                               restore_signals):
+    """A preemption notice leaves ~30 s (GCP): the watcher must learn the stop save's step from the
+    progress file at once, not after up to STOP_FLUSH_S of upload."""
+    from training import bucket as bucket_mod
+    from training.train import main
+
+    progress, seen = tmp_path / "progress.json", []
+    real_flush = bucket_mod.Uploader.flush
+
+    def flush(self, timeout=None):
+        seen.append(read_progress(str(progress)))
+        return real_flush(self, timeout)
+
+    monkeypatch.setattr(bucket_mod.Uploader, "flush", flush)
+    (tmp_path / "stop").write_text("preemption-notice\n")
+    args = [*TINY_ARGS, "--steps", "5", "--ckpt-dir", str(tmp_path / "ckpt"), "--stop-file", str(tmp_path / "stop"),
+            "--progress-file", str(progress), "--ckpt-bucket", f"file://{tmp_path / 'bucket'}"]
+    assert main(args) == exitcodes.PREEMPTED
+    assert seen, "the stop save's upload was not waited for"
+    assert seen[0]["checkpoint_step"] == 0 and seen[0]["state"] == "preempted"
