@@ -121,13 +121,15 @@ class Watcher:
         A job in one place sees spot unavailable in the tick of a loss, as the one-zone simulator does."""
         return isinstance(self.policy, DefaultPolicy) and self.actor.learns() and self.spec.can_move
 
-    def _ask_again(self, now: float, observation: dict, before: dict, deployed_market: str | None, any_lost: bool,
-                   result: TickResult) -> None:
+    def _ask_again(self, now: float, observation: dict, before: dict, result: TickResult) -> None:
         """The tick's capacity search was its probe, and it found no spot offer with capacity. The simulated
         multi-zone ``default`` probes first and decides on what it found; so the policy forgets its answer
         (its state as before it) and decides the tick again with spot unavailable: it learns an outage, not a
         run, and may take on-demand at once (pacing) instead of idling until the search's backoff ends. The
-        ledger keeps that observation, so a restarted watcher's replay learns the same."""
+        ledger keeps that observation, so a restarted watcher's replay learns the same. What runs is read
+        again: the search's applies may have ended the nodes it was to replace (``Actor._end_replaced``),
+        and those are relaunched now, not a tick later."""
+        deployed_market, any_lost = self.ledger.market(), bool(self.ledger.nodes(("lost",)))
         self.policy.restore(before)
         observation = {**observation, "spot_available": False}
         decision = self._decide(observation)
@@ -204,7 +206,7 @@ class Watcher:
         result.outcome = self._act(now)
         if before is not None and observation is not None and decision == SPOT and result.outcome is not None \
                 and result.outcome.capacity_error:
-            self._ask_again(now, observation, before, deployed_market, bool(lost), result)
+            self._ask_again(now, observation, before, result)
         if self.ledger.pending_decision() is None:  # settled: the disks of zones left long enough ago may go
             self.keeper.tick()
         return result

@@ -1207,3 +1207,39 @@ def test_nodes_a_failed_replacing_apply_destroyed_end_as_stopped_by_kit_not_as_l
     result = watcher.tick()
     assert policy.seen[-1].preempted is False and not result.new_events
     assert result.action == "recover" and status_report(ledger, watcher.spec, now=clock.t)["nodes_lost"] == 0
+
+
+def test_on_demand_nodes_a_failed_spot_try_destroyed_are_relaunched_in_the_same_tick(tmp_path):
+    """A job that may move tries spot from on-demand; the apply destroys the on-demand nodes first and then
+    finds no spot anywhere. The policy, asked again with spot unavailable, answers on-demand: the watcher took
+    the ledger's stale view ("already running on on-demand") and left the job with nothing for a tick."""
+    from kit.policy.market import DefaultPolicy
+    from kit.spec import parse_spec
+    from training.contract import ON_DEMAND, SPOT
+
+    class SpotWhenOffered(DefaultPolicy):
+        def decide(self, obs):
+            return SPOT if obs.spot_available else ON_DEMAND
+
+    class DestroyFirst(ZonedBackend):
+        def apply(self, spec, market):
+            if market == SPOT and spec.start_zone in self.full:
+                self.deployed = []  # Terraform replaced the on-demand instances destroy-first
+            return super().apply(spec, market)
+
+    spec = parse_spec({"name": "demo", "cloud": "local", "zones": ["a", "b"], "market": "on-demand", "nodes": 2,
+                       "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0},
+                       "policy": {"name": "default", "changeover_hours": 0.2}})
+    clock, ledger, backend = Clock(), Ledger(tmp_path / "ledger.sqlite"), DestroyFirst(full={"a", "b"})
+    actor = Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(1)), clock=clock)
+    watcher = Watcher(spec, ledger, actor, SpotWhenOffered(), source=BackendSource(backend), clock=clock)
+    launch = ledger.begin_decision(policy="default", decision=ON_DEMAND, action="launch", market_before=None,
+                                   market_after=ON_DEMAND, reason="first launch", now=clock.t)
+    assert actor.execute(ledger.decision(launch)).status == "done"
+    watcher.start()
+    clock.t += 3600  # staying on on-demand has paid for a try (Actor.spot_try_due)
+    ledger.record(heartbeat(10, 1000, written=clock.t))
+    result = watcher.tick()
+    assert ("a", 2) in backend.zones_tried and ("b", 2) in backend.zones_tried  # the spot try found none
+    assert result.action == "recover" and result.outcome.status == "done"
+    assert [n.market for n in ledger.nodes(("up",))] == [ON_DEMAND] * 2 and len(backend.deployed) == 2
