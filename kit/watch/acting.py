@@ -89,6 +89,12 @@ class Outcome:
     error: str | None = None
     nodes: list[Node] = field(default_factory=list)
 
+    def raise_if_given_up(self, ledger: Ledger) -> None:
+        """A failed outcome stops ``kit watch`` (exit 1) for a person to fix the cause."""
+        if self.status == "failed":
+            raise KitError(f"giving up on the last decision: {self.error}", where=str(ledger.path),
+                           fix="fix the cause, then run `kit watch` again")
+
 
 class Actor:
     def __init__(self, backend: Backend, ledger: Ledger, spec: SpecBase, *, backoff: Backoff | None = None,
@@ -117,7 +123,7 @@ class Actor:
                 # these nodes may be gone. Nothing to finish.
                 self.ledger.mark_interrupted(attempt.id, self.clock())
                 continue
-            self._finish(decision, attempt, self._nodes_of(attempt))
+            self._finish(decision, attempt, self._nodes_of(attempt)).raise_if_given_up(self.ledger)
         for attempt in self.ledger.applies(status="started"):
             decision = self.ledger.decision(attempt.decision_id)
             if decision.status != "pending":
@@ -145,7 +151,7 @@ class Actor:
                 deployed = self._priced(deployed, offer, decision.market_after)
             self.ledger.mark_applied(attempt.id, [n.to_dict() for n in deployed], market=decision.market_after,
                                      now=self.clock(), adopted=True)
-            self._finish(decision, attempt, deployed)
+            self._finish(decision, attempt, deployed).raise_if_given_up(self.ledger)
         else:
             log.info("decision %d: the interrupted apply had not converged; it will be retried", decision.id)
             self.ledger.mark_interrupted(attempt.id, self.clock())

@@ -362,11 +362,8 @@ class Watcher:
                 on_tick(result)
             if result.done or stop.is_set():
                 return result
-            if result.outcome and result.outcome.status == "failed":
-                from kit.errors import KitError
-
-                raise KitError(f"giving up on the last decision: {result.outcome.error}",
-                               where=str(self.ledger.path), fix="fix the cause, then run `kit watch` again")
+            if result.outcome:
+                result.outcome.raise_if_given_up(self.ledger)
             self.wake.wait(self.interval_s)
             self.wake.clear()
 

@@ -1243,3 +1243,20 @@ def test_on_demand_nodes_a_failed_spot_try_destroyed_are_relaunched_in_the_same_
     assert ("a", 2) in backend.zones_tried and ("b", 2) in backend.zones_tried  # the spot try found none
     assert result.action == "recover" and result.outcome.status == "done"
     assert [n.market for n in ledger.nodes(("up",))] == [ON_DEMAND] * 2 and len(backend.deployed) == 2
+
+
+def test_a_bootstrap_given_up_on_while_resuming_stops_the_watcher(tmp_path):
+    """The fifth failed bootstrap can come from a restarted watcher finishing its predecessor's decision: its
+    outcome was dropped, and the watcher ran on with the nodes untrained and nothing left to retry them."""
+    from kit.errors import KitError
+
+    watcher, backend, ledger, _policy, clock = make(tmp_path, ["on-demand"])
+    ledger.record(heartbeat(10, 1000))
+    make_bootstrap_fail(backend)
+    for _ in range(4):
+        assert watcher.tick().outcome.status == "retry"
+        clock.t += 400
+    restarted = Watcher(watcher.spec, ledger, Actor(backend, ledger, watcher.spec, clock=clock),
+                        ScriptedPolicy(["on-demand"]), source=BackendSource(backend), interval_s=15, clock=clock)
+    with pytest.raises(KitError, match="giving up on the last decision: ssh: connection refused"):
+        restarted.start()
