@@ -165,10 +165,55 @@ def init(deploy_dir: str | Path, root: str) -> None:
     _check(rc, out, err, "init", path)
 
 
+NO_STATE = "No state file was found"  # `terraform state list` of a root never applied, local backend (rc 1)
+
+
+def state_resources(path: Path) -> list[str]:
+    """The resources a root's state lists ([] before its first apply). Raises KitError when the state
+    cannot be read: a state that is unknown is not an empty one (an empty disks state makes the
+    cluster plan use placeholder disk ids; an empty cluster state means nothing runs)."""
+    rc, out, err = run_terraform(["state", "list"], path, timeout=300)
+    if rc != 0 and NO_STATE in err + out:
+        return []
+    _check(rc, out, err, "state list", path)
+    return out.split()
+
+
 def _has_state(path: Path) -> bool:
     """Whether a root has been applied (its state lists resources)."""
-    rc, out, _ = run_terraform(["state", "list"], path, timeout=300)
-    return rc == 0 and bool(out.strip())
+    return bool(state_resources(path))
+
+
+TFVARS_STRING_RE = re.compile(r'^(\w+)\s*=\s*"([^"]*)"\s*$', re.MULTILINE)
+
+
+def rendered_region(deploy_dir: str | Path) -> str | None:
+    """The region the cluster root was last rendered for (its terraform.tfvars), or None before any render."""
+    path = Path(deploy_dir) / ROOTS[1] / "terraform.tfvars"
+    return dict(TFVARS_STRING_RE.findall(path.read_text())).get("region") if path.is_file() else None
+
+
+def applied_elsewhere(deploy_dir: str | Path, region: str | None) -> str | None:
+    """The region whose resources the cluster root holds, when it is not ``region`` (None otherwise): its
+    last render was for another region and its state lists resources. Read from the state, not from the
+    outputs: Terraform leaves no outputs after an apply or a destroy that failed half way while the state
+    still holds instances (a spot apply that found capacity for 2 of 4)."""
+    rendered = rendered_region(deploy_dir)
+    if region is None or rendered is None or rendered == region:
+        return None
+    init(deploy_dir, ROOTS[1])
+    return rendered if state_resources(Path(deploy_dir) / ROOTS[1]) else None
+
+
+def refuse_region_change(deploy_dir: str | Path, region: str | None) -> None:
+    """Refuse to render or plan the cluster root for ``region`` while it holds another region's instances
+    (a job ``kit watch`` moved): a root's provider works in one region, so the plan would drop the running
+    instances from the state and leave them running, unmanaged and billed."""
+    running = applied_elsewhere(deploy_dir, region)
+    if running is not None:
+        raise KitError(f"the cluster runs in {running} (kit watch moved it there); a plan for {region} would "
+                       "orphan its instances", where=str(Path(deploy_dir) / ROOTS[1]),
+                       fix="let `kit watch` / `kit train` manage the moving job, or `kit destroy SPEC` first")
 
 
 def _plan_root(path: Path, out: str, *, destroy: bool = False, allow_disk_loss: bool = False,
@@ -199,6 +244,8 @@ def plan(deploy_dir: str | Path, out: str = "tfplan", roots: tuple[str, str] = R
     summary = PlanSummary()
     disks_created = False
     disks = roots[0]
+    for root in roots:  # a plan that fails below must leave no older plan that `kit apply` would apply
+        (Path(deploy_dir) / root / out).unlink(missing_ok=True)
     for root in roots:
         path = _root(deploy_dir, root)
         init(deploy_dir, root)

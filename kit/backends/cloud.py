@@ -36,7 +36,7 @@ class TerraformBackend(Backend):
 
         check_ssh_key(spec)
         zones = {n.zone for n in self.nodes() if n.zone}  # where it runs before this apply (one output read)
-        self._leave_region(spec, zones)
+        self._leave_region(spec)
         self.spec = spec
         render.render(spec, self.deploy_dir, market=market)  # a switch: market lines; a move: another disks root
         roots = render.roots(spec)
@@ -57,15 +57,16 @@ class TerraformBackend(Backend):
             raise
         return self.nodes()
 
-    def _leave_region(self, spec: SpecBase, zones: set[str]) -> None:
-        """A move to another region (``zones``: where the nodes run now): the cluster root's provider is
-        configured for one region, so it is destroyed in the old region first (its instances would
-        otherwise be orphaned there); the disks stay, in their own roots."""
+    def _leave_region(self, spec: SpecBase) -> None:
+        """A move to another region: the cluster root's provider is configured for one region, so it is
+        destroyed in the old region first (its instances would otherwise be orphaned there); the disks
+        stay, in their own roots. Whether it holds another region's instances is read from its state
+        (``terraform.applied_elsewhere``), not its outputs: an apply or a destroy that failed half way
+        leaves instances in the state and no outputs. A destroy that fails raises before anything is
+        rendered for the new region, so the next try destroys again."""
         from kit import terraform
-        from kit.policy.offers import region_of
 
-        regions = {region_of(zone) for zone in zones}
-        if regions and regions != {getattr(spec, "region", None)}:
+        if terraform.applied_elsewhere(self.deploy_dir, getattr(spec, "region", None)):
             terraform.destroy(self.deploy_dir, with_disks=False)
 
     def nodes(self) -> list[Node]:

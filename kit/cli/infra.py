@@ -73,9 +73,11 @@ def validate(spec: SpecArg) -> None:
 def render(spec: SpecArg, out: OutOption = None, market: MarketOption = None) -> None:
     """Write the Terraform root modules (cluster + disks) for a spec."""
     from kit import render as r
+    from kit import terraform
 
     s, out_dir = _deployment(spec, out)
     warn_about(s)
+    terraform.refuse_region_change(out_dir, getattr(s, "region", None))
     files = r.render(s, out_dir, market=market)
     console.print(escape(f"rendered {len(files)} files into {out_dir}"), highlight=False)
 
@@ -101,6 +103,7 @@ def plan(
     s, out_dir = _deployment(spec, out)
     check_ssh_key(s)
     warn_about(s)
+    terraform.refuse_region_change(out_dir, getattr(s, "region", None))
     r.render(s, out_dir, market=market)
     summary = terraform.plan(out_dir, roots=r.roots(s))
     here = s.prices.of(s.start_zone)

@@ -31,11 +31,16 @@ with open(os.environ["FAKE_LOG"], "a") as fh:
     fh.write(json.dumps([root, cmd] + args) + "\n")
 plans = json.loads(os.environ.get("FAKE_PLANS", "{{}}"))
 if cmd == "plan":
+    if os.environ.get("FAKE_PLAN_FAIL") == root:
+        sys.exit(1)
     out = [a.split("=", 1)[1] for a in args if a.startswith("-out=")][0]
     open(os.path.join(chdir, out), "w").write("plan")
 elif cmd == "show":
     print(json.dumps(plans.get(root, {{}})))
 elif cmd == "state":
+    if os.environ.get("FAKE_STATE_FAIL") == root:
+        print("Error: error loading state: AccessDenied", file=sys.stderr)
+        sys.exit(1)
     print(os.environ.get("FAKE_STATE_" + root, ""))
 elif cmd == "output":
     print(json.dumps({{"nodes": {{"value": [{{"name": "n0", "market": "spot"}}]}}, "zone": {{"value": "z"}}}}))
@@ -250,3 +255,53 @@ def test_a_timed_out_terraform_run_is_interrupted_first(graceful_tf):
         terraform.run_terraform(["apply"], graceful_tf, timeout=1)
     assert (graceful_tf / "state").read_text() == "saved\n"
     assert (graceful_tf / "signals").read_text() == "int\n"
+
+
+def test_a_failed_plan_leaves_no_older_plan_for_kit_apply(deploy, fake_tf, monkeypatch):
+    """Terraform keeps an existing -out file when a plan fails, and a saved plan applies its own config: after a
+    failed `kit plan`, `kit apply` applied the plan of the spec before the edit."""
+    monkeypatch.setenv("FAKE_STATE_disks", "module.disks.aws_ebs_volume.this[0]")
+    terraform.plan(deploy)
+    assert (deploy / "cluster" / "tfplan").exists()
+    monkeypatch.setenv("FAKE_PLAN_FAIL", "cluster")
+    with pytest.raises(KitError, match="terraform plan failed"):
+        terraform.plan(deploy)
+    assert not (deploy / "cluster" / "tfplan").exists()
+    with pytest.raises(KitError, match="no saved plan"):
+        terraform.apply(deploy)
+
+
+def test_a_state_that_cannot_be_read_is_an_error_not_an_empty_state(deploy, fake_tf, monkeypatch):
+    """Taken for empty, the disks state made the cluster plan use placeholder disk ids, and that plan was saved
+    to apply (no disk was to be created, so it was no preview)."""
+    monkeypatch.setenv("FAKE_STATE_FAIL", "disks")
+    with pytest.raises(KitError, match="terraform state list failed: .*AccessDenied"):
+        terraform.plan(deploy)
+    assert not any("-var=read_disks_state=false" in c for c in fake_tf())
+
+
+def test_the_region_a_cluster_root_holds_instances_of_is_read_from_its_state(deploy, fake_tf, monkeypatch):
+    """Not from its outputs: an apply or a destroy that failed half way leaves instances in the state and no
+    outputs, and a move to another region then re-rendered the root and orphaned them."""
+    assert terraform.rendered_region(deploy) == "us-east-1"
+    assert terraform.applied_elsewhere(deploy, "us-west-2") is None  # nothing in the state
+    monkeypatch.setenv("FAKE_STATE_cluster", "module.instances.aws_instance.node[0]")
+    assert terraform.applied_elsewhere(deploy, "us-west-2") == "us-east-1"
+    assert terraform.applied_elsewhere(deploy, "us-east-1") is None
+    with pytest.raises(KitError, match="the cluster runs in us-east-1 .* would orphan its instances") as error:
+        terraform.refuse_region_change(deploy, "us-west-2")
+    assert "kit destroy" in error.value.fix
+
+
+def test_cli_plan_refuses_another_region_while_the_cluster_runs_in_one(tmp_path, fake_tf, monkeypatch):
+    """A job kit watch moved to another region: `kit plan SPEC` re-rendered the spec's own region over it."""
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "d"))
+    _ssh_home(tmp_path, monkeypatch)
+    spec = str(EXAMPLES_DIR / "aws-g5-spot.yaml")
+    assert CliRunner().invoke(app, ["plan", spec]).exit_code == 0
+    tfvars = next((tmp_path / "d").glob("*/cluster/terraform.tfvars"))
+    tfvars.write_text(tfvars.read_text().replace('"us-east-1"', '"us-west-2"'))  # where kit watch moved it
+    monkeypatch.setenv("FAKE_STATE_cluster", "module.instances.aws_instance.node[0]")
+    result = CliRunner().invoke(app, ["plan", spec])
+    assert result.exit_code != 0 and "runs in us-west-2" in result.output, result.output
+    assert '"us-west-2"' in tfvars.read_text(), "nothing rendered over it"

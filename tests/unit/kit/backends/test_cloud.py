@@ -12,6 +12,7 @@ from kit import clouds
 from kit.backends.base import CapacityError, rendezvous_endpoint
 from kit.backends.cloud import TerraformBackend
 from kit.errors import KitError
+from kit.spec import parse_spec
 from tests.support.watch import cloud_spec
 
 NODES = [{"name": "demo-0", "instance_id": "i-a", "private_ip": "10.0.0.5", "public_ip": "1.2.3.4",
@@ -42,6 +43,8 @@ def parts(monkeypatch):
 
     terraform.plan = plan
     terraform.apply = apply
+    terraform.elsewhere = None  # the region whose instances the cluster root's state holds, when not the spec's
+    terraform.applied_elsewhere = lambda deploy_dir, region: terraform.elsewhere
     terraform.output = lambda deploy_dir: {"nodes": NODES, "zone": "us-east-1a", "market": "on-demand"}
     terraform.destroy = lambda deploy_dir, with_disks=False, roots=("disks", "cluster"): calls.append(
         ("destroy", with_disks))
@@ -93,3 +96,18 @@ def test_capacity_errors_are_told_apart(parts, tmp_path, message, capacity):
         backend.apply(cloud_spec(cloud), "spot")
     assert isinstance(raised.value, CapacityError) == capacity
     assert clouds.get(cloud).is_capacity_error(message) == capacity
+
+
+def test_a_move_to_another_region_destroys_what_the_state_holds_even_without_outputs(parts, tmp_path):
+    """An apply that failed half way in the old region (2 of 4 spot instances made) leaves no outputs: the move
+    read "nothing runs" from them, rendered the new region over the root, and orphaned the instances."""
+    calls, terraform = parts
+    terraform.output = lambda deploy_dir: {}
+    terraform.elsewhere = "us-east-1"
+    spec = parse_spec({"name": "far", "cloud": "aws", "region": "us-east-1", "zones": ["us-east-1a", "us-west-2a"],
+                       "instance_type": "g5.4xlarge", "nodes": 2, "ssh": {"allowed_cidrs": ["203.0.113.0/24"]},
+                       "backend": {"type": "s3", "bucket": "kit-state"}, "checkpoint_bucket": "s3://kit-ckpt"})
+    west = next(o for o in spec.offers() if o.zone == "us-west-2a" and o.market == "spot")
+    TerraformBackend(spec, tmp_path).apply(spec.with_offer(west), "spot")
+    kinds = [c[0] for c in calls]
+    assert "destroy" in kinds and kinds.index("destroy") < kinds.index("render"), kinds
