@@ -17,7 +17,25 @@ from training import agent as agent_mod
 from training import launch
 
 
-class FakeMetadata:
+class QuietHandler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+
+class LoopbackServer:
+    """A fake's HTTP server on a loopback port, serving ``handler`` on a thread until ``close``."""
+
+    def serve(self, handler) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class FakeMetadata(LoopbackServer):
     """Implements the documented shapes: IMDSv2 token PUT, 401 without token, 404 when no action;
     GCP instance/preempted TRUE/FALSE, 403 without the Metadata-Flavor header."""
 
@@ -28,10 +46,7 @@ class FakeMetadata:
         self.requests: list[tuple[str, str, dict]] = []
         fake = self
 
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
+        class H(QuietHandler):
             def _send(self, code, body=""):
                 data = body.encode()
                 self.send_response(code)
@@ -61,25 +76,16 @@ class FakeMetadata:
                     return self._send(200, "TRUE" if fake.preempted else "FALSE")
                 return self._send(404)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(H)
 
 
-class FakeWatcher:
+class FakeWatcher(LoopbackServer):
     def __init__(self, token="secret", fail_first=0):
         self.events: list[dict] = []
         self.fail_left = fail_first
         fake = self
 
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
+        class H(QuietHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if fake.fail_left > 0:
@@ -96,13 +102,7 @@ class FakeWatcher:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(H)
 
 
 @pytest.fixture
@@ -430,7 +430,7 @@ def test_a_progress_file_with_unusable_numbers_is_reported_without_them(tmp_path
     assert any("progress" in r.getMessage() for r in caplog.records)
 
 
-class TruncatingMetadata:
+class TruncatingMetadata(LoopbackServer):
     """A GCP metadata server that cuts its first ``bad`` answers short (Content-Length promises more
     than is sent: http.client.IncompleteRead), then answers TRUE."""
 
@@ -438,10 +438,7 @@ class TruncatingMetadata:
         self.bad = bad
         fake = self
 
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
+        class H(QuietHandler):
             def do_GET(self):
                 self.send_response(200)
                 if fake.bad > 0:
@@ -456,13 +453,7 @@ class TruncatingMetadata:
                 self.end_headers()
                 self.wfile.write(b"TRUE")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        self.serve(H)
 
 
 def test_a_truncated_metadata_answer_is_a_failed_poll_not_a_dead_agent(tmp_path):
