@@ -29,14 +29,23 @@ if TYPE_CHECKING:
 PLAYBOOK = ANSIBLE_DIR / "site.yml"
 # kit's roles; each role's variables start with its name (ansible/roles/<role>/defaults/main.yml)
 ROLES = ("nvidia_driver", "python_env", "trainer", "preemption_agent")
+# What the nodes and kit must agree on, or what differs per host: the cluster's layout (size, ranks,
+# rendezvous), the node contract's paths (training/contract.py: kit and the agent read and write them),
+# where kit fetches checkpoints from, and the agent's identity and watcher. Neither a spec's
+# bootstrap.vars nor `-e` sets these: `-e` overrides every host alike (ansible's highest precedence), and
+# one rank for all nodes, or a stop file kit never writes, breaks the cluster without an error.
+NODE_VARS = frozenset({
+    "trainer_data_device", "trainer_cluster_name", "trainer_nnodes", "trainer_node_rank", "trainer_rdzv_endpoint",
+    "trainer_ckpt_dir", "trainer_mount_point", "trainer_progress_file", "trainer_stop_file",
+    "trainer_preempted_marker", "preemption_agent_instance", "preemption_agent_node_rank", "preemption_agent_cluster",
+    "preemption_agent_stop_file", "preemption_agent_marker_file", "preemption_agent_progress_file",
+    "preemption_agent_event_dir", "preemption_agent_watcher_url", "preemption_agent_watcher_token",
+})
 # What kit sets from the spec and the deployment (inventory_from_spec, the cloud backend's agent endpoint):
-# a spec's bootstrap.vars may not set these.
-KIT_VARS = frozenset({
-    "trainer_data_device", "trainer_cluster_name", "trainer_nnodes", "trainer_rdzv_endpoint",
-    "trainer_nproc_per_node", "trainer_ckpt_dir", "trainer_mount_point", "trainer_progress_file",
-    "trainer_stop_file", "trainer_preempted_marker", "trainer_flags", "trainer_source",
-    "python_env_extra_packages", "preemption_agent_cloud", "preemption_agent_cluster",
-    "preemption_agent_watcher_url", "preemption_agent_watcher_token",
+# a spec's bootstrap.vars may not set these (kit.spec refuses them); `-e` may override those outside
+# NODE_VARS, e.g. trainer_flags for a short trial run.
+KIT_VARS = NODE_VARS | frozenset({
+    "trainer_nproc_per_node", "trainer_flags", "trainer_source", "python_env_extra_packages", "preemption_agent_cloud",
 })
 
 
@@ -87,6 +96,10 @@ def inventory_from_spec(spec: SpecBase, outputs: dict, role_vars: dict | None = 
         "trainer_cluster_name": spec.name,
         "trainer_nnodes": len(nodes),
         "trainer_rdzv_endpoint": endpoint,
+        # each host's own node_rank and instance_id (host vars above): kit names them, as every KIT_VARS
+        "trainer_node_rank": "{{ node_rank }}",
+        "preemption_agent_node_rank": "{{ node_rank }}",
+        "preemption_agent_instance": "{{ instance_id }}",
         "trainer_nproc_per_node": int(spec.gpus_per_node or 1),
         "trainer_ckpt_dir": spec.training.ckpt_dir,
         # the node contract (training/contract.py), so that the roles' paths are kit's
@@ -94,6 +107,10 @@ def inventory_from_spec(spec: SpecBase, outputs: dict, role_vars: dict | None = 
         "trainer_progress_file": PROGRESS_FILE,  # kit train reads it over SSH
         "trainer_stop_file": STOP_FILE,
         "trainer_preempted_marker": PREEMPTED_MARKER,
+        "preemption_agent_stop_file": STOP_FILE,
+        "preemption_agent_marker_file": PREEMPTED_MARKER,
+        "preemption_agent_progress_file": PROGRESS_FILE,
+        "preemption_agent_event_dir": DISK_MOUNT,  # the agent's events.jsonl, on the data disk
         "trainer_flags": training_args(spec),
         # the training package this kit runs (installed or checked out), not a path beside the playbook
         "trainer_source": str(TRAINING_PACKAGE_DIR),
@@ -145,6 +162,10 @@ def parse_extra_vars(items: list[str] | None) -> dict:
         key = key.strip()
         if not key:
             raise InputError(f"bad -e value {item!r}: empty name", where="-e", fix="use -e key=value")
+        if key in NODE_VARS:
+            raise InputError(f"-e {key}: kit sets {key} itself, per host or by the node contract", where="-e",
+                             fix="remove it; change the spec field it comes from, or set it per host in a --hosts "
+                                 "inventory (docs/bootstrap.md)")
         out[key] = _parse_value(value)
     return out
 

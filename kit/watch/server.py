@@ -1,7 +1,8 @@
 """The agents' endpoint: ``POST /v1/clusters/{cluster}/events``.
 
 Each cluster has its own bearer token (``cluster_token``), written once to
-``<deploy_dir>/watcher/token`` (mode 0600) and handed to the agents by bootstrap. Answers:
+``<deploy_dir>/watcher/token`` (mode 0600, atomically; a file left empty or short is replaced) and
+handed to the agents by bootstrap; an empty token is never served nor accepted. Answers:
 202 ``{"ok": true}`` (recorded), 400 (malformed body or Content-Length, with the reason), 401
 (missing or wrong token), 403 (a report from an instance that is not one of the cluster's nodes,
 or at another rank), 404 (unknown path or cluster), 405 (not POST), 408 (the body did not arrive
@@ -41,17 +42,48 @@ MAX_CONNECTIONS = 64       # served at once; an agent posts a few times a minute
 PATH = re.compile(r"^/v1/clusters/(?P<cluster>[A-Za-z0-9][A-Za-z0-9_.-]{0,62})/events/?$")
 
 
+TOKEN_BYTES = 32                                         # 256 bits (secrets.token_urlsafe)
+TOKEN_CHARS = len(secrets.token_urlsafe(TOKEN_BYTES))    # its URL-safe base64 text: 43 characters
+
+
 def cluster_token(deploy_dir: Path) -> str:
-    """The cluster's token, created on first use (URL-safe, 256 bits)."""
+    """The cluster's token, created on first use (URL-safe, 256 bits). A token file that is empty or
+    shorter than a generated token (a crash between creating and writing it, a truncated copy) is
+    replaced by a new token: an empty expected token would let anyone post."""
     path = Path(deploy_dir) / "watcher" / "token"
-    if path.exists():
-        return path.read_text().strip()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(token + "\n")
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = None
+    if token is not None and len(token) >= TOKEN_CHARS:
+        return token
+    if token is not None:
+        log.warning("%s holds no usable token (%d characters): writing a new one; agents need a new bootstrap",
+                    path, len(token))
+    token = secrets.token_urlsafe(TOKEN_BYTES)
+    _write_private(path, token + "\n")
     return token
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a secret so that the path never holds part of it: a temporary file created 0600, fsynced,
+    renamed over ``path``, then the directory fsynced (rename(2) is atomic; the fsyncs make the new
+    contents, not an empty file, what a crash leaves)."""
+    from training.contract import fsync_dir
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -123,8 +155,11 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         header = self.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
-        # Constant-time compare: the token is the only thing between the internet and our ledger.
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
+        given = given.strip()
+        # Constant-time compare: the token is the only thing between the internet and our ledger. An
+        # empty one is never a match (WatcherServer refuses to serve one; this is the last line).
+        if scheme.lower() != "bearer" or not given or not expected \
+                or not hmac.compare_digest(given.encode(), expected.encode()):
             self._reply(401, {"ok": False, "error": "missing or wrong bearer token"})
             return None
         return cluster
@@ -206,6 +241,9 @@ class WatcherServer:
     def __init__(self, tokens: dict[str, str], sink: Callable[[str, Event], None], *,
                  host: str = "127.0.0.1", port: int = 0, deadline_s: float = REQUEST_DEADLINE_S,
                  max_connections: int = MAX_CONNECTIONS):
+        empty = sorted(cluster for cluster, token in tokens.items() if not token.strip())
+        if empty:
+            raise ValueError(f"an empty token would let anyone post for cluster(s) {', '.join(empty)}")
         self._server = _Server((host, port), _Handler)
         self._server.tokens = dict(tokens)
         self._server.sink = sink

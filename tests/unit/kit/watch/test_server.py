@@ -129,6 +129,33 @@ def test_cluster_token_is_created_private_and_stable(tmp_path):
     assert stat.S_IMODE(mode) == 0o600
 
 
+@pytest.mark.parametrize("left", ["", "\n", "short-token\n"])
+def test_an_empty_or_short_token_file_is_replaced_not_served(tmp_path, left):
+    """A crash between creating the token file and writing it left it empty: the token read back was "",
+    and "Authorization: Bearer " (no token at all) was accepted."""
+    path = tmp_path / "watcher" / "token"
+    path.parent.mkdir()
+    path.write_text(left)
+    token = cluster_token(tmp_path)
+    assert len(token) >= 40 and token != left.strip()
+    assert path.read_text() == token + "\n" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert cluster_token(tmp_path) == token
+    assert sorted(p.name for p in path.parent.iterdir()) == ["token"]  # no temporary file left behind
+
+
+def test_an_empty_token_is_never_served_nor_matched(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    with pytest.raises(ValueError, match="empty token"):
+        WatcherServer({"demo": ""}, ledger_sink(ledger))
+    with pytest.raises(ValueError, match="empty token"):
+        WatcherServer({"demo": " \n"}, ledger_sink(ledger))
+    ledger.adopt_deployment(NODES, "spot", "default", now=1_700_000_000.0)
+    with WatcherServer({"demo": TOKEN}, ledger_sink(ledger)) as server:
+        server._server.tokens["demo"] = ""  # however one got there, the comparison refuses it
+        assert post(f"{server.url}/v1/clusters/demo/events", notice(), token="")[0] == 401
+    assert agent_events(ledger) == []
+
+
 def raw_request(server, head: bytes, body: bytes = b"", wait: float = 8.0) -> bytes:
     """Send bytes as they are (no client-side checks) and return what comes back before the
     server closes the connection or ``wait`` seconds pass."""
