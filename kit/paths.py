@@ -57,3 +57,13 @@ def check_output_file(path: Path, flag: str) -> None:
         raise InputError(f"{parent} is not a directory", where=flag, fix="create it, or name a file in an existing one")
     if not os.access(parent, os.W_OK):
         raise InputError(f"cannot write in {parent}", where=flag, fix="name a file in a directory you can write")
+
+
+def check_plot_file(path: Path, flag: str = "--plot") -> None:
+    """A figure is written as PNG (matplotlib's format from the suffix): refuse another name, and a file
+    that cannot be written, before any work; `kit train` found out after the whole run otherwise."""
+    from kit.errors import InputError
+
+    if Path(path).suffix.lower() != ".png":
+        raise InputError("the plot is written as PNG", where=f"{flag} {path}", fix="name the file *.png")
+    check_output_file(Path(path), flag)

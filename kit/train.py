@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
 REPORT_FILE = "report.json"  # deploy/<name>/report.json: the finished run's cost report
 PREVIOUS_DIR = "previous"  # deploy/<name>/previous/<stamp>/: finished runs kept by `kit train --fresh`
+# deploy/<name>/teardown.json: how far the end of a run got (its export, then its teardown), so that a
+# `kit train` after a kill or failure there continues it instead of exporting again from deleted nodes
+TEARDOWN_FILE = "teardown.json"
+EXPORT_DIR = "export"  # deploy/<name>/export/step-N: the finished run's final checkpoint, exported
 log = logging.getLogger("kit.train")
 
 
@@ -95,12 +99,19 @@ class TrainRun:
                              where=str(self.deploy_dir / LEDGER_FILE), fix="run `kit train` without --fresh to continue it")
         if not finished:
             return None
+        if self.fresh:  # before anything moves: nothing of the finished run may leak into the fresh one
+            check_fresh_start(self.spec, self.deploy_dir, session.ledger)
         session.ledger.close()
         if not self.fresh:  # nothing to do: say so and show what the run gave
             return show_finished(self.deploy_dir, self.console, self.json_report)
-        archive_finished(self.deploy_dir, self.console)
+        archive_finished(self.spec, self.deploy_dir, self.console)
         session.reopen_ledger()
         return None
+
+    def tearing_down(self) -> bool:
+        """A run whose end was cut short (killed or failed after its export began): the trainer is done,
+        only the teardown is left."""
+        return (self.deploy_dir / TEARDOWN_FILE).exists()
 
     def loop(self, session):
         """The watcher until the trainer reports done; an interrupt lets the nodes save first."""
@@ -146,7 +157,7 @@ class TrainRun:
         params_sha256 = session.ledger.params_sha256()
         export, why_kept = None, None
         try:
-            manifest = export_final(session.backend, session.backend.nodes(), self.deploy_dir / "export",
+            manifest = export_final(session.backend, session.backend.nodes(), self.deploy_dir / EXPORT_DIR,
                                     step=progress.get("total_steps"), params_sha256=params_sha256, console=self.console)
             export = manifest["path"]
             if not params_sha256:  # training.export checks the digest only when it is given one
@@ -158,17 +169,11 @@ class TrainRun:
         return export, export is not None and why_kept is None and not self.keep_disks
 
     def finish(self, session) -> dict:
-        session.backend.settle()  # the trainers finish writing
-        session.puller.pull(force=True)
-        session.backend.close()
-        export, delete_disks = self.export(session)
-        session.backend.destroy(keep_disks=not delete_disks)
-        now = session.clock()
-        session.ledger.release_nodes(now)
-        if delete_disks:
-            session.watcher.keeper.record_deleted_with_the_job(now)
-        report = self.report(session, now, wall=self.add_wall_time(session.ledger), export=export,
-                             disks="deleted" if delete_disks else "kept")
+        """Export, tear down, report; then the run is finished. A run cut short on the way (killed, a
+        failure) is continued by the next ``kit train`` from what :meth:`teardown` recorded."""
+        done = self.teardown(session)
+        report = self.report(session, done["ended"], wall=self.add_wall_time(session.ledger), export=done["export"],
+                             disks=done["disks"])
         render_report(report, self.console)
         write_report(self.deploy_dir / REPORT_FILE, report)  # what a later `kit train` of this spec shows
         if self.json_report:
@@ -178,7 +183,38 @@ class TrainRun:
 
             plot_run(session.ledger, self.spec, Path(self.plot), scale=session.backend.time_scale)
         session.ledger.mark_finished()
+        (self.deploy_dir / TEARDOWN_FILE).unlink(missing_ok=True)
         return report
+
+    def teardown(self, session) -> dict:
+        """The export (once), then the teardown, each recorded in :data:`TEARDOWN_FILE` before the next step
+        (``export`` and ``disks``, then ``ended``: when the nodes stopped costing). The ledger says finished only
+        after the report; a ``kit train`` after a kill or failure in between continues from here: the nodes may
+        be gone, so it cannot export again, and their cost ended when they were deleted, not when kit came back."""
+        from training.contract import read_json, write_json_atomic
+
+        path = self.deploy_dir / TEARDOWN_FILE
+        done = read_json(path)
+        if done is None:
+            session.backend.settle()  # the trainers finish writing
+            session.puller.pull(force=True)
+            session.backend.close()
+            export, delete_disks = self.export(session)
+            done = {"export": export, "disks": "deleted" if delete_disks else "kept"}
+            write_json_atomic(path, done)  # before anything is deleted
+        else:
+            self.console.print(escape(f"continuing the teardown of the finished training ({path})"))
+            session.backend.close()
+            if done.get("ended") is None:  # what stopped meanwhile (local nodes die with kit) stops costing then
+                session.watcher.record_losses()
+        if done.get("ended") is None:
+            session.backend.destroy(keep_disks=done["disks"] != "deleted")
+            done["ended"] = session.clock()
+            write_json_atomic(path, done)
+        session.ledger.release_nodes(done["ended"])  # both idempotent: a second run records nothing new
+        if done["disks"] == "deleted":
+            session.watcher.keeper.record_deleted_with_the_job(done["ended"])
+        return done
 
     def report(self, session, now: float, *, wall: float, export: str | None, disks: str) -> dict:
         from kit.watch.status import cost_of, status_report
@@ -233,9 +269,11 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
               console=None) -> dict:
     from rich.console import Console
 
-    from kit.watch.session import Session, check_interval
+    from kit.watch.session import Session, check_interval, parse_listen
 
     check_interval(interval_s)  # before anything is read or started
+    if listen is not None:  # Session.start parses it after the ledger, lock and token were written
+        parse_listen(listen)
     spec = load_train_spec(spec_path, cloud=cloud, time_scale=time_scale, preempt_every=preempt_every,
                            no_preemptions=no_preemptions)
     run = TrainRun(spec, console=console or Console(), json_report=json_report, plot=plot, keep_disks=keep_disks,
@@ -246,7 +284,8 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
         if shown is not None:
             return shown
         session.start(listen=listen, advertise_url=advertise_url, interval_s=interval_s)
-        run.loop(session)
+        if not run.tearing_down():
+            run.loop(session)
         return run.finish(session)
 
 
@@ -276,21 +315,69 @@ def show_finished(deploy_dir: Path, console, json_report: Path | None) -> dict:
     return report
 
 
-def archive_finished(deploy_dir: Path, console) -> Path:
-    """Move a finished run's ledger, report and export to ``previous/<stamp>/``, so that a fresh run
-    starts clean and never mistakes the old export for its own. Refused while the old run's data
-    disks were kept: the new run would resume from their final checkpoint instead of starting over."""
-    from kit.watch.session import LEDGER_FILE
-
-    try:
-        disks = json.loads((deploy_dir / REPORT_FILE).read_text()).get("disks")
-    except (OSError, ValueError):
-        disks = None
-    if disks == "kept":
+def check_fresh_start(spec: SpecBase, deploy_dir: Path, ledger) -> None:
+    """``--fresh`` over a finished run, refused (before anything is moved) where the fresh run's trainers would
+    restore that run's final checkpoint instead of starting over: from its data disks, kept and still there,
+    or from the job's prefix in ``checkpoint_bucket``, which kit neither moves nor deletes (a bucket is the
+    user's, and may be shared). The local cloud's own bucket is moved with the run (:func:`archive_finished`)."""
+    left = disks_left(spec, deploy_dir, ledger)
+    if left is not None:
         raise InputError("the finished run kept its data disks, so a fresh run would resume from their final "
                          "checkpoint instead of starting over", where=str(deploy_dir / REPORT_FILE),
-                         fix="delete the disks first (`kit destroy SPEC --with-disks`; local nodes' disks are "
-                             f"{deploy_dir / 'local' / 'disks'}), or run without --fresh to see the report")
+                         fix=f"delete the disks first ({left}), or run without --fresh to see the report")
+    url = spec.bucket_url
+    if url is None:
+        return
+    held = bucket_entries(url)
+    if held:
+        raise InputError(f"{url} holds the finished run's checkpoints ({held} entries), so a fresh run would resume from "
+                         "them instead of starting over (and overwrite them)", where="checkpoint_bucket",
+                         fix=f"move or delete everything under {url}, or set checkpoint_bucket to another prefix; "
+                             "or run without --fresh to see the report")
+
+
+def disks_left(spec: SpecBase, deploy_dir: Path, ledger) -> str | None:
+    """How to delete the finished run's data disks when its report says they were kept and they may still be
+    there; None when they are gone. A cloud that renders no Terraform (the local one) has them on this machine,
+    each a directory (its disk id): gone once deleted by hand. A cloud's disks only its API knows about."""
+    try:
+        kept = json.loads((deploy_dir / REPORT_FILE).read_text()).get("disks") == "kept"
+    except (OSError, ValueError, AttributeError):
+        kept = False
+    if not kept:
+        return None
+    if spec.cloud_facts.renders_terraform:
+        return "`kit destroy SPEC --with-disks`"
+    there = sorted({d["disk_id"] for d in ledger.disks() if Path(d["disk_id"]).exists()})
+    return f"rm -r {' '.join(there)}" if there else None
+
+
+def bucket_entries(url: str) -> int:
+    """How many entries the bucket prefix ``url`` holds (fsspec, as the trainer reaches it: s3://, gs://,
+    file://). Refused (InputError) when it cannot be listed: an unknown prefix is not an empty one."""
+    try:
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(url)
+        fs.invalidate_cache()  # s3fs/gcsfs cache listings
+        try:
+            return len(fs.ls(root.rstrip("/"), detail=False))
+        except FileNotFoundError:
+            return 0
+    except Exception as error:  # no package for the scheme, no credentials, no network: refused, said why
+        raise InputError(f"cannot tell whether {url} holds the finished run's checkpoints: {error}",
+                         where="checkpoint_bucket", fix=f"check that kit can list {url}, or empty it (or set "
+                                                        "checkpoint_bucket to another prefix)") from error
+
+
+def archive_finished(spec: SpecBase, deploy_dir: Path, console) -> Path:
+    """Move a finished run to ``previous/<stamp>/`` (:func:`check_fresh_start` first), so that a fresh run
+    starts clean and never mistakes the old run's files for its own: its ledger, report and export; and for a
+    cloud that renders no Terraform (the local one), everything else of it here too, its own checkpoint
+    bucket among them (its trainers restored the old run's final checkpoint from it and trained nothing).
+    A cloud's deployment directory also holds Terraform's roots: its resources, not the run's, stay."""
+    from kit.watch.session import LEDGER_FILE, LOCK_FILE
+
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target = deploy_dir / PREVIOUS_DIR / stamp
     n = 1
@@ -298,14 +385,17 @@ def archive_finished(deploy_dir: Path, console) -> Path:
         n += 1
         target = deploy_dir / PREVIOUS_DIR / f"{stamp}-{n}"
     target.mkdir(parents=True)
-    for name in (LEDGER_FILE, LEDGER_FILE + "-wal", LEDGER_FILE + "-shm", REPORT_FILE, "export"):
+    names = [LEDGER_FILE, LEDGER_FILE + "-wal", LEDGER_FILE + "-shm", REPORT_FILE, TEARDOWN_FILE, EXPORT_DIR]
+    if not spec.cloud_facts.renders_terraform:  # the lock is held: it stays
+        names = [p.name for p in deploy_dir.iterdir() if p.name not in (LOCK_FILE, PREVIOUS_DIR)]
+    for name in names:
         if (deploy_dir / name).exists():
             (deploy_dir / name).rename(target / name)
     kept = target / REPORT_FILE
     if kept.exists():  # the report names its export where it now is
         report = json.loads(kept.read_text())
         if report.get("export"):
-            report["export"] = report["export"].replace(str(deploy_dir / "export"), str(target / "export"), 1)
+            report["export"] = report["export"].replace(str(deploy_dir / EXPORT_DIR), str(target / EXPORT_DIR), 1)
             write_report(kept, report)
     console.print(escape(f"starting a fresh run; the finished one is kept in {target}"))
     return target

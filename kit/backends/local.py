@@ -183,8 +183,10 @@ class LocalBackend(Backend):
         # a ledger from before the scale was kept: its origin, at this run's scale (as it was read then)
         before = VirtualClock(now, self.time_scale) if kept is None else VirtualClock(
             kept[0], kept[1] or self.time_scale, offset=kept[2])
-        self.reconcile(before.at)  # the leftovers' last writes, on the clock they were made under
+        # the clock first: reconcile caps each stop time at "now" on it (the wall clock's now is hours
+        # before the trace times a compressed clock gives, and would end every leftover before it began)
         self.clock = clock = before.rescaled(self.time_scale, now)
+        self.reconcile(before.at)  # the leftovers' last writes, on the clock they were made under
         ledger.keep_clock(clock.origin, clock.scale, clock.offset)
         local = self.local
         spec = cast("LocalSpec", self.spec)
@@ -384,6 +386,11 @@ class LocalBackend(Backend):
                                     fix="kit tries the next offer, retries with backoff or moves to on-demand")
             self._save_before_replacing(spec, market)
             self.spec = spec
+            # preemptions follow the job to its zone and shape, before a new node's state file says it runs
+            # there: the injector's thread reads those files without this lock, and a pass in between judged
+            # the new nodes against the old zone's capacity (a spot apply found room in the new one above)
+            if self.injector is not None:
+                self.injector.zone, self.injector.nodes = spec.start_zone, spec.nodes
             for rank in range(spec.nodes, 1 << 16):  # a smaller spec: drop the extra nodes
                 if not self.state_file(rank).exists():
                     break
@@ -397,8 +404,6 @@ class LocalBackend(Backend):
                 shutil.rmtree(self.node_dir(rank), ignore_errors=True)
                 self.disk_dir(rank).mkdir(parents=True, exist_ok=True)
                 self.write_state(rank, self._new_instance_id(rank), market, "running", zone=zone, procs=procs)
-            if self.injector is not None:  # preemptions follow the job to its zone and shape
-                self.injector.zone, self.injector.nodes = zone, spec.nodes
             return self.nodes()
 
     def nodes(self) -> list[Node]:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from kit.cli.app import App
+from kit.paths import check_plot_file
 from kit.policy import DEFAULT_CHANGEOVER_H
 from kit.policy.offers import DEFAULT_CHECKPOINT_GB, DEFAULT_TRANSFER_GBPS, EACH, Moves
 
@@ -77,7 +78,7 @@ def simulate_command(
                          fix="add --zones all")
     names = _policies(policy)
     if plot_file is not None:
-        _check_png(plot_file)
+        check_plot_file(plot_file)
     params.check()
     loaded = load_traces(traces)
     summary = simulate(loaded, names, params)
@@ -97,15 +98,6 @@ def _require_runs(summary: dict, traces: list[Path], deadline_h: float) -> None:
     if summary["runs"] == 0:
         raise InputError(f"every trace is shorter than the deadline window ({deadline_h:g} h)",
                          where=", ".join(str(t) for t in traces), fix="use longer traces or a shorter --deadline-hours")
-
-
-def _check_png(plot_file: Path) -> None:
-    from kit.errors import InputError
-    from kit.paths import check_output_file
-
-    if plot_file.suffix.lower() != ".png":
-        raise InputError("the plot is written as PNG", where=f"--plot {plot_file}", fix="name the file *.png")
-    check_output_file(plot_file, "--plot")
 
 
 def _shapes(offers: Path | None, shape: list[str] | None) -> Offers | None:
@@ -147,7 +139,7 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Offers 
     from kit.traces import load_traces
 
     if plot_file is not None:
-        _check_png(plot_file)
+        check_plot_file(plot_file)
     loaded = load_traces(traces)
     if zones != "all":
         wanted = [z.strip() for z in zones.split(",") if z.strip()]

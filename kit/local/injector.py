@@ -169,8 +169,8 @@ class Injector:
 
     def _preempt_over_capacity(self, capacity: int) -> None:
         """The trace: spot instances beyond the zone's capacity now get a notice, highest rank first."""
-        running = self.running_spot()
-        excess = len(running) + len(self.pending) - capacity
+        running = self.running_spot()  # without the ranks already noticed: their kill is on its way
+        excess = len(running) - capacity  # counting those again noticed one more node at every pass
         for rank in sorted(running, reverse=True)[:max(0, excess)]:
             self.notice(rank)
 

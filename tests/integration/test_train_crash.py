@@ -29,6 +29,9 @@ pytestmark = pytest.mark.slow
 STEPS = 100
 PAUSE_S = 6.0  # kit stays dead this long: at 150x, 900 trace seconds the nodes must not be billed for
 DYING_S = 3.0  # the trainers save on the parent-death signal, then exit: the nodes' last signs of life
+# node 0's trainer writes its progress file at every step: a run killed mid-training showed life this
+# close before the kill
+LIFE_GAP_S = 2.0
 
 
 @dataclass
@@ -109,6 +112,7 @@ def _crash_and_continue(tmp: Path, undisturbed, flags: list[str], kill_when: Cal
     killed = _run(tmp, [str(spec), *flags], deploy, kill_when=lambda: kill_when(deploy))
     assert killed.returncode == -signal.SIGKILL, f"the job ended before the kill moment:\n{killed.output}"
     killed_at = time.time()
+    trained = _newest_step(deploy) > 0  # the trainers were stepping when kit died
     time.sleep(PAUSE_S)
     running = [s["instance_id"] for s in _node_states(deploy) if s["state"] == "running"]
     again = _run(tmp, [str(spec), *flags, "--json-report", str(tmp / "r.json")], deploy)
@@ -128,13 +132,16 @@ def _crash_and_continue(tmp: Path, undisturbed, flags: list[str], kill_when: Cal
     if running:
         assert "left running by a kit that was killed" in again.output, again.output
     assert not leftovers(str(tmp / "deploy")), "node processes left behind"
-    _assert_not_billed_while_dead(deploy, running, killed_at, again.started)
+    _assert_not_billed_while_dead(deploy, running, killed_at, again.started, trained=trained)
     return report, again
 
 
-def _assert_not_billed_while_dead(deploy: Path, instances: list[str], killed_at: float, restarted_at: float) -> None:
+def _assert_not_billed_while_dead(deploy: Path, instances: list[str], killed_at: float, restarted_at: float, *,
+                                  trained: bool) -> None:
     """The nodes a killed kit left "running" stopped costing when their processes died: their
-    ledger rows end within a few seconds of the kill, not when kit came back."""
+    ledger rows end within a few seconds of the kill, not when kit came back; and not before they came
+    up either (a stop dated on the wall clock instead of the job's compressed one billed them nothing).
+    Killed mid-training, they are billed up to about the kill (their last sign of life)."""
     from kit.clock import VirtualClock
     from kit.spec import load_spec
     from kit.watch.ledger import Ledger
@@ -148,12 +155,16 @@ def _assert_not_billed_while_dead(deploy: Path, instances: list[str], killed_at:
         rows = {row.instance_id: row for row in ledger.all_nodes()}
     finally:
         ledger.close()
+    ends = []
     for instance in instances:
         if instance not in rows:  # applied but not yet recorded when kit died: never billed
             continue
-        until = rows[instance].until
-        assert until is not None and until <= clock.at(killed_at + DYING_S) < clock.at(restarted_at), (
-            instance, until, clock.at(killed_at), clock.at(restarted_at))
+        since, until = rows[instance].since, rows[instance].until
+        assert until is not None and since <= until <= clock.at(killed_at + DYING_S) < clock.at(restarted_at), (
+            instance, since, until, clock.at(killed_at), clock.at(restarted_at))
+        ends.append(until)
+    if trained and ends:
+        assert max(ends) >= clock.at(killed_at - LIFE_GAP_S), (ends, clock.at(killed_at))
 
 
 def test_killed_mid_training_without_preemptions(tmp_path, undisturbed):

@@ -6,11 +6,14 @@ from __future__ import annotations
 import json
 import threading
 import urllib.request
+from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from kit.errors import InputError
 from kit.paths import EXAMPLES_DIR
+from kit.watch.ledger import Ledger
 from tests.support.trainer import write_final_checkpoint
 from tests.support.watch import BackendSource, RecordingBackend
 
@@ -39,7 +42,10 @@ class AgentBackend(RecordingBackend):
     preempted half-way once (node 0), so the loop must recover and bootstrap again."""
 
     def __init__(self, url, token, cluster, total=20, preempt_at=8):
-        super().__init__(nodes=2)
+        from kit.spec import load_spec
+
+        # as many nodes as the example's offer: an apply that reports fewer is a failed apply
+        super().__init__(nodes=load_spec(EXAMPLES_DIR / "aws-g5-spot.yaml").nodes)
         self.url, self.token, self.cluster, self.total, self.preempt_at = url, token, cluster, total, preempt_at
         self.step = 0
         self.final_sha = None
@@ -281,3 +287,178 @@ def test_egress_is_priced_on_the_export_else_on_the_checkpoint_size_the_trainer_
     assert egress_cost(0.05, str(tmp_path / "missing"), measured_gb=2.0) == pytest.approx(0.1)
     assert egress_cost(0.05, None) is None
     assert egress_cost(0.0, None) == 0.0
+
+
+@pytest.mark.parametrize("dies_in", ["destroy", "report"])
+def test_a_run_cut_short_after_its_export_is_finished_by_the_next_not_exported_again(tmp_path, monkeypatch, dies_in):
+    """kit killed (or failed) after the export began and before the ledger said finished: while the disks
+    were deleted, or while the report was written. The next `kit train` found no nodes, exported nothing,
+    said the disks it had deleted were kept (so `--fresh` was refused for good) and billed the nodes until
+    then. It continues the teardown instead: the first export, the disks deleted, the nodes' cost ending
+    when they were."""
+    import shutil
+
+    from kit import train
+    from kit.backends import cloud
+    from kit.train import run_train
+    from kit.watch import sources
+
+    disks = tmp_path / "disks"
+    sha = write_final_checkpoint(disks / "node-0", 20)
+    shutil.copytree(disks / "node-0", disks / "node-1")
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
+    made: list[DiskBackend] = []
+    real_render = train.render_report
+
+    class Dying(DiskBackend):
+        def destroy(self, keep_disks=True):
+            super().destroy(keep_disks)
+            if dies_in == "destroy" and len(made) == 1:
+                raise KeyboardInterrupt  # the kill, or a cloud call that failed
+
+    def backend_for(spec, deploy_dir, *, watcher_url=None, watcher_token=None):
+        made.append(Dying(watcher_url, watcher_token, spec.name, disks=disks, preempt_at=None))
+        made[-1].final_sha = sha
+        return made[-1]
+
+    def render_report(report, console):
+        if dies_in == "report" and len(made) == 1:
+            raise KeyboardInterrupt
+        real_render(report, console)
+
+    monkeypatch.setattr(cloud, "backend_for", backend_for)
+    monkeypatch.setattr(sources, "source_for", lambda spec, deploy_dir: BackendSource(made[-1]))
+    monkeypatch.setattr(train, "render_report", render_report)
+    args = {"cloud": "aws", "interval_s": 0.1, "listen": "127.0.0.1:0"}
+    with open(tmp_path / "out", "w") as out, pytest.raises(KeyboardInterrupt):
+        run_train(EXAMPLES_DIR / "aws-g5-spot.yaml", **args, console=Console(file=out))
+    with open(tmp_path / "out", "w") as out:
+        report = run_train(EXAMPLES_DIR / "aws-g5-spot.yaml", **args, console=Console(file=out))
+    assert report["export"].endswith("export/step-00000020") and report["disks"] == "deleted", report
+    assert made[1].of("bootstrap") == [], "the trainer was done: nothing launched again"
+    assert made[1].of("destroy") == ([("destroy", False)] if dies_in == "destroy" else [])
+    with open(tmp_path / "out", "w") as out:  # finished: shown, and --fresh is not refused
+        assert run_train(EXAMPLES_DIR / "aws-g5-spot.yaml", **args, console=Console(file=out)) == report
+    ledger = Ledger(next((tmp_path / "deploy").glob("*/ledger.sqlite")))
+    assert ledger.finished() and not list((tmp_path / "deploy").glob("*/teardown.json"))
+    ends = {n.until for n in ledger.all_nodes()}
+    assert len(ends) == 1 and report["spot_hours"] == pytest.approx(
+        sum(n.until - n.since for n in ledger.all_nodes()) / 3600, abs=1e-3), "billed until the first teardown"
+
+
+def _finish(session, disks: str = "deleted") -> None:
+    """The ledger and report of a run `kit train` finished."""
+    from kit.train import REPORT_FILE, write_report
+
+    session.ledger.mark_finished()
+    write_report(session.deploy_dir / REPORT_FILE, {"disks": disks, "export": None})
+
+
+def _fresh(spec, session):
+    """`kit train --fresh`'s look at the finished run (archived when it may go): None, or InputError."""
+    import io
+
+    from kit.train import TrainRun
+
+    return TrainRun(spec, console=Console(file=io.StringIO()), fresh=True).previous(session)
+
+
+def test_fresh_moves_the_local_job_s_own_bucket_with_the_finished_run(tmp_path, monkeypatch):
+    """A local job with zones keeps its checkpoints in a bucket of its own, in its deployment directory. --fresh
+    left it there: the fresh run's trainers restored the finished run's final checkpoint and trained nothing,
+    and its copies were overwritten. It is kept with the rest of the finished run."""
+    from kit.backends.local import LocalBackend
+    from kit.render import deployment_dir
+    from kit.spec import load_spec
+    from kit.watch.session import LOCK_FILE, Session
+
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
+    spec = load_spec(EXAMPLES_DIR / "local.yaml")
+    deploy = deployment_dir(spec)
+    command = LocalBackend(spec, deploy).trainer_command(0, "127.0.0.1:1")
+    bucket = command[command.index("--ckpt-bucket") + 1]
+    assert bucket.startswith(f"file://{deploy}/")
+    final = Path(bucket.removeprefix("file://")) / "step-00000400" / "COMPLETE"
+    final.parent.mkdir(parents=True)
+    final.write_text("{}")
+    with Session(spec, deploy) as session:
+        _finish(session)
+        assert _fresh(spec, session) is None
+        assert not session.ledger.finished()
+    assert not final.exists(), "the fresh run would restore the finished run's final checkpoint"
+    (kept,) = (deploy / "previous").iterdir()
+    assert (kept / final.relative_to(deploy)).is_file() and (kept / "ledger.sqlite").is_file()
+    assert (deploy / LOCK_FILE).exists()
+
+
+@pytest.fixture(params=["file", "s3"])
+def checkpoint_bucket(request, tmp_path, monkeypatch):
+    """A checkpoint_bucket URL: a directory, or S3 (moto)."""
+    if request.param == "file":
+        yield f"file://{tmp_path / 'bucket'}"
+        return
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    import boto3
+
+    from tests.support.moto import moto_server
+
+    with moto_server(monkeypatch) as endpoint:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        boto3.client("s3", region_name="us-east-1", endpoint_url=endpoint).create_bucket(Bucket="ckpts")
+        yield "s3://ckpts/kit"
+
+
+def test_fresh_is_refused_while_the_job_s_prefix_in_its_checkpoint_bucket_holds_checkpoints(
+        tmp_path, monkeypatch, checkpoint_bucket):
+    """The trainers of a fresh run would restore the finished run's final checkpoint from the bucket (and then
+    overwrite its copies); a bucket is the user's, so kit moves nothing out of it: --fresh is refused, naming the
+    prefix, until it is empty. Nothing is moved meanwhile."""
+    import fsspec
+
+    from kit.render import deployment_dir
+    from kit.spec import parse_spec
+    from kit.watch.session import Session
+
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
+    spec = parse_spec({"name": "b", "cloud": "local", "checkpoint_bucket": checkpoint_bucket})
+    assert spec.bucket_url
+    fs, root = fsspec.core.url_to_fs(spec.bucket_url)
+    fs.mkdirs(f"{root}/step-00000020", exist_ok=True)
+    fs.pipe(f"{root}/step-00000020/COMPLETE", b"{}")
+    deploy = deployment_dir(spec)
+    with Session(spec, deploy) as session:
+        _finish(session)
+        with pytest.raises(InputError, match="holds the finished run's checkpoints") as refused:
+            _fresh(spec, session)
+        assert spec.bucket_url in refused.value.fix and "checkpoint_bucket" in refused.value.fix
+        assert session.ledger.finished() and not (deploy / "previous").exists(), "nothing moved"
+        fs.rm(root, recursive=True)
+        assert _fresh(spec, session) is None
+
+
+def test_fresh_sees_that_kept_local_disks_were_deleted(tmp_path, monkeypatch):
+    """The finished run kept its disks: --fresh is refused while they are there (the fresh run would resume
+    from them), naming them; deleted by hand, as the refusal says, they no longer hold it back (the report
+    still says kept, and was taken at its word for good)."""
+    import shutil
+
+    from kit.render import deployment_dir
+    from kit.watch.session import Session
+    from tests.support.watch import local_spec
+
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
+    spec = local_spec(name="d", nodes=1)
+    deploy = deployment_dir(spec)
+    disk = deploy / "local" / "disks" / "node-0"
+    (disk / "ckpt").mkdir(parents=True)
+    with Session(spec, deploy) as session:
+        session.ledger.adopt_deployment([{"instance_id": "node-0-1", "name": "node-0", "rank": 0, "market": "spot",
+                                          "disk_id": str(disk)}], "spot", "default", 1000.0)
+        session.ledger.release_nodes(2000.0)
+        _finish(session, disks="kept")
+        with pytest.raises(InputError, match="kept its data disks") as refused:
+            _fresh(spec, session)
+        assert str(disk) in refused.value.fix
+        shutil.rmtree(disk)
+        assert _fresh(spec, session) is None

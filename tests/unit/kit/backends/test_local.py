@@ -244,6 +244,24 @@ def test_injector_replays_trace(backend, tmp_path):
     backend.apply(backend.spec, "spot")  # capacity is back
 
 
+def test_injector_notices_only_the_nodes_above_the_trace_s_capacity_however_many_passes(backend, tmp_path):
+    """Capacity 1 for a 2-node spot gang: one node is above it. The injector passes every 0.1 s; a pass
+    counted the node already noticed (on its way out) against the capacity again and noticed node 0 at the
+    next pass: two preemptions where the trace says one."""
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [16, 1, 1, 1, 1]}))
+    wall = Wall()
+    injector = Injector(backend, nodes=2, clock=VirtualClock(1000.0, 600, wall), origin=1000.0, trace=str(trace),
+                        grace_seconds=1.0, wall=wall)
+    backend.apply(backend.spec, "spot")
+    wall.t += 1  # the trace's next tick: capacity 1
+    for _ in range(25):  # through the notice's grace, its kill and on, at the injector's pace
+        injector.step()
+        wall.t += 0.1
+    assert [p["rank"] for p in injector.preemptions] == [1]
+    assert backend.read_state(1)["state"] == "preempted" and backend.read_state(0)["state"] == "running"
+
+
 def test_injector_bad_inputs(backend, tmp_path):
     with pytest.raises(InputError, match="not found"):
         Injector(backend, nodes=2, clock=time.time, origin=0, trace=str(tmp_path / "nope.json"))
@@ -405,6 +423,37 @@ def test_reconcile_dates_the_stop_at_the_last_sign_of_life(backend):
     assert restarted.read_state(0)["time"] == pytest.approx(life)
 
 
+def test_attach_dates_a_killed_run_s_nodes_on_the_compressed_clock_not_the_wall_clock(tmp_path):
+    """A restarted `kit train`: its backend starts on the wall clock and attach() moves it to the job's
+    compressed one. Reconcile ran before that move and capped each stop at the wall clock's now, hours
+    before the trace times the node came up at: the killed run's nodes ended before they began (0 hours
+    billed). They end at their last sign of life, after they came up."""
+    from kit.watch.ledger import Ledger
+
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    origin = time.time() - 60.0  # the killed kit ran for 60 wall seconds at 150x
+    ledger.keep_clock(origin, 150.0, 0.0)
+    clock = VirtualClock(origin, 150.0)
+    killed = LocalBackend(fake_spec(1), tmp_path / "deploy", use_agent=False, clock=lambda: clock.at(origin + 10.0))
+    killed.write_state(0, "node-0-1", "spot", "running")  # up 10 wall seconds in
+    since = killed.read_state(0)["time"]
+    killed.node_dir(0).mkdir(parents=True)
+    life = time.time() - 5.0  # its trainer last wrote 5 wall seconds ago
+    (killed.node_dir(0) / "train.log").write_text("step 30\n")
+    os.utime(killed.node_dir(0) / "train.log", (life, life))
+
+    restarted = LocalBackend(fake_spec(1), tmp_path / "deploy", use_agent=False)  # as Session.start builds it
+    try:
+        restarted.attach(ledger)
+        state = restarted.read_state(0)
+        assert state["state"] == "stopped"
+        assert state["time"] >= since, "stopped before it came up: billed 0 hours"
+        assert state["time"] == pytest.approx(clock.at(life), abs=150.0 * 0.5)  # its last sign of life
+    finally:
+        restarted.close()
+        ledger.close()
+
+
 def test_reconcile_waits_for_leftover_processes_then_kills_them(backend, tmp_path, caplog):
     """Processes of the killed kit's node that are still alive (saving on the parent-death signal, or
     stuck) are asked to stop through the node's stop file and killed after the grace: no two trainers
@@ -508,3 +557,36 @@ def test_zones_replay_their_own_traces_and_a_move_or_reshape_replaces_every_node
         assert any(a.startswith("file://") and a.endswith("/bucket/t") for a in b.trainer_command(0, "127.0.0.1:1"))
     finally:
         b.kill_all()
+
+
+def test_a_move_s_new_nodes_are_judged_by_the_new_zone_s_capacity_from_their_first_state_file(tmp_path):
+    """The injector's thread reads the state files without the backend's lock. apply() wrote the new
+    nodes' files before it told the injector their zone: a pass in between judged the spot nodes just
+    started in zb (room for 16) against za's capacity (none) and preempted them."""
+    from kit.spec import parse_spec
+
+    traces = tmp_path / "set"
+    traces.mkdir()
+    (traces / "za.json").write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [16, 0, 0]}))
+    (traces / "zb.json").write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [16, 16, 16]}))
+    spec = parse_spec({"name": "t", "cloud": "local", "nodes": 2, "zones": ["za", "zb"],
+                       "local": {"trace": str(traces)}}, str(tmp_path / "c.yaml"))
+    wall = Wall()
+
+    class PassInTheGap(LocalBackend):  # an injector pass right after each state file apply() writes
+        def write_state(self, *args, **kwargs):
+            data = super().write_state(*args, **kwargs)
+            if self.injector is not None:
+                self.injector.step()
+            return data
+
+    b = PassInTheGap(spec, tmp_path / "deploy", use_agent=False)
+    b.clock = clock = VirtualClock(1000.0, 600, wall)
+    b.injector = Injector(b, nodes=2, clock=clock, origin=1000.0, grace_seconds=5.0, wall=wall,
+                          zones={z: spec.trace_of(z) for z in spec.zone_list}, zone="za")
+    b.apply(spec, "on-demand")  # in za
+    wall.t += 1  # za has no spot capacity now; zb has
+    zb = next(o for o in spec.offers() if o.zone == "zb" and o.market == "spot")
+    moved = b.apply(spec.with_offer(zb), "spot")
+    assert [n.zone for n in moved] == ["zb", "zb"] and b.injector.zone == "zb"
+    assert b.injector.preemptions == [], "a node started in zb was noticed by za's trace"

@@ -88,6 +88,10 @@ def _simulate_and_train_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
                                                                      b"  time_scale: 0\n")], "time_scale"),
         "kit train --plot into a missing directory": (["train", "--plot", str(tmp / "no" / "such" / "p.png")],
                                                       "--plot"),
+        # matplotlib picks the format by the suffix: a .txt failed after the whole run (a traceback, exit 1)
+        "kit train --plot not a PNG": (["train", "--plot", str(tmp / "p.txt")], "*.png"),
+        # parsed when the endpoint starts: after the deployment's ledger, lock and token were written
+        "kit train --listen not HOST:PORT": (["train", "--listen", "127.0.0.1"], "--listen"),
     }
 
 
@@ -97,7 +101,7 @@ CASES = ["spec not UTF-8", "spec nested 20,000 deep", "spec with a key twice", "
          "--deadline-hours nan", "--job-hours inf", "--starts 1e9", "a deadline shorter than the job",
          "the same, many zones", "a gang larger than the traces measured", "the same, a shape of many zones", "a spot shape no trace measured",
          "no shape sold on-demand", "ticks longer than the slack", "ticks longer than the slack, many zones", "--time-scale nan", "a spec path that looks like markup", "kit train with a missing trace", "kit train on a trace measured for fewer nodes", "kit train with time_scale 0", "an unwritable --plot",
-         "kit train --plot into a missing directory"]
+         "kit train --plot into a missing directory", "kit train --plot not a PNG", "kit train --listen not HOST:PORT"]
 
 
 @pytest.mark.parametrize("case", CASES)
