@@ -461,9 +461,9 @@ class _ZoneOpt(_ZoneProgram):
         self.idle = self.waste.shift_idle(stopped) + self.waste.bar
         self.fresh = self.waste.shift_idle(self.fresh) + self.waste.bar
         prices = np.array([m.prices[o][t] if o.spot else o.price for o in m.offers])
-        new_run = self._hold(np.minimum(self.run, enter[self.zi]), prices, now)
-        new_run[~up] = math.inf
-        self.run = new_run
+        held = np.minimum(self.run, enter[self.zi])
+        held[~up] = math.inf  # a spot offer down in this tick can neither run nor finish the job in it
+        self.run = self._hold(held, prices, now)
 
 
 Front = tuple[np.ndarray, np.ndarray]  # (waste hours, $) pairs, waste ascending, $ strictly descending

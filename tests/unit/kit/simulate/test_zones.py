@@ -164,6 +164,19 @@ def test_opt_matches_brute_force_over_every_schedule(d, moves):
     assert simulate_opt_zones(market, 0, params, moves).cost == pytest.approx(best, abs=1e-9)
 
 
+def test_opt_never_finishes_on_a_spot_offer_down_in_the_last_tick():
+    """The job can end within one tick of a launch (d + what is left fits in it): the array program counted a
+    finish in a tick where the spot offer was down (7.8 where every replayable schedule costs 13.2)."""
+    from kit.simulate.zones import _ZoneOpt
+
+    trace = zone_trace("us-east4-a", [2, 2, 2, 0, 0, 0, 0, 0], gap_seconds=3600, spot=1.0, on_demand=4.0)
+    params = Params(nodes=2, job_h=3.5, deadline_h=6, changeover_h=0.2, starts=1)
+    market = market_of([trace], params)
+    best = brute_force(market, params, MOVES)
+    assert best == pytest.approx(13.2)
+    assert _ZoneOpt(market, 0, params, MOVES).solve().cost == pytest.approx(best, abs=1e-9)
+
+
 @pytest.mark.parametrize(("d", "moves"), [(0.2001, MOVES), (0.5, Moves(checkpoint_gb=100, transfer_gbps=1.9)),
                                           (0.2, Moves(checkpoint_gb=100, transfer_gbps=1.9))])
 def test_opt_is_exact_when_no_unit_makes_the_changeover_and_transfer_whole(d, moves):
