@@ -213,8 +213,8 @@ class Ledger:
             if version in (1, 2):
                 self._migrate_meta()
             self._add_columns()
-            if 0 < version < 8:
-                self._allow_moves()
+            if not self._moves_allowed():  # read from the table, not the version: an older ledger's migration
+                self._allow_moves()          # killed before it stamped the version reads as a new one
             self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _check_readable(self) -> None:
@@ -271,6 +271,11 @@ class Ledger:
             for table, column, kind in ADDED_COLUMNS:
                 if not db.execute(f"SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?", (column,)).fetchone():
                     db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+
+    def _moves_allowed(self) -> bool:
+        """Whether ``decisions`` takes the ``move`` action (its CHECK constraint, as SQLite keeps its SQL)."""
+        row = self._db.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'decisions'").fetchone()
+        return row is not None and "'move'" in row[0]
 
     def _allow_moves(self) -> None:
         """Version 8 adds the ``move`` action (a voluntary move to a cheaper offer). SQLite cannot alter a CHECK
@@ -746,7 +751,9 @@ class Ledger:
         ended the running incarnation. A later, more specific report (a GCP preempted operation
         after the instance was seen missing) upgrades how that incarnation was lost."""
         with self.transaction() as db:
-            if db.execute("UPDATE nodes SET state = 'lost', until = ?, lost_kind = ? WHERE instance_id = ?"
+            # never before the incarnation began: a stale cloud timestamp (a stop of the previous incarnation)
+            # or clocks that disagree would end it before it started, and bill it nothing
+            if db.execute("UPDATE nodes SET state = 'lost', until = MAX(?, since), lost_kind = ? WHERE instance_id = ?"
                           " AND state = 'up'", (when, kind, instance_id)).rowcount == 1:
                 return True
             if kind == "preemption":

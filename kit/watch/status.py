@@ -42,13 +42,15 @@ if TYPE_CHECKING:
 
 
 def node_cost(ledger: Ledger, now: float, prices: dict[str, float | None]) -> float | None:
-    """$ so far: each incarnation's hours x its own price (the offer it ran on), else its market's
-    price in ``prices``; None when a price is unknown."""
+    """$ so far: each incarnation's hours x its own price (the offer it ran on), else, for a row that
+    recorded no offer (older ledgers, a deployment adopted from `kit apply`), its market's price in
+    ``prices``; None when a price is unknown. A row with its offer's shape and no price ran where kit
+    knew no price (kit.watch.acting records None for it): unknown, not the spec's own price."""
     total = 0.0
     for node in ledger.all_nodes():
         end = node.until if node.until is not None else now
         hours = max(0.0, end - node.since) / 3600.0
-        price = node.price if node.price is not None else prices.get(node.market or ON_DEMAND)
+        price = node.price if node.price is not None or node.shape is not None else prices.get(node.market or ON_DEMAND)
         if price is None:
             if hours > 0:
                 return None

@@ -82,6 +82,8 @@ def loss_events(poll: Poll, current: Mapping[str, int | None], source: str, now:
         else:
             kind = PREEMPTION if status.preempted else INSTANCE_LOST
             state, reason, when = status.state, status.reason, status.time or now
+            if since and instance in since and when < since[instance]:
+                when = now  # a time from before this incarnation (an earlier stop's): not its loss's; seen now
         events.append(Event(
             kind=kind, instance=instance, time=when, source=source, node_rank=rank,
             detail={"state": state, "reason": reason, **({BY_KIT: True} if status and status.by_kit else {})},

@@ -285,3 +285,22 @@ def test_a_version_1_ledger_is_migrated(tmp_path):
     assert report["spot_hours"] == pytest.approx((100 + 50 + 50) / 3600, abs=1e-6)
     ledger.close()
     assert Ledger(tmp_path / "l.sqlite").market() == "spot"  # reopened: nothing to do
+
+
+def test_a_ledger_whose_migration_was_killed_before_its_version_was_stamped_still_takes_moves(tmp_path):
+    """A version-2 ledger's migration commits step by step and stamps the version last; killed after its
+    ``meta`` table was dropped, the next open read version 0 (a new ledger), skipped the rebuild that allows
+    the ``move`` action, stamped the current version, and every move failed its CHECK constraint after."""
+    import sqlite3
+
+    path = tmp_path / "l.sqlite"
+    Ledger(path).close()
+    db = sqlite3.connect(path)
+    sql = db.execute("SELECT sql FROM sqlite_master WHERE name = 'decisions'").fetchone()[0]
+    db.executescript("PRAGMA foreign_keys=OFF; ALTER TABLE decisions RENAME TO old; "
+                     + sql.replace(", 'move'", "") + "; DROP TABLE old; PRAGMA user_version = 0;")
+    db.close()
+    ledger = Ledger(path)
+    ledger.begin_decision(policy="default", decision="spot", action="move", market_before="spot",
+                          market_after="spot", reason="try to move", now=1.0)
+    assert ledger.decisions()[0].action == "move"

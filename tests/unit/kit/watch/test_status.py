@@ -347,3 +347,38 @@ def test_the_route_shows_a_relaunch_on_the_same_offer_once():
     offers = ["a/2xlocal/spot", "a/2xlocal/spot", "b/1xlocal/spot", "a/2xlocal/spot"]
     assert route(offers) == "a/2xlocal/spot -> b/1xlocal/spot -> a/2xlocal/spot"
     assert route([]) == ""
+
+
+def _one_node(ledger, *, shape, price, since=1000.0):
+    ledger.adopt_deployment([{"name": "n0", "instance_id": "i-1", "rank": 0, "market": "spot", "zone": "z",
+                              "shape": shape, "price": price}], "spot", "default", since)
+
+
+def test_a_node_of_an_offer_without_a_known_price_leaves_the_cost_unknown(tmp_path):
+    """The actor records a node's shape and no price where kit knew none for its offer; the cost took the spec's
+    own price for it (another type, another zone), as for a row of an older ledger."""
+    from kit.watch.status import node_cost
+
+    ledger = Ledger(tmp_path / "l.sqlite")
+    _one_node(ledger, shape="8xbig", price=None)
+    assert node_cost(ledger, 1000.0 + HOUR, {"spot": 1.0, "on-demand": 4.0}) is None
+    older = Ledger(tmp_path / "older.sqlite")
+    _one_node(older, shape=None, price=None)  # no offer recorded: its market's price
+    assert node_cost(older, 1000.0 + HOUR, {"spot": 1.0, "on-demand": 4.0}) == pytest.approx(1.0)
+
+
+def test_a_loss_dated_before_its_incarnation_began_is_dated_when_it_was_seen(tmp_path):
+    """A stale cloud timestamp (a restarted instance's previous stop) ended the incarnation before it
+    began: clamped to zero hours, it cost nothing however long it had run. Such a time is not this
+    incarnation's loss: it is dated when the poll saw it gone, and the ledger never ends a row before
+    its start."""
+    from kit.watch.sources.base import STOPPED, InstanceStatus, Poll, loss_events
+
+    poll = Poll([InstanceStatus("i-1", STOPPED, "spot", preempted=True, time=4000.0)])
+    (event,) = loss_events(poll, {"i-1": 0}, "gcp", 9000.0, since={"i-1": 5000.0})
+    assert event.time == 9000.0
+    ledger = Ledger(tmp_path / "l.sqlite")
+    _one_node(ledger, shape=None, price=None, since=5000.0)
+    assert ledger.mark_lost("i-1", 4000.0, "preemption")
+    (row,) = ledger.all_nodes()
+    assert row.until == row.since == 5000.0
