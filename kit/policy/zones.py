@@ -75,6 +75,10 @@ class Market(Protocol):
     def probe(self, offer: Offer) -> bool:
         """Try to launch ``offer`` and release it at once: True when it could be had."""
 
+    def price(self, offer: Offer) -> float:
+        """``offer``'s $/h in this tick (the clouds publish spot prices, so this says nothing about capacity):
+        its spot price now, or its list price on-demand."""
+
 
 def finishing_offer(obs: ZoneObservation, offers: tuple[Offer, ...], moves: Moves) -> tuple[Offer, float]:
     """The on-demand offer to finish the job on from here, and the hours it needs (remaining compute
@@ -431,7 +435,8 @@ class Pinned(ZonePolicy):
             now_h=obs.now_h, progress_h=obs.progress_h, job_h=obs.job_h, deadline_h=obs.deadline_h,
             changeover_h=obs.changeover_h, market=obs.running.market if obs.running else None,
             spot_available=spot_ok, preempted=obs.preempted, tick_h=obs.tick_h,
-            spot_price=self.spot.price if self.spot else None, on_demand_price=self.on_demand.price)
+            # this tick's prices, as the one-zone replay gives them (Offer.price is the trace's first)
+            spot_price=market.price(self.spot) if self.spot else None, on_demand_price=market.price(self.on_demand))
         answer = self.inner.decide(single)
         if answer == SPOT and self.spot is not None:
             return [self.spot]

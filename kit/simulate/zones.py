@@ -230,6 +230,10 @@ class _View:
     def probe(self, offer: Offer) -> bool:
         return self._replay.probe(offer, self._tick)
 
+    def price(self, offer: Offer) -> float:
+        self._replay.known(offer, "priced")
+        return self._replay.price(offer, self._tick)
+
 
 class _ZoneReplay:
     """One multi-zone policy, tick by tick: observe, plan, try the plan, hold (and pay) the tick."""

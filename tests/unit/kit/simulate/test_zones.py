@@ -232,6 +232,22 @@ def test_a_pinned_policy_costs_what_the_one_zone_replay_costs():
                 assert multi.missed == single.missed and multi.moves == 0 and multi.probes == 0
 
 
+def test_a_pinned_policy_decides_on_each_ticks_spot_price_as_the_one_zone_replay_does():
+    """On a trace whose spot price changes, the pinned policy gave its one-zone policy the trace's first price
+    every tick: here 0.5 where it is 3.6 after the first tick (on-demand 4), and default launched spot as if
+    it were cheap, dearer than the one-zone replay of the same policy."""
+    n = 800
+    trace = Trace(path=Path("us-east4-a.json"), gap_seconds=600, data=tuple(markov_availability(3, n, 0.5, 3, 2)),
+                  metadata={"gap_seconds": 600, "zone": "us-east4-a", "on_demand_price_per_hour": 4.0},
+                  prices=(0.5,) + (3.6,) * (n - 1))
+    params = Params(nodes=2, job_h=20, deadline_h=30, changeover_h=0.2, starts=2)
+    market = market_of([trace], params)
+    for start in zone_starts(market, params):
+        single = simulate_policy(trace, start, "default", params)
+        multi = replay(market, start, params, MOVES, Pinned(market.offers, MOVES, trace.name, make_policy("default")))
+        assert multi.cost == pytest.approx(single.cost, rel=1e-9)
+
+
 def test_a_move_pays_transfer_time_and_egress_across_regions_only():
     traces = [zone_trace("us-east4-a", [2, 2, 0, 0, 0, 0] * 4), zone_trace("us-east4-b", [0, 0] + [2] * 22),
               zone_trace("europe-west1-c", [0, 0] + [2] * 22)]
