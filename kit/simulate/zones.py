@@ -95,6 +95,28 @@ def _check_set(traces: list[Trace]) -> None:
             raise InputError(f"{t.name}: {len(t)} ticks of {t.gap_seconds:g} s, but {first.name} has {len(first)} "
                              f"of {first.gap_seconds:g} s", where=str(t.path),
                              fix="a multi-zone market needs traces with the same ticks (or use --zones each)")
+    _check_same_window(traces)
+
+
+def _check_same_window(traces: list[Trace]) -> None:
+    """Traces that say when they start (``metadata.start_utc``) start within one tick of each other: the replay
+    takes a set's zones as simultaneous, and zones of different weeks would make a market that never was."""
+    from datetime import datetime
+
+    starts = []
+    for t in traces:
+        try:
+            starts.append((datetime.fromisoformat(str(t.metadata["start_utc"]).replace("Z", "+00:00")), t))
+        except (KeyError, ValueError):
+            continue
+    if not starts:
+        return
+    first_start, first = starts[0]
+    for start, t in starts[1:]:
+        if abs((start - first_start).total_seconds()) >= t.gap_seconds:
+            raise InputError(f"{t.name} starts at {start:%Y-%m-%dT%H:%MZ}, {first.name} at {first_start:%Y-%m-%dT%H:%MZ}",
+                             where=f"{t.path}: metadata.start_utc",
+                             fix="a multi-zone market needs traces of the same window (or use --zones each)")
 
 
 def _instance_prices(trace: Trace, shape: Shape, market: str, params: Params,

@@ -787,3 +787,13 @@ def test_cli_table_keeps_its_columns_with_a_long_best_zone_name():
     ends = {header.index("cost vs on-demand") + len("cost vs on-demand")}
     ends |= {re.match(r"(.*?\S)(\s+\S+){6}$", line).end(1) for line in lines}
     assert len(ends) == 1, result.output
+
+
+def test_traces_of_different_windows_are_not_one_market():
+    """The set's zones are replayed as simultaneous; two zones a week apart made a market that never was."""
+    params = Params(nodes=2, job_h=1.0, deadline_h=2, changeover_h=0.2, starts=1)
+    a = zone_trace("us-east4-a", [2] * 24, start_utc="2025-10-04T00:10:00Z")
+    b = zone_trace("us-east4-b", [2] * 24, start_utc="2025-10-11T00:10:00Z")
+    with pytest.raises(InputError, match="us-east4-b starts at 2025-10-11T00:10Z, us-east4-a at 2025-10-04T00:10Z"):
+        market_of([a, b], params)
+    market_of([a, zone_trace("us-east4-b", [2] * 24, start_utc="2025-10-04T00:12:00Z")], params)  # within a tick
