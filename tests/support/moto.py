@@ -32,3 +32,23 @@ def moto_server(env: pytest.MonkeyPatch, region: str = REGION) -> Iterator[str]:
         yield url
     finally:
         server.stop()
+
+
+@contextmanager
+def s3_bucket(env: pytest.MonkeyPatch, bucket: str = "ckpts") -> Iterator[str]:
+    """A moto server with one S3 bucket, reached by boto3 and s3fs through ``AWS_ENDPOINT_URL``; yields
+    ``s3://<bucket>``. Skips the test where s3fs or moto's server is not installed."""
+    s3fs = pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    import boto3
+
+    with moto_server(env) as endpoint:
+        env.setenv("AWS_ENDPOINT_URL", endpoint)
+        boto3.client("s3", region_name=REGION, endpoint_url=endpoint).create_bucket(Bucket=bucket)
+        # fsspec keeps one filesystem per set of arguments: one made for an earlier test's server would
+        # reach that server's port, now closed
+        s3fs.S3FileSystem.clear_instance_cache()
+        try:
+            yield f"s3://{bucket}"
+        finally:
+            s3fs.S3FileSystem.clear_instance_cache()

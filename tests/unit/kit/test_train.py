@@ -397,16 +397,10 @@ def checkpoint_bucket(request, tmp_path, monkeypatch):
     if request.param == "file":
         yield f"file://{tmp_path / 'bucket'}"
         return
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto.server")
-    import boto3
+    from tests.support.moto import s3_bucket
 
-    from tests.support.moto import moto_server
-
-    with moto_server(monkeypatch) as endpoint:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-        boto3.client("s3", region_name="us-east-1", endpoint_url=endpoint).create_bucket(Bucket="ckpts")
-        yield "s3://ckpts/kit"
+    with s3_bucket(monkeypatch) as url:
+        yield f"{url}/kit"
 
 
 def test_fresh_is_refused_while_the_job_s_prefix_in_its_checkpoint_bucket_holds_checkpoints(

@@ -169,16 +169,10 @@ def test_the_uploader_copies_the_newest_and_logs_failures_without_raising(bucket
 
 @pytest.fixture
 def s3_url(monkeypatch):
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto.server")
-    import boto3
+    from tests.support.moto import s3_bucket
 
-    from tests.support.moto import moto_server
-
-    with moto_server(monkeypatch) as endpoint:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-        boto3.client("s3", region_name="us-east-1", endpoint_url=endpoint).create_bucket(Bucket="ckpts")
-        yield "s3://ckpts/kit/job"
+    with s3_bucket(monkeypatch) as url:
+        yield f"{url}/kit/job"
 
 
 @pytest.fixture
