@@ -38,19 +38,24 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | os.PathLike, text: str, *, durable: bool = False) -> None:
+def write_atomic(path: str | os.PathLike, text: str, *, durable: bool = False, mode: int = 0o666) -> None:
     """Write a small file so that a reader polling it never sees it half-written: a temporary file
     beside it, then a rename. ``durable``: fsync the file before the rename and the directory
-    after it (a state that must survive a power loss, e.g. the final progress)."""
+    after it (a state that must survive a power loss, e.g. the final progress). ``mode``: the file's
+    permissions from its creation on (less the umask), e.g. 0o600 for a secret, never readable wider."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        if durable:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w") as f:
+            f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     if durable:
         fsync_dir(path.parent)
 

@@ -39,7 +39,14 @@ from typing import TYPE_CHECKING, cast
 
 from kit.backends.base import Backend, CapacityError, Node
 from kit.errors import KitError
-from training.contract import PREEMPTION_NOTICE, SPOT, read_json, recorded_reports, write_json_atomic
+from training.contract import (
+    PREEMPTION_NOTICE,
+    SPOT,
+    read_json,
+    recorded_reports,
+    write_atomic,
+    write_json_atomic,
+)
 
 if TYPE_CHECKING:
     from kit.clouds.local import LocalSpec
@@ -247,8 +254,6 @@ class LocalBackend(Backend):
     def _stop_leftovers(self, rank: int) -> None:
         """The stop file, ``save_grace_s`` to save and exit (``startup_grace_s`` for a node that never
         reported progress: nothing to save), then SIGKILL for what is left."""
-        from training.contract import write_atomic
-
         write_atomic(self.stop_file(rank), "kit restarted after a crash\n")
         grace = self.save_grace_s if self.progress_file(rank).exists() else min(self.save_grace_s, self.startup_grace_s)
         deadline = time.monotonic() + grace
@@ -485,8 +490,7 @@ class LocalBackend(Backend):
                "--metadata-url", str(self.notice_file(rank)), "--interval", "0.5"]
         if self.watcher_url and self.watcher_token:
             token_file = self.node_dir(rank) / "watcher-token"
-            token_file.write_text(self.watcher_token)
-            token_file.chmod(0o600)
+            write_atomic(token_file, self.watcher_token, mode=0o600)  # a secret: never readable wider
             cmd += ["--watcher-url", self.watcher_url, "--watcher-token-file", str(token_file),
                     "--cluster", self.spec.name]
         return cmd
@@ -577,8 +581,6 @@ class LocalBackend(Backend):
     def request_stop(self, reason: str, grace_s: float, ranks: list[int] | None = None) -> bool:
         """Write the stop file of every running trainer (or of ``ranks``: their peers follow at the
         same step) and wait up to ``grace_s`` for all running trainers to exit. True when they did."""
-        from training.contract import write_atomic
-
         running = [rank for rank in list(self.procs) if self.trainer_exit(rank) is None]
         for rank in running if ranks is None else [r for r in ranks if r in running]:
             write_atomic(self.stop_file(rank), reason + "\n")

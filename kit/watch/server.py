@@ -22,7 +22,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import os
 import re
 import secrets
 import socket
@@ -33,6 +32,7 @@ from pathlib import Path
 
 from kit.watch.events import BadReport, Event, event_from_agent
 from kit.watch.ledger import Ledger
+from training.contract import write_atomic
 
 log = logging.getLogger("kit.watch.server")
 
@@ -61,29 +61,10 @@ def cluster_token(deploy_dir: Path) -> str:
         log.warning("%s holds no usable token (%d characters): writing a new one; agents need a new bootstrap",
                     path, len(token))
     token = secrets.token_urlsafe(TOKEN_BYTES)
-    _write_private(path, token + "\n")
+    # 0600 from creation, fsynced, renamed: the path never holds part of the secret, and a crash leaves
+    # the old file or the new one, not an empty one
+    write_atomic(path, token + "\n", durable=True, mode=0o600)
     return token
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write a secret so that the path never holds part of it: a temporary file created 0600, fsynced,
-    renamed over ``path``, then the directory fsynced (rename(2) is atomic; the fsyncs make the new
-    contents, not an empty file, what a crash leaves)."""
-    from training.contract import fsync_dir
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
 
 
 class _Handler(BaseHTTPRequestHandler):
