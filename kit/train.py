@@ -295,15 +295,19 @@ def write_report(path: Path, report: dict) -> None:
     write_atomic(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
+def finished_report(deploy_dir: Path) -> dict | None:
+    """The finished run's report (``deploy/<name>/report.json``), or None when it is missing or unreadable."""
+    from training.contract import read_json
+
+    return read_json(deploy_dir / REPORT_FILE)
+
+
 def show_finished(deploy_dir: Path, console, json_report: Path | None) -> dict:
     """The job of this spec already finished: print its report (and write it where asked) instead of
     training again; ``--fresh`` starts a new run."""
     from kit.watch.session import LEDGER_FILE
 
-    try:
-        report = json.loads((deploy_dir / REPORT_FILE).read_text())
-    except (OSError, ValueError):
-        report = None
+    report = finished_report(deploy_dir)
     console.print(escape(f"this job already finished; `kit train --fresh` trains it again (the finished run is kept "
                          f"under {deploy_dir / PREVIOUS_DIR}/)"))
     if report is None:  # finished by a kit that kept no report
@@ -340,11 +344,7 @@ def disks_left(spec: SpecBase, deploy_dir: Path, ledger) -> str | None:
     """How to delete the finished run's data disks when its report says they were kept and they may still be
     there; None when they are gone. A cloud that renders no Terraform (the local one) has them on this machine,
     each a directory (its disk id): gone once deleted by hand. A cloud's disks only its API knows about."""
-    try:
-        kept = json.loads((deploy_dir / REPORT_FILE).read_text()).get("disks") == "kept"
-    except (OSError, ValueError, AttributeError):
-        kept = False
-    if not kept:
+    if (finished_report(deploy_dir) or {}).get("disks") != "kept":
         return None
     if spec.cloud_facts.renders_terraform:
         return "`kit destroy SPEC --with-disks`"

@@ -40,6 +40,7 @@ from .checkpoint import (
     step_dir_name,
     step_of,
     verify,
+    write_marker,
 )
 from .contract import fsync_dir
 
@@ -182,10 +183,7 @@ class Bucket:
     def _download(self, step: int, tmp: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        with open(tmp / MARKER, "wb") as dst:  # synced like every file of a local save before its rename
-            dst.write(self.fs.cat_file(self._remote(step, MARKER)))
-            dst.flush()
-            os.fsync(dst.fileno())
+        write_marker(tmp, self.fs.cat_file(self._remote(step, MARKER)))
         marker = read_marker(tmp)
         if marker.step != step:
             raise CorruptCheckpoint(f"the marker says step {marker.step}")

@@ -192,6 +192,15 @@ def read_marker_bytes(path: Path) -> tuple[Marker, bytes]:
     return marker, raw
 
 
+def write_marker(directory: Path, raw: bytes) -> None:
+    """Write a checkpoint's ``COMPLETE`` marker into the temporary directory that becomes ``step-N``,
+    synced before that rename (a save's and a download's alike)."""
+    with open(directory / MARKER, "wb") as f:
+        f.write(raw)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def read_marker(path: Path) -> Marker:
     """:func:`read_marker_bytes` without the bytes."""
     return read_marker_bytes(path)[0]
@@ -444,10 +453,7 @@ class Checkpointer:
                 cancel.wait(self.write_delay_s)
             marker = Marker(format=FORMAT, step=step, time=time.time(),
                             files={STATE_FILE: FileEntry(bytes=w.n, sha256=w.h.hexdigest())})
-            with open(tmp / MARKER, "w") as f:
-                f.write(marker.model_dump_json())
-                f.flush()
-                os.fsync(f.fileno())
+            write_marker(tmp, marker.model_dump_json().encode())
             fsync_dir(tmp)
             trash = None
             if final.exists():  # same step written again (rare: save(if_missing=False) of a held step)

@@ -144,7 +144,7 @@ class Actor:
         """An apply the watcher was killed in: adopt what the cloud runs if it is what the apply was for (its
         offer, recorded before the apply began), else leave the decision to be retried."""
         deployed = self.backend.nodes()
-        offer = next((o for o in self.spec.offers() if o.name == attempt.offer), None) if attempt.offer else None
+        offer = self._offer_named(attempt.offer)
         if self._converged(decision, deployed, offer):
             log.info("decision %d: the interrupted apply had converged; adopting it", decision.id)
             if offer is not None and decision.market_after is not None:
@@ -222,7 +222,10 @@ class Actor:
     # ------------------------------------------------------------------ where
     def current_offer(self):
         """The offer (kit.policy.offers.Offer) of the newest apply that reached the cloud, or None."""
-        name = self.ledger.applied_offer()
+        return self._offer_named(self.ledger.applied_offer())
+
+    def _offer_named(self, name: str | None):
+        """The spec's offer (kit.policy.offers.Offer) of that name, or None (no name, or no longer in the spec)."""
         return next((o for o in self.spec.offers() if o.name == name), None) if name else None
 
     def deployed_spec(self) -> SpecBase:
