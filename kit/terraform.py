@@ -19,7 +19,8 @@ deployment directory and this module hides the split:
 Disk guard: a plan that would delete or replace a data disk (``aws_ebs_volume``, ``google_compute_disk``)
 is refused (``KitError``) unless it is ``destroy(with_disks=True)``. The disks module also carries
 ``lifecycle { prevent_destroy = true }``; ``destroy --with-disks`` lifts it with a temporary
-``kit_destroy_override.tf`` in the deployment's copy of the module.
+``kit_destroy_override.tf`` in the deployment's copy of the module; a destroy that was killed leaves it
+behind, and every run first removes it (:func:`clear_leftover_overrides`).
 
 Every Terraform run is a child process (``python -m kit.terraform -chdir=DIR ARGS...`` runs the
 embedded core) so it can be timed out and cannot take kit down with it. It runs in a session of its own,
@@ -29,6 +30,8 @@ while it finishes the API calls in flight and writes its state.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -37,6 +40,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from kit.errors import KitError
@@ -153,9 +157,13 @@ def _check(rc: int, out: str, err: str, what: str, where: Path) -> None:
 
 
 def _root(deploy_dir: str | Path, root: str) -> Path:
+    """A rendered root of the deployment, ready for a Terraform run: every run starts here (or in
+    :func:`output`), so none runs with the disks' ``prevent_destroy`` lifted by a destroy that was killed
+    (:func:`clear_leftover_overrides`)."""
     path = Path(deploy_dir) / root
     if not (path / "main.tf").is_file():
         raise KitError("no rendered Terraform here", where=str(path), fix="run `kit render SPEC` (or `kit plan`) first")
+    clear_leftover_overrides(Path(deploy_dir))
     return path
 
 
@@ -182,6 +190,26 @@ def state_resources(path: Path) -> list[str]:
 def _has_state(path: Path) -> bool:
     """Whether a root has been applied (its state lists resources)."""
     return bool(state_resources(path))
+
+
+INDEX_RE = re.compile(r"\[[^\]]*\]")  # a resource address's instance key: [0], ["name"]
+
+
+def disks_held(deploy_dir: str | Path) -> list[str]:
+    """The data disks (addresses) the state of the deployment's disks roots lists, [] when none does (all
+    destroyed, by ``destroy --with-disks`` or never applied). Raises KitError when that cannot be told: no
+    disks root rendered, or a state that cannot be read. A disk deleted outside Terraform (in the console)
+    stays listed until a plan refreshes the state."""
+    deploy_dir = Path(deploy_dir)
+    roots = disk_roots(deploy_dir)
+    if not roots:
+        raise KitError("no disks root rendered here", where=str(deploy_dir),
+                       fix="run `kit render SPEC` (or `kit plan`) first")
+    held = []
+    for root in roots:
+        init(deploy_dir, root)
+        held += [a for a in state_resources(deploy_dir / root) if INDEX_RE.sub("", a).split(".")[-2] in DISK_TYPES]
+    return held
 
 
 TFVARS_STRING_RE = re.compile(r'^(\w+)\s*=\s*"([^"]*)"\s*$', re.MULTILINE)
@@ -311,6 +339,7 @@ def output(deploy_dir: str | Path) -> dict:
     path = Path(deploy_dir) / "cluster"
     if not path.is_dir():
         raise KitError("no deployment here", where=str(path), fix="run `kit render` / `kit apply` first")
+    clear_leftover_overrides(Path(deploy_dir))
     rc, out, err = run_terraform(["output", "-json", "-no-color"], path, timeout=300)
     _check(rc, out, err, "output", path)
     try:
@@ -325,15 +354,77 @@ def output(deploy_dir: str | Path) -> dict:
 DISK_RESOURCE_RE = re.compile(r'^resource "(\w+)" "this" \{', re.MULTILINE)
 
 
-def _disks_override(deploy_dir: Path) -> Path | None:
+OVERRIDE_TEXT = ('# Written by `kit destroy --with-disks` for this run only.\nresource "{resource}" "this" {{\n'
+                 "  lifecycle {{\n    prevent_destroy = false\n  }}\n}}\n")
+
+
+def _disk_module(deploy_dir: Path) -> tuple[Path, str] | None:
+    """The deployment's copy of the disks module and the type of its disk resource, or None."""
     for module in sorted((deploy_dir / "modules").glob("*/disks")):
         found = DISK_RESOURCE_RE.search((module / "main.tf").read_text())
         if found:
-            path = module / OVERRIDE_NAME
-            path.write_text(f'# Written by `kit destroy --with-disks` for this run only.\nresource "{found[1]}" "this" {{\n'
-                            "  lifecycle {\n    prevent_destroy = false\n  }\n}\n")
-            return path
+            return module, found[1]
     return None
+
+
+@contextlib.contextmanager
+def _prevent_destroy_lifted(deploy_dir: Path) -> Iterator[None]:
+    """Lift the disks module's ``prevent_destroy`` while the block runs: Terraform merges a module's
+    ``*_override.tf`` files over its resources (https://developer.hashicorp.com/terraform/language/files/override).
+    The run holds a lock on the file while it exists; one killed before its ``finally`` leaves it unlocked (the
+    kernel drops a dead process's flock: https://man7.org/linux/man-pages/man2/flock.2.html), and the next run
+    removes it (:func:`clear_leftover_overrides`)."""
+    found = _disk_module(deploy_dir)
+    if found is None:
+        yield
+        return
+    path = found[0] / OVERRIDE_NAME
+    fd = _lock_override(path, wait=True)
+    assert fd is not None  # (waiting, it creates the file)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, OVERRIDE_TEXT.format(resource=found[1]).encode())
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)  # (closing drops the lock)
+
+
+def _lock_override(path: Path, *, wait: bool) -> int | None:
+    """A descriptor of the override file at ``path`` holding its lock. Waiting, it creates the file; else None
+    when there is none, or when a destroy that runs holds it."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | (os.O_CREAT if wait else 0), 0o644)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # removed (or replaced) by another run before the lock was this one's: the file there now
+
+
+def clear_leftover_overrides(deploy_dir: Path) -> None:
+    """Remove the override a killed ``kit destroy --with-disks`` left in the deployment's disks module (every copy
+    of it): with it there, every later plan and apply of the deployment ran with ``prevent_destroy`` lifted. One a
+    destroy that runs now holds (see :func:`_prevent_destroy_lifted`) is its own, and stays."""
+    for path in sorted((deploy_dir / "modules").glob(f"*/disks/{OVERRIDE_NAME}")):
+        fd = _lock_override(path, wait=False)
+        if fd is None:
+            continue
+        try:
+            path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+        log.warning("removed %s: a `kit destroy --with-disks` that was stopped before it finished left it, and with "
+                    "it every later plan and apply ran with the data disks' prevent_destroy lifted", path)
 
 
 def disk_roots(deploy_dir: str | Path) -> list[str]:
@@ -365,15 +456,14 @@ def destroy_disks_root(deploy_dir: str | Path, root: str) -> None:
 def _destroy_root(deploy_dir: Path, root: str, *, disks: bool) -> None:
     path = _root(deploy_dir, root)
     init(deploy_dir, root)
-    override = _disks_override(deploy_dir) if disks else None
-    try:
-        _plan_root(path, "tfplan-destroy", destroy=True, allow_disk_loss=disks)
-        rc, out, err = run_terraform(["apply", "-input=false", "-no-color", "-auto-approve", "tfplan-destroy"], path)
-        _check(rc, out, err, "destroy", path)
-    finally:
-        (path / "tfplan-destroy").unlink(missing_ok=True)
-        if override is not None:
-            override.unlink(missing_ok=True)
+    with _prevent_destroy_lifted(deploy_dir) if disks else contextlib.nullcontext():
+        try:
+            _plan_root(path, "tfplan-destroy", destroy=True, allow_disk_loss=disks)
+            rc, out, err = run_terraform(["apply", "-input=false", "-no-color", "-auto-approve", "tfplan-destroy"],
+                                         path)
+            _check(rc, out, err, "destroy", path)
+        finally:
+            (path / "tfplan-destroy").unlink(missing_ok=True)
 
 
 def _main(argv: list[str]) -> int:

@@ -343,13 +343,28 @@ def check_fresh_start(spec: SpecBase, deploy_dir: Path, ledger) -> None:
 def disks_left(spec: SpecBase, deploy_dir: Path, ledger) -> str | None:
     """How to delete the finished run's data disks when its report says they were kept and they may still be
     there; None when they are gone. A cloud that renders no Terraform (the local one) has them on this machine,
-    each a directory (its disk id): gone once deleted by hand. A cloud's disks only its API knows about."""
+    each a directory (its disk id): gone once deleted by hand. A cloud's disks are gone once its disks roots'
+    Terraform state lists none (:func:`terraform_disks_gone`)."""
     if (finished_report(deploy_dir) or {}).get("disks") != "kept":
         return None
     if spec.cloud_facts.renders_terraform:
-        return "`kit destroy SPEC --with-disks`"
+        return None if terraform_disks_gone(deploy_dir) else ("`kit destroy SPEC --with-disks`, which also drops "
+                                                              "disks deleted in the console from Terraform's state")
     there = sorted({d["disk_id"] for d in ledger.disks() if Path(d["disk_id"]).exists()})
     return f"rm -r {' '.join(there)}" if there else None
+
+
+def terraform_disks_gone(deploy_dir: Path) -> bool:
+    """Whether the disks roots' Terraform state provably lists no data disk (``kit destroy --with-disks`` ran
+    since the run kept them); False while it lists one, and when it cannot be read (said in the log)."""
+    from kit import terraform
+
+    try:
+        held = terraform.disks_held(deploy_dir)
+    except KitError as error:
+        log.warning("cannot tell whether the finished run's kept disks are gone: %s", error.what)
+        return False
+    return not held
 
 
 def bucket_entries(url: str) -> int:

@@ -51,8 +51,10 @@ class TerraformBackend(Backend):
             terraform.apply(self.deploy_dir, parallelism=spec.nodes, roots=roots)
         except KitError as error:
             if spec.cloud_facts.is_capacity_error(str(error)):
-                raise CapacityError(f"no {market} capacity for {spec.nodes} x "
-                                    f"{self.instance_type}: {error.what}",
+                # a limit the user can raise (a quota) is said before Terraform's message, which may be cut short
+                hint = spec.cloud_facts.capacity_hint(spec, str(error))
+                raise CapacityError(f"no {market} capacity for {spec.nodes} x {self.instance_type}"
+                                    f"{f' ({hint})' if hint else ''}: {error.what}",
                                     where=str(self.deploy_dir), fix="kit watch retries with backoff") from error
             raise
         return self.nodes()

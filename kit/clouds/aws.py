@@ -125,12 +125,29 @@ class Aws(Cloud[AwsSpec]):
     # family group (G and VT, P, ...; https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/using-spot-limits.html,
     # "request a quota increase if ... you receive the error Max spot instance count exceeded"). It stays
     # here because the capacity search's answer to it is still the useful one: another region, another
-    # shape's family or on-demand (quotas of their own) may launch, and the error's text, kept in the
-    # ledger and the log with the capacity error, names the quota to raise in Service Quotas.
+    # shape's family or on-demand (quotas of their own) may launch. EC2's text ("Max spot instance count
+    # exceeded") names no quota, so the capacity error, kept in the ledger and the log, says which one to
+    # raise in Service Quotas and how (capacity_hint).
+    spot_quota_error: ClassVar[str] = r"MaxSpotInstanceCountExceeded"
     capacity_patterns = (r"InsufficientInstanceCapacity", r"InsufficientCapacity", r"capacity-not-available",
                          r"capacity-oversubscribed", r"SpotMaxPriceTooLow", r"price-too-low",
-                         r"MaxSpotInstanceCountExceeded", r"UnfulfillableCapacity",
+                         spot_quota_error, r"UnfulfillableCapacity",
                          r"There is no Spot capacity available")
+    spot_quota_docs: ClassVar[str] = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/using-spot-limits.html"
+    # The Spot vCPU quota ("All <group> Spot Instance Requests") of each instance family, as that page lists them
+    spot_quotas: ClassVar[tuple[tuple[str, str], ...]] = (
+        (r"(g|vt)\d", "G and VT"), (r"p5", "P5"), (r"p[234]", "P4, P3 and P2"), (r"dl\d", "DL"), (r"inf\d", "Inf"),
+        (r"trn\d", "Trn"), (r"f\d", "F"), (r"x\d", "X"), (r"[acdhimrtz]\d", "Standard (A, C, D, H, I, M, R, T, Z)"))
+
+    def capacity_hint(self, spec: AwsSpec, message: str) -> str | None:
+        """The Spot vCPU quota to raise when EC2 refused a launch for it (MaxSpotInstanceCountExceeded)."""
+        if not re.search(self.spot_quota_error, message, re.IGNORECASE):
+            return None
+        family = spec.instance_type.split(".")[0]
+        group = next((name for pattern, name in self.spot_quotas if re.match(pattern, family)), None)
+        quota = f'"All {group} Spot Instance Requests"' if group else f"the Spot Instance Requests quota of {family}"
+        return (f"it is the account's Spot vCPU quota in {spec.region}, not a stockout: raise {quota} for "
+                f"{spec.region} in the Service Quotas console (Amazon EC2), see {self.spot_quota_docs}")
     # G5: A10G 24 GB; cluster placement groups for all; EFA only on the large sizes. Prices: us-east-1.
     instance_types = (
         _t("g5.xlarge", 1, "A10G", 1.006, 0.40),

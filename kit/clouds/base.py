@@ -86,6 +86,11 @@ class Cloud(ABC, Generic[S]):
     def is_capacity_error(self, message: str) -> bool:
         return any(re.search(p, message, re.IGNORECASE) for p in self.capacity_patterns)
 
+    def capacity_hint(self, spec: S, message: str) -> str | None:
+        """What the user can do about a capacity error (``message``) that is no stockout but a limit of the
+        account (a quota), said with the error; None when there is nothing to say but to wait."""
+        return None
+
     def tags(self, spec: S) -> dict[str, str]:
         return dict(spec.labels)
 
@@ -127,3 +132,4 @@ class Cloud(ABC, Generic[S]):
     def backend(self, spec: S, deploy_dir: Path, *, watcher_url: str | None = None,
                 watcher_token: str | None = None) -> Backend:
         """What the watcher acts through: apply, bootstrap, destroy."""
+

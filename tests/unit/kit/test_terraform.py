@@ -305,3 +305,54 @@ def test_cli_plan_refuses_another_region_while_the_cluster_runs_in_one(tmp_path,
     result = CliRunner().invoke(app, ["plan", spec])
     assert result.exit_code != 0 and "runs in us-west-2" in result.output, result.output
     assert '"us-west-2"' in tfvars.read_text(), "nothing rendered over it"
+
+
+LOSES_A_DISK = {"disks": {"resource_changes": [_change("aws_ebs_volume", ["delete"])]}}
+
+
+def test_an_override_a_killed_destroy_left_is_removed_before_any_other_run(deploy, fake_tf, monkeypatch, caplog):
+    """`kit destroy --with-disks` lifts prevent_destroy with an override file it removes when it ends; SIGKILLed
+    before, it left it, and every later plan and apply of the deployment ran with prevent_destroy lifted."""
+    leftover = deploy / "modules" / "aws" / "disks" / terraform.OVERRIDE_NAME
+    left = 'resource "aws_ebs_volume" "this" {\n  lifecycle {\n    prevent_destroy = false\n  }\n}\n'
+    leftover.write_text(left)
+    monkeypatch.setenv("FAKE_STATE_disks", "module.disks.aws_ebs_volume.this[0]")
+    with caplog.at_level("WARNING", logger="kit.terraform"):
+        terraform.plan(deploy)
+    assert not leftover.exists(), "planned with prevent_destroy lifted"
+    assert str(leftover) in caplog.text and "prevent_destroy" in caplog.text
+    terraform.apply(deploy)
+    assert not list(deploy.glob("*/override-seen")), "applied with prevent_destroy lifted"
+    leftover.write_text(left)
+    monkeypatch.setenv("FAKE_PLANS", json.dumps(LOSES_A_DISK))
+    with pytest.raises(KitError, match="refusing a plan that would delete or replace data disk"):
+        terraform.plan(deploy)
+    assert not leftover.exists()
+    leftover.write_text(left)
+    terraform.output(deploy)
+    assert not leftover.exists()
+
+
+def test_the_override_of_a_destroy_that_runs_stays_while_it_runs(deploy, fake_tf, monkeypatch):
+    """Only a dead run's override is a leftover: the one a running destroy holds (the watcher releasing a left
+    zone's disks while `kit plan` runs) stays until that destroy ends, and a destroy with disks still sees it."""
+    override = deploy / "modules" / "aws" / "disks" / terraform.OVERRIDE_NAME
+    with terraform._prevent_destroy_lifted(deploy):
+        terraform.output(deploy)
+        assert "prevent_destroy = false" in override.read_text()
+    assert not override.exists()
+    terraform.destroy(deploy, with_disks=True)
+    assert [p.parent.name for p in deploy.glob("*/override-seen")] == ["disks"] and not override.exists()
+
+
+def test_the_disks_a_deployment_holds_are_read_from_every_disks_root_s_state(deploy, fake_tf, monkeypatch):
+    """What `kit train --fresh` asks before it starts over after a run that kept its disks: [] once they are
+    destroyed, an error (not []) when a state cannot be read or there is no disks root."""
+    assert terraform.disks_held(deploy) == []
+    monkeypatch.setenv("FAKE_STATE_disks", 'module.disks.aws_ebs_volume.this[0]\nmodule.disks.aws_ebs_volume.this["b"]')
+    assert terraform.disks_held(deploy) == ['module.disks.aws_ebs_volume.this[0]', 'module.disks.aws_ebs_volume.this["b"]']
+    monkeypatch.setenv("FAKE_STATE_FAIL", "disks")
+    with pytest.raises(KitError, match="state list failed"):
+        terraform.disks_held(deploy)
+    with pytest.raises(KitError, match="no disks root"):
+        terraform.disks_held(deploy / "cluster")

@@ -431,6 +431,41 @@ def test_fresh_is_refused_while_the_job_s_prefix_in_its_checkpoint_bucket_holds_
         assert _fresh(spec, session) is None
 
 
+def test_fresh_sees_that_kept_cloud_disks_were_destroyed(tmp_path, monkeypatch):
+    """The finished cloud run kept its disks: --fresh is refused while the disks roots' Terraform state lists
+    them, and when it cannot be read; once `kit destroy --with-disks` destroyed them it is not (it was refused
+    for good: the report still says kept)."""
+    from kit import terraform
+    from kit.errors import KitError
+    from kit.render import deployment_dir
+    from kit.watch.session import Session
+    from tests.support.watch import cloud_spec
+
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
+    spec = cloud_spec("aws")
+    deploy = deployment_dir(spec)
+    state: list = []
+
+    def disks_held(deploy_dir):
+        assert Path(deploy_dir) == deploy
+        if isinstance(state[0], Exception):
+            raise state[0]
+        return state[0]
+
+    monkeypatch.setattr(terraform, "disks_held", disks_held)
+    with Session(spec, deploy) as session:
+        _finish(session, disks="kept")
+        for held in (["module.disks.aws_ebs_volume.this[0]"], KitError("terraform state list failed: AccessDenied")):
+            state[:] = [held]
+            with pytest.raises(InputError, match="kept its data disks") as refused:
+                _fresh(spec, session)
+            assert refused.value.fix and "kit destroy SPEC --with-disks" in refused.value.fix
+            assert session.ledger.finished() and not (deploy / "previous").exists(), "nothing moved"
+        state[:] = [[]]
+        assert _fresh(spec, session) is None
+        assert not session.ledger.finished()
+
+
 def test_fresh_sees_that_kept_local_disks_were_deleted(tmp_path, monkeypatch):
     """The finished run kept its disks: --fresh is refused while they are there (the fresh run would resume
     from them), naming them; deleted by hand, as the refusal says, they no longer hold it back (the report

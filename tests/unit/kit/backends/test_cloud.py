@@ -98,6 +98,31 @@ def test_capacity_errors_are_told_apart(parts, tmp_path, message, capacity):
     assert clouds.get(cloud).is_capacity_error(message) == capacity
 
 
+SPOT_QUOTA = ("terraform apply failed: Error: creating EC2 Instance: MaxSpotInstanceCountExceeded: Max spot "
+              "instance count exceeded")
+
+
+def test_the_spot_quota_error_names_the_quota_to_raise(parts, tmp_path):
+    """MaxSpotInstanceCountExceeded is the account's Spot vCPU quota, not a stockout: still a capacity error (the
+    capacity search tries another offer), but EC2's text names no quota; the error the ledger and the user see
+    says which one to raise, and where."""
+    _, terraform = parts
+    terraform.failure = SPOT_QUOTA
+    spec = cloud_spec("aws")
+    with pytest.raises(CapacityError) as raised:
+        TerraformBackend(spec, tmp_path).apply(spec, "spot")
+    what = raised.value.what
+    assert '"All G and VT Spot Instance Requests" for us-east-1' in what and "Service Quotas" in what
+    assert "using-spot-limits.html" in what and what.endswith(SPOT_QUOTA), "Terraform's message follows it"
+    p5 = clouds.get("aws").capacity_hint(cloud_spec("aws", instance_type="p5.48xlarge"), SPOT_QUOTA)
+    assert p5 and '"All P5 Spot Instance Requests"' in p5
+    terraform.failure = "Error: creating EC2 Instance: InsufficientInstanceCapacity: no g5 capacity"
+    with pytest.raises(CapacityError) as raised:
+        TerraformBackend(spec, tmp_path).apply(spec, "spot")
+    assert "quota" not in raised.value.what, "a stockout is no quota"
+    assert clouds.get("gcp").capacity_hint(cloud_spec("gcp"), SPOT_QUOTA) is None
+
+
 def test_a_move_to_another_region_destroys_what_the_state_holds_even_without_outputs(parts, tmp_path):
     """An apply that failed half way in the old region (2 of 4 spot instances made) leaves no outputs: the move
     read "nothing runs" from them, rendered the new region over the root, and orphaned the instances."""
