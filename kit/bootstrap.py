@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -68,8 +69,21 @@ def ssh_private_key(spec: SpecBase) -> str | None:
     return None
 
 
-def inventory_from_spec(spec: SpecBase, outputs: dict, role_vars: dict | None = None) -> dict:
-    """Ansible inventory (YAML/JSON-shaped dict) for the deployed nodes, rank order."""
+def host_key_vars(known_hosts: Path | None) -> dict:
+    """Ansible's ssh connection with kit's host-key options (kit.remote.host_key_options): the pinned
+    keys of ``known_hosts`` only, or no check when the spec opted out (None). ``host_key_checking`` must
+    be on for the pinned case: off, Ansible puts ``StrictHostKeyChecking=no`` before these arguments,
+    and ssh keeps an option's first value (ssh_config(5))."""
+    from kit.remote import host_key_options
+
+    return {"ansible_host_key_checking": known_hosts is not None,
+            "ansible_ssh_common_args": shlex.join(host_key_options(known_hosts))}
+
+
+def inventory_from_spec(spec: SpecBase, outputs: dict, role_vars: dict | None = None, *,
+                        known_hosts: Path | None) -> dict:
+    """Ansible inventory (YAML/JSON-shaped dict) for the deployed nodes, rank order; ``known_hosts``:
+    their pinned host keys (None: not checked, the spec opted out)."""
     from kit.spec import CloudSpec, training_args
 
     nodes = outputs.get("nodes") or []
@@ -122,6 +136,7 @@ def inventory_from_spec(spec: SpecBase, outputs: dict, role_vars: dict | None = 
     key = ssh_private_key(spec)
     if key:
         group_vars["ansible_ssh_private_key_file"] = key
+    group_vars.update(host_key_vars(known_hosts))
     group_vars.update(role_vars or {})
     return {"all": {"hosts": hosts, "vars": group_vars}}
 

@@ -4,15 +4,24 @@ complete checkpoint to this machine (for the final export).
 Only ``ssh`` and ``tar`` are needed on either side (no rsync on minimal images). The checkpoint
 directory is read, never changed: the node's disk stays the authoritative copy until the export
 has been verified here, and only then may ``kit train`` delete the disks.
+
+Host keys are pinned: every ssh kit runs, and Ansible's (kit.bootstrap), accepts only the keys the
+node's cloud published for it (:class:`KnownHosts`, filled by the cloud backend from the cloud's API,
+never from what a host says over the network), so a host in the path that poses as a node cannot
+receive the watcher's token or the training code. A spec may opt out (``ssh.verify_host_keys: false``).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import shlex
 import shutil
 import socket
+import struct
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kit.errors import KitError
@@ -46,10 +55,103 @@ def wait_for_ssh(hosts: list[str], port: int = 22, timeout: float = SSH_BOOT_TIM
             time.sleep(1)
 
 
-def ssh_base(host: str, user: str, key: str | None = None, port: int = 22) -> list[str]:
-    # Host keys: cloud instances are new on every apply (and IPs get reused), so like the
-    # bootstrap's ansible.cfg we do not pin them; the connection is authenticated by our key.
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+def host_key_options(known_hosts: Path | None) -> list[str]:
+    """ssh's host-key options, for kit's ssh and Ansible's alike: only the keys of ``known_hosts`` (no
+    system-wide file, no key a host offers later: UpdateHostKeys), or, when the spec opted out
+    (``known_hosts`` None), no check and nothing remembered."""
+    if known_hosts is None:
+        return ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+    return ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}",
+            "-o", "GlobalKnownHostsFile=/dev/null", "-o", "UpdateHostKeys=no", "-o", "CheckHostIP=no"]
+
+
+# The host-key types kit pins. DSA is left out: OpenSSH 9.8 removed it (https://www.openssh.com/txt/release-9.8).
+# The number of fields of each type's public key: ed25519 its key; ECDSA its curve and point; RSA e and n
+# (RFC 8709 section 4, RFC 5656 section 3.1, RFC 4253 section 6.6), each after the type's name.
+_KEY_FIELDS = {"ssh-ed25519": 2, "ecdsa-sha2-nistp256": 3, "ecdsa-sha2-nistp384": 3, "ecdsa-sha2-nistp521": 3,
+               "ssh-rsa": 3}
+HOST_KEY_TYPES = tuple(_KEY_FIELDS)
+KNOWN_HOSTS_FILE = "known_hosts"  # deploy/<name>/known_hosts
+
+
+def public_key_line(key_type: str, blob: str) -> str | None:
+    """``"<type> <base64>"`` when ``blob`` is a well-formed public key of ``key_type``, else None. Its
+    wire format is length-prefixed fields, the first the type's name: a blob cut short, run together
+    with other text, or of another type does not parse."""
+    if key_type not in HOST_KEY_TYPES:
+        return None
+    try:
+        raw = base64.b64decode(blob, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    fields, at = [], 0
+    while at < len(raw):
+        if at + 4 > len(raw):
+            return None
+        (size,) = struct.unpack(">I", raw[at:at + 4])
+        at += 4 + size
+        if at > len(raw):
+            return None
+        fields.append(raw[at - size:at])
+    whole = len(fields) == _KEY_FIELDS[key_type] and fields[0] == key_type.encode()
+    return f"{key_type} {blob}" if whole else None
+
+
+class KnownHosts:
+    """``deploy/<name>/known_hosts``: each node's address with the host keys its cloud published for
+    it, and the instance they belong to (the line's comment): an address that comes back as another
+    instance (a replacement, a reused IP) is asked again, and an address no node has any more is dropped."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def entries(self) -> dict[str, tuple[str, list[str]]]:
+        """address -> (instance, its keys)."""
+        out: dict[str, tuple[str, list[str]]] = {}
+        lines = self.path.read_text().splitlines() if self.path.exists() else []
+        for line in lines:
+            parts = line.split()
+            if len(parts) == 4 and public_key_line(parts[1], parts[2]):
+                out.setdefault(parts[0], (parts[3], []))[1].append(f"{parts[1]} {parts[2]}")
+        return out
+
+    def pin(self, nodes: dict[str, str], lookup: Callable[[str], list[str]], *, timeout: float, source: str,
+            poll_s: float = 5.0) -> None:
+        """Pin ``nodes`` (address -> instance): those pinned already for the same instance stay, the
+        others are looked up (``lookup(address)``: the keys the cloud published, [] while it has not
+        yet; a fresh instance publishes them as it boots) until ``timeout``; then the file holds these
+        nodes only. KitError naming the nodes still without keys."""
+        old = self.entries()
+        found = {a: old[a] for a, iid in nodes.items() if a in old and old[a][0] == iid}
+        pending = sorted(set(nodes) - set(found))
+        deadline = time.monotonic() + timeout
+        while pending:
+            for address in pending:
+                keys = lookup(address)
+                if keys:
+                    found[address] = (nodes[address], keys)
+            pending = [a for a in pending if a not in found]
+            if not pending or time.monotonic() + poll_s > deadline:
+                break
+            time.sleep(poll_s)
+        if found != old:
+            self._write(found)
+        if pending:
+            raise KitError(f"no SSH host keys published for {', '.join(pending)} within {timeout:.0f} s "
+                           f"({source})", where=str(self.path),
+                           fix="use an image that publishes them, check that the instances booted, or set "
+                               "ssh.verify_host_keys: false to connect without checking who answers")
+
+    def _write(self, entries: dict[str, tuple[str, list[str]]]) -> None:
+        from training.contract import write_atomic
+
+        write_atomic(self.path, "".join(f"{address} {key} {iid}\n" for address, (iid, keys) in sorted(entries.items())
+                                        for key in keys))
+
+
+def ssh_base(host: str, user: str, key: str | None = None, port: int = 22, *,
+             known_hosts: Path | None = None) -> list[str]:
+    argv = ["ssh", "-o", "BatchMode=yes", *host_key_options(known_hosts),
             "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=20", "-p", str(port)]
     if key:
         argv += ["-i", key]

@@ -104,6 +104,9 @@ class SshSection(_Model):
     public_key: str = "~/.ssh/id_ed25519.pub"
     allowed_cidrs: list[str] = Field(default_factory=list)
     allow_world: StrictBool = False
+    # Connect only to the host keys the cloud's API published for each node (kit.remote.KnownHosts);
+    # false: accept whatever key answers, for images that publish none
+    verify_host_keys: StrictBool = True
 
     @field_validator("allowed_cidrs")
     @classmethod

@@ -21,6 +21,14 @@ if TYPE_CHECKING:
     from kit.spec import CloudSpec, SpecBase
 
 
+def output_nodes(outputs: dict) -> list[Node]:
+    """The nodes of a deployment's ``terraform output`` (``nodes``), in rank order."""
+    items = outputs.get("nodes") or []
+    if isinstance(items, dict) and "value" in items:  # raw `terraform output -json` shape
+        items = items["value"]
+    return [Node.from_output(item, rank) for rank, item in enumerate(items)]
+
+
 class TerraformBackend(Backend):
     def __init__(self, spec: CloudSpec, deploy_dir: Path, *, watcher_url: str | None = None, watcher_token: str | None = None):
         self.spec: SpecBase = spec
@@ -80,10 +88,23 @@ class TerraformBackend(Backend):
             outputs = terraform.output(self.deploy_dir)
         except KitError:
             return []  # not applied yet: no state, no outputs
-        items = outputs.get("nodes") or []
-        if isinstance(items, dict) and "value" in items:  # raw `terraform output -json` shape
-            items = items["value"]
-        return [Node.from_output(item, rank) for rank, item in enumerate(items)]
+        return output_nodes(outputs)
+
+    def known_hosts(self, nodes: list[Node], *, timeout: float | None = None) -> Path | None:
+        """The file of ``nodes``' host keys as the cloud's API published them (kit.remote.KnownHosts),
+        waiting up to ``timeout`` (default: a boot's) for a fresh node's; None when the spec opted out
+        (``ssh.verify_host_keys: false``). The file then holds these nodes only."""
+        from kit import remote
+
+        if not self.spec.ssh.verify_host_keys:
+            return None
+        cloud, spec = self.spec.cloud_facts, self.spec
+        by_address = {address: node for node in nodes if (address := node.public_ip or node.private_ip)}
+        known = remote.KnownHosts(self.deploy_dir / remote.KNOWN_HOSTS_FILE)
+        known.pin({address: node.instance_id for address, node in by_address.items()},
+                  lambda address: cloud.host_keys(spec, by_address[address]),
+                  timeout=remote.SSH_BOOT_TIMEOUT_S if timeout is None else timeout, source=cloud.host_key_source)
+        return known.path
 
     def bootstrap(self, nodes: list[Node]) -> None:
         from kit import bootstrap, remote, terraform
@@ -92,7 +113,9 @@ class TerraformBackend(Backend):
         if self.watcher_url and self.watcher_token:
             role_vars = {"preemption_agent_watcher_url": self.watcher_url,
                          "preemption_agent_watcher_token": self.watcher_token}
-        inventory = bootstrap.inventory_from_spec(self.spec, terraform.output(self.deploy_dir), role_vars=role_vars)
+        outputs = terraform.output(self.deploy_dir)
+        inventory = bootstrap.inventory_from_spec(self.spec, outputs, role_vars=role_vars,
+                                                  known_hosts=self.known_hosts(output_nodes(outputs)))
         remote.wait_for_ssh([host["ansible_host"] for host in inventory["all"]["hosts"].values()])
         result = bootstrap.bootstrap_nodes(inventory)
         if not result.ok:
@@ -108,12 +131,18 @@ class TerraformBackend(Backend):
 
         from kit import bootstrap, remote
 
-        records = []
-        for node in self.nodes():
+        records, nodes = [], self.nodes()
+        try:  # a node whose keys are not published yet is skipped (ssh refuses it) until they are
+            known_hosts = self.known_hosts(nodes, timeout=0)
+        except KitError as error:
+            log.warning("%s", error.what)
+            known_hosts = self.deploy_dir / remote.KNOWN_HOSTS_FILE
+        for node in nodes:
             host = node.public_ip or node.private_ip
             if not host:
                 continue
-            ssh = remote.ssh_base(host, self.spec.ssh.user, bootstrap.ssh_private_key(self.spec))
+            ssh = remote.ssh_base(host, self.spec.ssh.user, bootstrap.ssh_private_key(self.spec),
+                                  known_hosts=known_hosts)
             try:
                 text = remote.read_file(ssh, PROGRESS_FILE, timeout=30)
                 records.append(json.loads(text))
@@ -128,7 +157,9 @@ class TerraformBackend(Backend):
         if not host:
             raise KitError(f"node {node.name} has no IP address", where="terraform output nodes",
                            fix="wait until the instance is running, then `kit train` again")
-        ssh = remote.ssh_base(host, self.spec.ssh.user, bootstrap.ssh_private_key(self.spec))
+        nodes = [n for n in self.nodes() if n.instance_id != node.instance_id] + [node]
+        ssh = remote.ssh_base(host, self.spec.ssh.user, bootstrap.ssh_private_key(self.spec),
+                              known_hosts=self.known_hosts(nodes, timeout=60))
         return remote.fetch_newest_checkpoint(ssh, self.spec.training.ckpt_dir, Path(scratch) / node.name)
 
     def destroy(self, keep_disks: bool = True) -> None:

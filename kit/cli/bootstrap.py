@@ -46,9 +46,12 @@ def _inventory(spec: SpecBase, hosts: Path | None) -> dict:
 
     if hosts is None:
         from kit import terraform
+        from kit.backends.cloud import TerraformBackend, output_nodes
         from kit.render import deployment_dir
 
-        return bs.inventory_from_spec(spec, terraform.output(deployment_dir(spec)))
+        backend = TerraformBackend(spec, deployment_dir(spec))  # type: ignore[arg-type]
+        outputs = terraform.output(backend.deploy_dir)
+        return bs.inventory_from_spec(spec, outputs, known_hosts=backend.known_hosts(output_nodes(outputs)))
     inventory = read_yaml(hosts, what="inventory", fix="pass an ansible YAML inventory")
     shape = "use the ansible YAML inventory shape: all: {hosts: {name: {ansible_host: ...}}, vars: {...}}"
     if not isinstance(inventory, dict) or "all" not in inventory:

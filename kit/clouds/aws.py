@@ -5,12 +5,15 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, StrictBool, field_validator, model_validator
 
 from kit.clouds.base import Cloud, InstanceType, Variable
 from kit.spec import CloudSpec, Finite, SpecProblem, _Model
+
+if TYPE_CHECKING:
+    from kit.backends.base import Node
 
 AMI_RE = re.compile(r"ami-[0-9a-f]{8,17}")
 EBS_TYPES = ("gp3", "gp2", "io1", "io2", "st1")  # every EBS volume type attaches to every instance type
@@ -207,6 +210,13 @@ class Aws(Cloud[AwsSpec]):
         from kit.backends.cloud import TerraformBackend
 
         return TerraformBackend(spec, deploy_dir, watcher_url=watcher_url, watcher_token=watcher_token)
+
+    host_key_source = "cloud-init's SSH HOST KEY KEYS block of the console output (EC2 GetConsoleOutput)"
+
+    def host_keys(self, spec: AwsSpec, node: Node) -> list[str]:
+        from kit.backends.aws_host_keys import published_host_keys
+
+        return published_host_keys(spec.region, node.instance_id)
 
 
 CLOUD = Aws()

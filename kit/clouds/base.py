@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from kit.backends.base import Backend
+    from kit.backends.base import Backend, Node
     from kit.spec import SpecBase
     from kit.watch.sources.base import EventSource
 
@@ -133,3 +133,10 @@ class Cloud(ABC, Generic[S]):
                 watcher_token: str | None = None) -> Backend:
         """What the watcher acts through: apply, bootstrap, destroy."""
 
+    # Where the cloud publishes a node's SSH host keys (said in the error when it published none)
+    host_key_source: ClassVar[str] = "nowhere kit knows"
+
+    def host_keys(self, spec: S, node: Node) -> list[str]:
+        """The SSH host keys ("<type> <base64>") the cloud's API publishes for ``node``, which kit pins
+        (kit.remote.KnownHosts); [] while it has published none (yet). KitError when the API refuses."""
+        return []

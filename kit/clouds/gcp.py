@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field, StrictBool, model_validator
 
 from kit.clouds.base import Cloud, InstanceType, Variable
 from kit.spec import CloudSpec, SpecProblem, SshSection, _Model
+
+if TYPE_CHECKING:
+    from kit.backends.base import Node
 
 ACCELERATOR_IMAGE = ("projects/ubuntu-os-accelerator-images/global/images/family/"
                      "ubuntu-accelerator-2204-amd64-with-nvidia-550")
@@ -176,6 +179,13 @@ class Gcp(Cloud[GcpSpec]):
         from kit.backends.cloud import TerraformBackend
 
         return TerraformBackend(spec, deploy_dir, watcher_url=watcher_url, watcher_token=watcher_token)
+
+    host_key_source = "the guest attributes hostkeys/ that Google's guest agent writes (instances.getGuestAttributes)"
+
+    def host_keys(self, spec: GcpSpec, node: Node) -> list[str]:
+        from kit.backends.gcp_host_keys import published_host_keys
+
+        return published_host_keys(spec.project, node.zone or spec.zone, node.name)
 
 
 CLOUD = Gcp()

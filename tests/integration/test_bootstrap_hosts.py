@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from kit.bootstrap import host_key_vars
+from kit.remote import host_key_options
 from tests.support import REPO
 
 pytestmark = [pytest.mark.slow]
@@ -74,7 +76,8 @@ def test_playbook_on_netns_hosts(tmp_path, monkeypatch):
         _a_finished_run_is_not_started_again(cluster, cluster.hosts[0])
         _bad_flags_and_extra_env_fail(cluster, hosts, group_vars, tmp_path)
         # kit train's final export: the cloud backend copies the newest complete checkpoint over SSH
-        fetch_final_checkpoint(cluster, tmp_path)
+        fetch_final_checkpoint(cluster, tmp_path, monkeypatch)
+        _a_host_with_another_key_is_refused(cluster, inventory, tmp_path, monkeypatch)
         print(f"first run {t1 - t0:.1f}s (incl. host start), total {time.time() - t0:.1f}s")
 
 
@@ -105,7 +108,8 @@ def _inventory(cluster, source):
         "python_env_install_torch": "false", "nvidia_driver_force": "false", "nvidia_driver_allow_reboot": "no",
         "python_env_apt_update": False,  # the hosts have no Debian mirror
         "preemption_agent_cloud": "gcp",
-        "preemption_agent_watcher_url": f"http://{cluster.hosts[0].gateway}:8080", "preemption_agent_watcher_token": "tok"}
+        "preemption_agent_watcher_url": f"http://{cluster.hosts[0].gateway}:8080", "preemption_agent_watcher_token": "tok",
+        **host_key_vars(cluster.known_hosts)}  # Ansible checks each host's key against the pinned ones
     return hosts, group_vars
 
 
@@ -246,19 +250,57 @@ def _bad_flags_and_extra_env_fail(cluster, hosts, group_vars, tmp_path):
     assert "NNODES=2" in cluster.ssh(cluster.hosts[1], "cat /etc/kit/train.env").stdout
 
 
-def fetch_final_checkpoint(cluster, tmp_path):
+def _publish(monkeypatch, published):
+    """The cloud's API (kit.clouds' host_keys) answers ``published(address)`` for a node."""
+    from kit import clouds
+
+    monkeypatch.setattr(type(clouds.get("gcp")), "host_keys",
+                        lambda self, spec, node: published(node.public_ip or node.private_ip))
+
+
+def _a_host_with_another_key_is_refused(cluster, inventory, tmp_path, monkeypatch):
+    """What a host in the path posing as a node meets: the keys pinned for each address are the other
+    host's. Ansible reaches neither (so no token and no code goes out), and kit's own ssh refuses too."""
+    import copy
+
+    from kit.backends.base import Node
+    from kit.backends.cloud import TerraformBackend
+    from kit.bootstrap import bootstrap_nodes
+    from kit.errors import KitError
+    from kit.remote import KnownHosts
+    from tests.support.watch import cloud_spec
+
+    a, b = cluster.hosts
+    swapped = {a.ip: b.host_keys, b.ip: a.host_keys}
+    KnownHosts(tmp_path / "swapped").pin({a.ip: "i-0", b.ip: "i-1"}, swapped.__getitem__, timeout=0, source="test")
+    wrong = copy.deepcopy(inventory)
+    # its own ControlPath: the earlier runs' master connections (ControlPersist) would carry it unchecked
+    wrong["all"]["vars"].update(host_key_vars(tmp_path / "swapped"), ansible_control_path_dir=str(tmp_path / "cp"))
+    result = bootstrap_nodes(wrong, private_data_dir=tmp_path / "swapped-run")
+    assert not result.ok and sorted(result.failures) == [a.name, b.name], result.failures
+    assert all("host key" in " ".join(m).lower() for m in result.failures.values()), result.failures
+    _publish(monkeypatch, swapped.__getitem__)
+    spec = cloud_spec("gcp", ssh={"user": "root", "public_key": f"{cluster.key}.pub", "allowed_cidrs": ["198.18.0.0/15"]})
+    backend = TerraformBackend(spec, tmp_path / "deploy-swapped")
+    with pytest.raises(KitError, match="copying|cannot list"):
+        backend.checkpoint_dir(Node(name=b.name, instance_id="i-1", rank=1, public_ip=b.ip), tmp_path / "s3")
+
+
+def fetch_final_checkpoint(cluster, tmp_path, monkeypatch):
     from kit.backends.base import Node
     from kit.backends.cloud import TerraformBackend
     from tests.support.trainer import write_final_checkpoint
     from tests.support.watch import cloud_spec
     from training.export import export
 
+    _publish(monkeypatch, cluster.published)
+
     h = cluster.hosts[1]
     sha = write_final_checkpoint(tmp_path / "final", 30)
     write_final_checkpoint(tmp_path / "final", 20)  # an older one next to it: the newest is fetched
     tar = subprocess.run(["tar", "-C", str(tmp_path / "final"), "-cf", "-", "."], capture_output=True, check=True)
     cluster.ssh(h, "mkdir -p /mnt/kit-disk/ckpt/.tmp-step-00000040-1")  # a save that never finished: ignored
-    subprocess.run(["ssh", "-i", str(cluster.key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+    subprocess.run(["ssh", "-i", str(cluster.key), *host_key_options(cluster.known_hosts),
                     f"root@{h.ip}", "tar -C /mnt/kit-disk/ckpt -xf -"], input=tar.stdout, check=True, timeout=60)
     spec = cloud_spec("gcp", ssh={"user": "root", "public_key": f"{cluster.key}.pub",
                                   "allowed_cidrs": ["198.18.0.0/15"]})
@@ -266,6 +308,7 @@ def fetch_final_checkpoint(cluster, tmp_path):
     node = Node(name=h.name, instance_id="i-1", rank=1, public_ip=h.ip)
     fetched = backend.checkpoint_dir(node, tmp_path / "scratch")
     assert sorted(p.name for p in fetched.iterdir()) == ["step-00000030"]
+    assert (tmp_path / "deploy" / "known_hosts").read_text().startswith(f"{h.ip} "), "pinned as it was fetched"
     assert export(fetched, tmp_path / "export", step=30, params_sha256=sha)["params_sha256"] == sha
     assert cluster.ssh(h, "ls /mnt/kit-disk/ckpt").stdout.split() == ["step-00000020", "step-00000030", "step-10.pt"]
     cluster.ssh(h, "rm -rf /mnt/kit-disk/ckpt/step-00000030/COMPLETE")  # incomplete now: the older one is fetched
@@ -325,6 +368,7 @@ def _served(www, address):
 def _driver_inventory(cluster, h, base):
     return {"all": {"hosts": {h.name: {"ansible_host": h.ip, "node_rank": 0, "private_ip": h.ip}},
                     "vars": {"ansible_user": "root", "ansible_ssh_private_key_file": str(cluster.key),
+                             **host_key_vars(cluster.known_hosts),
                              "trainer_rdzv_endpoint": f"{h.ip}:29500",
                              "nvidia_driver_force": True,  # no NVIDIA PCI device here
                              "nvidia_driver_fabricmanager": "true",  # no NVSwitch either

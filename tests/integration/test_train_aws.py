@@ -84,10 +84,13 @@ def undisturbed_digest(tmp_path: Path) -> str:
     return digest(run.output)
 
 
-def progress_step(hosts, key: Path) -> int:
-    """The trainer's step, read on the first host that answers (the progress file on its data disk)."""
+def progress_step(hosts, key: Path, known_hosts: Path) -> int:
+    """The trainer's step, read on the first host that answers (the progress file on its data disk), with
+    the host keys kit pinned (kit pins them before it bootstraps: no trainer runs before they exist)."""
+    from kit.remote import host_key_options
+
     for host in list(hosts.hosts.values()):
-        proc = subprocess.run(["ssh", "-i", str(key), "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+        proc = subprocess.run(["ssh", "-i", str(key), *host_key_options(known_hosts),
                                "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=2", f"root@{host.ip}",
                                "cat /mnt/kit-disk/progress.json"], capture_output=True, text=True, timeout=30, check=False)
         if proc.returncode == 0:
@@ -136,7 +139,7 @@ def interrupt_after_a_checkpoint(tmp_path: Path, kit: subprocess.Popen, hosts):
     while it waits in the rendezvous (the harder of the two recoveries)."""
     hosts.wait_for(2, timeout=300)
     deadline = time.time() + 600
-    while progress_step(hosts, tmp_path / "key") < CKPT_EVERY + 10:
+    while progress_step(hosts, tmp_path / "key", tmp_path / "deploy" / "e2e" / "known_hosts") < CKPT_EVERY + 10:
         assert kit.poll() is None and time.time() < deadline, (tmp_path / "kit-train.log").read_text()
         time.sleep(2)
     victim = hosts.hosts[head_instance(tmp_path / "deploy" / "e2e")]
@@ -157,6 +160,20 @@ def assert_recovered_the_aws_way(tmp_path: Path, hosts, victim, report: dict) ->
     (volume,) = [v for i, v in hosts.attachments if i == victim.id]
     assert [i for i, v in hosts.attachments if v == volume] == [victim.id, hosts.booted[2]], hosts.attachments
     assert len(hosts.booted) == 3 and report["steps_lost"] == 0, (hosts.booted, report)
+    assert_pinned_the_published_keys(tmp_path / "deploy" / "e2e" / "known_hosts", hosts,
+                                     [i for i in hosts.booted if i != victim.id])
+
+
+def assert_pinned_the_published_keys(path: Path, hosts, last: list[str]) -> None:
+    """kit's known_hosts holds the ``last`` nodes, the replacement among them, each with the keys its
+    console output printed."""
+    from kit.backends.aws_host_keys import console_host_keys
+    from kit.remote import KnownHosts
+
+    pinned = KnownHosts(path).entries()
+    assert sorted(iid for iid, _ in pinned.values()) == sorted(last), (pinned, hosts.booted)
+    for address, (iid, keys) in pinned.items():
+        assert keys == console_host_keys(hosts.consoles[iid]) and keys, (address, iid)
 
 
 @pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")

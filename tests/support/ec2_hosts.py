@@ -14,6 +14,10 @@ instances.
 * A volume is a sparse file on a loop device, linked where an EBS volume appears on a Nitro instance,
   ``/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_<volume id without the dash>``, while it is attached.
   Its file outlives the instance: a replacement instance gets the same filesystem back.
+* An instance's host keys are new at its boot, as cloud-init makes them, and its console output
+  (GetConsoleOutput: moto answers every instance with one fixed kernel log, so tests/support/moto.py's
+  ``console_outputs`` is in force while the hosts run) is the block cloud-init prints them in: what
+  kit pins before it connects.
 * ``interrupt(instance)``: a spot interruption the AWS way: the metadata service gives the
   ``spot/instance-action`` notice, and after ``warning`` seconds moto terminates the instance with
   ``StateReason`` ``Server.SpotInstanceTermination``; the host is then shut down (its units stopped, as
@@ -24,6 +28,7 @@ spot termination's state reason is set on moto's own instance object, which no E
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -36,6 +41,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from tests.support import REPO
+from tests.support.host_keys import cloud_init_console, new_host_keys
+from tests.support.moto import console_outputs
 from tests.support.netns_hosts import (
     StartStop,
     _run,
@@ -98,6 +105,8 @@ class Ec2Hosts(StartStop):
         self.booted: list[str] = []  # instance ids, in the order their hosts came up
         self.attachments: list[tuple[str, str]] = []  # (instance id, volume id), in the order they appeared
         self.errors: list[str] = []
+        self.consoles: dict[str, str] = {}  # instance id -> its console output (GetConsoleOutput)
+        self._console = contextlib.ExitStack()
         self._index = 0
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -117,6 +126,7 @@ class Ec2Hosts(StartStop):
         self.vpc_id = self.ec2.create_vpc(CidrBlock=cidr)["Vpc"]["VpcId"]
         self.subnet_id = self.ec2.create_subnet(VpcId=self.vpc_id, CidrBlock=cidr,
                                                 AvailabilityZone=self.zone)["Subnet"]["SubnetId"]
+        self._console.enter_context(console_outputs(self.consoles))
         self._thread.start()
         return self
 
@@ -135,6 +145,7 @@ class Ec2Hosts(StartStop):
         for _, loop in self.volumes.values():
             subprocess.run(["losetup", "-d", loop], check=False, capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], check=False, capture_output=True)
+        self._console.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     # ------------------------------------------------------------------ following moto
@@ -192,6 +203,7 @@ class Ec2Hosts(StartStop):
         host.root.mkdir(parents=True)
         _run(["tar", "-C", str(host.root), "-xf", str(rootfs_tarball())], timeout=300)
         self._image(host)
+        self.consoles[iid] = cloud_init_console(new_host_keys(host.root), name=host.name)
         veth_into(host.netns, host.veth, ip)
         _run(["ip", "link", "set", host.veth, "master", self.bridge, "up"])
         _run(["ip", "netns", "exec", host.netns, "ip", "addr", "add", "169.254.169.254/32", "dev", "lo"])

@@ -1,5 +1,6 @@
 """A loopback fake of the Compute Engine v1 REST API (tests only), shaped like the documented API:
-``instances`` (list, get, insert, delete, start), ``disks`` (get, insert, delete) and ``zoneOperations.list``,
+``instances`` (list, get, insert, delete, start, getGuestAttributes), ``disks`` (get, insert, delete) and
+``zoneOperations.list``,
 under ``/compute/v1/projects/{project}/zones/{zone}/``. Lists are paged (``items`` / ``nextPageToken``)
 and honour only the ``filter`` expressions kit sends (``labels.kit-cluster="NAME"``,
 ``operationType="compute.instances.preempted"``); any other filter is a 400, so a wrong one fails the
@@ -12,6 +13,12 @@ the provider emulator (tests/support/tf_emulator/gcp_compute.py) creates and del
 applies in it, so both see one cloud. ``preempt(name)`` is what GCP does to a Spot VM whose termination
 action is STOP (kit's): a system ``compute.instances.preempted`` operation, and the instance is stopped
 (status ``TERMINATED``), keeping its id and disks until ``instances.start``.
+
+``guest_attributes[name]`` holds what an instance's guest agent wrote (``{"hostkeys/ssh-ed25519": base64}``);
+``instances.getGuestAttributes?queryPath=P`` answers the ``compute#guestAttributes`` of the documented API
+with the entries under ``P`` (``queryValue.items`` of namespace, key, value) when the instance's metadata
+has ``enable-guest-attributes`` TRUE and something is written there. Otherwise the fake answers 404: the
+reference does not say which error GCP gives then, and kit treats any 404 as "not written yet".
 """
 from __future__ import annotations
 
@@ -26,7 +33,8 @@ from urllib.parse import parse_qs, urlparse
 from tests.support.gcp_api import ComputeHandler
 
 PAGE = 2  # small pages, so that a client must follow nextPageToken
-PATH = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/(instances|disks|operations)(?:/([^/]+))?(/start)?$")
+PATH = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/(instances|disks|operations)(?:/([^/]+))?"
+                  r"(/start|/getGuestAttributes)?$")
 LABEL_FILTER = re.compile(r'^labels\.kit-cluster\s*=\s*"([^"]+)"$')
 PREEMPTED = "compute.instances.preempted"
 _ids = itertools.count(4_000_000_000_000_000_001)
@@ -47,6 +55,7 @@ class FakeCompute:
         self.fail_with: int | None = None
         self.stocked_out: set[str] = set()  # zones where a new VM finds no capacity
         self.requests: list[str] = []
+        self.guest_attributes: dict[str, dict[str, str]] = {}  # instance name -> "namespace/key" -> value
         self.endpoint = ""
         self._server: ThreadingHTTPServer | None = None
 
@@ -123,6 +132,18 @@ class FakeCompute:
         inst.update(status="RUNNING", lastStartTimestamp=now())
         return self.operation(zone, "compute.instances.start", inst)
 
+    def get_guest_attributes(self, zone: str, name: str, query_path: str) -> dict:
+        inst = self.get("instances", zone, name)
+        enabled = any(m.get("key") == "enable-guest-attributes" and str(m.get("value")).upper() == "TRUE"
+                      for m in (inst.get("metadata") or {}).get("items") or [])
+        written = {k: v for k, v in self.guest_attributes.get(name, {}).items() if k.startswith(query_path)}
+        if not enabled or not written:
+            raise ApiError(404, f"The resource '{inst['selfLink']}/guestAttributes/{query_path}' was not found",
+                           "notFound")
+        items = [{"namespace": k.split("/", 1)[0], "key": k.split("/", 1)[1], "value": v} for k, v in written.items()]
+        return {"kind": "compute#guestAttributes", "queryPath": query_path, "queryValue": {"items": items},
+                "selfLink": f"{inst['selfLink']}/getGuestAttributes"}
+
     def get(self, kind: str, zone: str, name: str) -> dict:
         items = self.instances if kind == "instances" else self.disks
         for item in items:
@@ -159,6 +180,9 @@ class Handler(ComputeHandler):
         try:
             if method == "GET" and name is None:
                 return self.listing(zone, kind, parse_qs(url.query))
+            if method == "GET" and kind == "instances" and name and action == "/getGuestAttributes":
+                path = parse_qs(url.query).get("queryPath", [""])[0]
+                return self.reply(200, self.state.get_guest_attributes(zone, name, path))
             self.reply(200, self.call(method, zone, kind, name, action))
         except ApiError as error:
             self.error(error.status, error.message, error.reason)

@@ -52,3 +52,31 @@ def s3_bucket(env: pytest.MonkeyPatch, bucket: str = "ckpts") -> Iterator[str]:
             yield f"s3://{bucket}"
         finally:
             s3fs.S3FileSystem.clear_instance_cache()
+
+
+@contextmanager
+def console_outputs(outputs: dict[str, str]) -> Iterator[dict[str, str]]:
+    """moto's GetConsoleOutput answers every instance with one fixed kernel log
+    (moto/ec2/responses/general.py); inside this, an instance of ``outputs`` (instance id -> text, which
+    the caller may fill in as instances boot) answers its own text, base64 in ``Output`` as EC2 gives
+    it. moto must run in this process (ThreadedMotoServer)."""
+    from moto.core.responses import ActionResult
+    from moto.core.utils import utcnow
+    from moto.ec2.responses.general import General
+    from moto.ec2.utils import Base64EncodedString
+
+    original = General.get_console_output
+
+    def get_console_output(self):
+        iid = self._get_param("InstanceId")
+        if iid not in outputs:
+            return original(self)
+        self.ec2_backend.get_instance(iid)  # an unknown id: InvalidInstanceID.NotFound, as from EC2
+        return ActionResult({"InstanceId": iid, "Timestamp": utcnow(),
+                             "Output": Base64EncodedString.from_raw_string(outputs[iid])})
+
+    General.get_console_output = get_console_output  # type: ignore[method-assign]
+    try:
+        yield outputs
+    finally:
+        General.get_console_output = original  # type: ignore[method-assign]

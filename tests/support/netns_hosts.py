@@ -26,6 +26,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.support.host_keys import new_host_keys
+
 CACHE = Path(os.environ.get("KIT_TEST_CACHE", Path.home() / ".cache" / "kit-test"))
 TARBALL = CACHE / "debian12-rootfs-v1.tar"
 MIRROR = os.environ.get("KIT_DEBIAN_MIRROR", "http://deb.debian.org/debian")
@@ -188,6 +190,7 @@ class Host:
         self.disk_image = workdir / self.name / "disk.img"
         self.loop: str | None = None
         self.proc: subprocess.Popen | None = None
+        self.host_keys: list[str] = []  # its sshd's public keys, new at its boot (what its cloud would publish)
 
     @property
     def ip(self) -> str:
@@ -205,6 +208,7 @@ class NetnsHosts(StartStop):
         self.hosts = [Host(i, self.workdir, self.tag) for i in range(n)]
         self.disk_mb = disk_mb
         self.key = self.workdir / "id_ed25519"
+        self.known_hosts = self.workdir / "known_hosts"  # every host's keys, pinned as kit pins them
 
     def start(self) -> NetnsHosts:
         tarball = rootfs_tarball()
@@ -219,7 +223,19 @@ class NetnsHosts(StartStop):
             self._boot(h, tarball)
         for h in self.hosts:
             self._wait_ssh(h)
+        self.pin(self.known_hosts)
         return self
+
+    def published(self, address: str) -> list[str]:
+        """What the hosts' "cloud" publishes for the host at ``address`` (kit.clouds' host_keys)."""
+        return next((h.host_keys for h in self.hosts if h.ip == address), [])
+
+    def pin(self, path: Path) -> Path:
+        """A known_hosts file of every host, written by kit's own KnownHosts."""
+        from kit.remote import KnownHosts
+
+        KnownHosts(path).pin({h.ip: h.name for h in self.hosts}, self.published, timeout=0, source="the test hosts")
+        return path
 
     def _network(self, h: Host) -> None:
         veth_into(h.netns, h.veth, h.ip)
@@ -229,6 +245,7 @@ class NetnsHosts(StartStop):
     def _boot(self, h: Host, tarball: Path) -> None:
         h.root.mkdir(parents=True)
         _run(["tar", "-C", str(h.root), "-xf", str(tarball)], timeout=300)
+        h.host_keys = new_host_keys(h.root)  # the image's keys would be every host's
         ssh_dir = h.root / "root" / ".ssh"
         ssh_dir.mkdir(mode=0o700, exist_ok=True)
         (ssh_dir / "authorized_keys").write_text(Path(f"{self.key}.pub").read_text())
@@ -253,9 +270,10 @@ class NetnsHosts(StartStop):
         raise RuntimeError(f"{h.name}: ssh not reachable at {h.ip}:22")
 
     def ssh(self, h: Host, command: str, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(["ssh", "-i", str(self.key), "-o", "StrictHostKeyChecking=no", "-o",
-                               "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", f"root@{h.ip}", command],
-                              check=check, capture_output=True, text=True, timeout=60)
+        from kit.remote import host_key_options
+
+        return subprocess.run(["ssh", "-i", str(self.key), *host_key_options(self.known_hosts), "-o", "LogLevel=ERROR",
+                               f"root@{h.ip}", command], check=check, capture_output=True, text=True, timeout=60)
 
     def stop(self) -> None:
         for h in self.hosts:

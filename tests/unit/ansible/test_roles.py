@@ -233,7 +233,8 @@ def test_inventory_from_spec(tmp_path):
          "zone": "us-east-1a", "market": "spot"},
         {"name": "n1", "instance_id": "i-1", "private_ip": "10.0.0.5", "public_ip": None, "disk_id": "vol-0def",
          "zone": "us-east-1a", "market": "spot"}], "zone": "us-east-1a", "market": "spot", "cluster_name": spec.name}
-    inv = inventory_from_spec(spec, outputs, role_vars={"preemption_agent_watcher_url": "http://w:1"})
+    inv = inventory_from_spec(spec, outputs, role_vars={"preemption_agent_watcher_url": "http://w:1"},
+                              known_hosts=tmp_path / "known_hosts")
     hosts = inv["all"]["hosts"]
     assert list(hosts) == ["n0", "n1"]
     assert hosts["n0"]["ansible_host"] == "3.3.3.3" and hosts["n1"]["ansible_host"] == "10.0.0.5"
@@ -249,7 +250,7 @@ def test_inventory_from_spec(tmp_path):
 
     assert v["trainer_source"] == str(Path(training.__file__).resolve().parent)
     raw = {"nodes": {"value": outputs["nodes"]}}
-    assert inventory_from_spec(spec, raw)["all"]["hosts"]["n0"]["private_ip"] == "10.0.0.4"
+    assert inventory_from_spec(spec, raw, known_hosts=None)["all"]["hosts"]["n0"]["private_ip"] == "10.0.0.4"
     # what kit sets is KIT_VARS (a spec's bootstrap.vars may set none of them), and the spec's values go in
     from kit.bootstrap import KIT_VARS, ROLES
 
@@ -259,13 +260,13 @@ def test_inventory_from_spec(tmp_path):
     assert sorted(p.name for p in (REPO / "ansible" / "roles").iterdir()) == sorted(ROLES)
     mine = spec.model_copy(update={"bootstrap": spec.bootstrap.model_copy(update={"vars": {
         "python_env_torch_version": "2.14.1", "python_env_pip_extra_args": ["--no-index"]}})})
-    got = inventory_from_spec(mine, outputs)["all"]["vars"]
+    got = inventory_from_spec(mine, outputs, known_hosts=None)["all"]["vars"]
     assert got["python_env_torch_version"] == "2.14.1" and got["python_env_pip_extra_args"] == ["--no-index"]
     assert got["trainer_nnodes"] == 2
     with pytest.raises(KitError):
-        inventory_from_spec(spec, {"nodes": []})
+        inventory_from_spec(spec, {"nodes": []}, known_hosts=None)
     with pytest.raises(KitError):
-        inventory_from_spec(spec, {"nodes": [{"name": "x"}]})
+        inventory_from_spec(spec, {"nodes": [{"name": "x"}]}, known_hosts=None)
 
 
 def test_extra_vars_parsing():

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kit.backends.local import free_port
 from kit.bootstrap import KIT_VARS, NODE_VARS, ROLES, inventory_from_spec, parse_extra_vars
 from kit.errors import InputError
 from kit.paths import ANSIBLE_DIR, EXAMPLES_DIR
@@ -76,7 +77,7 @@ def test_the_inventory_gives_each_host_its_own_rank_and_instance(tmp_path):
     nodes = [{"name": f"n{i}", "public_ip": f"10.0.0.{i + 1}", "private_ip": f"10.0.0.{i + 1}",
               "instance_id": f"i-{i}", "disk_id": f"vol-{i}"} for i in range(2)]
     path = tmp_path / "inventory.json"
-    path.write_text(json.dumps(inventory_from_spec(spec, {"nodes": nodes})))
+    path.write_text(json.dumps(inventory_from_spec(spec, {"nodes": nodes}, known_hosts=None)))
     # the debug action runs on the controller: no host is contacted
     bindir = Path(sys.executable).parent
     proc = subprocess.run([str(bindir / "ansible"), "all", "-i", str(path), "-m", "ansible.builtin.debug", "-a",
@@ -87,3 +88,31 @@ def test_the_inventory_gives_each_host_its_own_rank_and_instance(tmp_path):
     results = re.finditer(r"^(\S+) \| SUCCESS => ({.*?^})", proc.stdout, re.MULTILINE | re.DOTALL)
     got = {match[1]: json.loads(match[2])["msg"] for match in results}
     assert got == {"n0": [0, 0, "i-0"], "n1": [1, 1, "i-1"]}, proc.stdout
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_ansibles_ssh_checks_the_pinned_host_keys_and_nothing_else(tmp_path, pinned):
+    """The ssh command line Ansible builds from kit's ansible.cfg and inventory (-vvv prints it; the host is
+    this machine's loopback at a closed port, so the connection is refused at once): pinned, it uses kit's
+    known_hosts file and StrictHostKeyChecking=yes, and no earlier option turns the check off (ssh keeps an
+    option's first value); opted out, it says no check plainly."""
+    spec = load_spec(_write_spec(tmp_path, {}))
+    known = tmp_path / "known_hosts"
+    inventory = inventory_from_spec(spec, {"nodes": [{"name": "n0", "private_ip": "127.0.0.1", "instance_id": "i-0"}]},
+                                    known_hosts=known if pinned else None)
+    inventory["all"]["hosts"]["n0"]["ansible_port"] = free_port()  # nothing listens there
+    path = tmp_path / "inventory.json"
+    path.write_text(json.dumps(inventory))
+    bindir = Path(sys.executable).parent
+    proc = subprocess.run([str(bindir / "ansible"), "all", "-vvv", "-i", str(path), "-m", "ansible.builtin.ping"],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={"PATH": f"{bindir}:/usr/bin:/bin", "ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"),
+                               "HOME": str(tmp_path)})
+    command = next(line for line in (proc.stdout + proc.stderr).splitlines() if "SSH: EXEC ssh" in line)
+    checks = re.findall(r"StrictHostKeyChecking=(\w+)", command)
+    files = re.findall(r"UserKnownHostsFile=(\S+?)'?(?:\s|$)", command)
+    if pinned:
+        assert checks and checks[0] == "yes" and "no" not in checks, command
+        assert files and files[0] == str(known), command
+    else:
+        assert checks[0] == "no" and files[0] == "/dev/null", command

@@ -230,6 +230,7 @@ def test_modules_carry_the_required_settings():
     meta = gcp["metadata"]
     assert meta["enable-oslogin"] == '${var.os_login ? "TRUE" : "FALSE"}' and meta["block-project-ssh-keys"] == '"true"'
     assert meta["ssh-keys"].startswith("${var.os_login ? \"\" :")  # no metadata key with OS Login
+    assert meta["enable-guest-attributes"] == '"TRUE"', "the guest agent publishes the host keys kit pins there"
     policy = resources(M / "gcp" / "placement" / "main.tf")["google_compute_resource_policy.this"]
     assert policy["group_placement_policy"][0]["collocation"] == '"COLLOCATED"'
     # no vm_count: with it GCP takes the policy only for exactly that many VMs created together,

@@ -136,12 +136,15 @@ resource "google_compute_instance" "node" {
   # no metadata key (OS Login ignores them). Works under the organisation policy
   # compute.requireOsLogin. Without it: the cluster's one key for ssh_user. Project-wide keys are
   # blocked either way.
+  # Guest attributes on: the guest agent publishes the VM's SSH host keys there (hostkeys/), and kit
+  # connects only to those keys (https://cloud.google.com/compute/docs/metadata/manage-guest-attributes).
   metadata = {
-    enable-oslogin         = var.os_login ? "TRUE" : "FALSE"
-    ssh-keys               = var.os_login ? "" : "${var.ssh_user}:${trimspace(var.ssh_public_key)}"
-    block-project-ssh-keys = "true"
-    serial-port-enable     = "false"
-    shutdown-script        = file("${path.module}/shutdown.sh")
+    enable-oslogin          = var.os_login ? "TRUE" : "FALSE"
+    ssh-keys                = var.os_login ? "" : "${var.ssh_user}:${trimspace(var.ssh_public_key)}"
+    block-project-ssh-keys  = "true"
+    serial-port-enable      = "false"
+    enable-guest-attributes = "TRUE"
+    shutdown-script         = file("${path.module}/shutdown.sh")
   }
 
   shielded_instance_config {

@@ -13,6 +13,7 @@ from kit.backends.base import CapacityError, rendezvous_endpoint
 from kit.backends.cloud import TerraformBackend
 from kit.errors import KitError
 from kit.spec import parse_spec
+from tests.support.host_keys import ed25519_key
 from tests.support.watch import cloud_spec
 
 NODES = [{"name": "demo-0", "instance_id": "i-a", "private_ip": "10.0.0.5", "public_ip": "1.2.3.4",
@@ -49,8 +50,9 @@ def parts(monkeypatch):
     terraform.destroy = lambda deploy_dir, with_disks=False, roots=("disks", "cluster"): calls.append(
         ("destroy", with_disks))
     bootstrap = types.ModuleType("kit.bootstrap")
-    bootstrap.inventory_from_spec = lambda spec, outputs, role_vars=None: {"all": {
-        "hosts": {n["name"]: {"ansible_host": n["private_ip"]} for n in outputs["nodes"]}, "vars": role_vars}}
+    bootstrap.inventory_from_spec = lambda spec, outputs, role_vars=None, *, known_hosts: {"all": {
+        "hosts": {n["name"]: {"ansible_host": n["private_ip"]} for n in outputs["nodes"]},
+        "vars": {**role_vars, "known_hosts": known_hosts}}}
     bootstrap.bootstrap_nodes = lambda inventory: (calls.append(("bootstrap", inventory)),
                                                    types.SimpleNamespace(ok=True, failures={}))[1]
     from kit import remote
@@ -58,6 +60,11 @@ def parts(monkeypatch):
 
     monkeypatch.setattr(kit_spec, "check_ssh_key", lambda spec: calls.append(("check_ssh_key", spec.cloud)))
     monkeypatch.setattr(remote, "wait_for_ssh", lambda hosts: calls.append(("wait_for_ssh", sorted(hosts))))
+    published = {n["instance_id"]: [ed25519_key(n["instance_id"])] for n in NODES}  # what the cloud's API says
+    for cloud in ("aws", "gcp"):
+        monkeypatch.setattr(type(clouds.get(cloud)), "host_keys",
+                            lambda self, spec, node: published.get(node.instance_id, []))
+    terraform.published = published
     for name, module in (("render", render), ("terraform", terraform), ("bootstrap", bootstrap)):
         monkeypatch.setitem(sys.modules, f"kit.{name}", module)
         monkeypatch.setattr(kit, name, module, raising=False)
@@ -77,8 +84,41 @@ def test_apply_rerenders_with_the_market_plans_fresh_then_applies(parts, tmp_pat
     inventory = calls[-1][1]["all"]["vars"]
     assert inventory["preemption_agent_watcher_url"] == "http://w:8787"
     assert inventory["preemption_agent_watcher_token"] == "t"
+    assert inventory["known_hosts"] == tmp_path / "known_hosts"
     backend.destroy()
     assert calls[-1] == ("destroy", False)  # keep_disks=True never destroys the disks root
+
+
+def test_bootstrap_pins_the_keys_the_cloud_published_before_ansible_connects(parts, tmp_path):
+    calls, _ = parts
+    backend = TerraformBackend(cloud_spec("aws"), tmp_path)
+    backend.bootstrap(backend.nodes())
+    lines = sorted((tmp_path / "known_hosts").read_text().splitlines())
+    assert lines == sorted(f"{n['public_ip'] or n['private_ip']} {ed25519_key(n['instance_id'])} {n['instance_id']}"
+                           for n in NODES), "each node's address (the one ssh dials) with its instance's keys"
+    assert calls[-1][1]["all"]["vars"]["known_hosts"] == tmp_path / "known_hosts"
+
+
+def test_a_node_whose_keys_never_appear_is_not_bootstrapped(parts, tmp_path, monkeypatch):
+    from kit import remote
+
+    calls, terraform = parts
+    del terraform.published["i-b"]
+    monkeypatch.setattr(remote, "SSH_BOOT_TIMEOUT_S", 0.2)
+    backend = TerraformBackend(cloud_spec("aws"), tmp_path)
+    with pytest.raises(KitError) as raised:
+        backend.bootstrap(backend.nodes())
+    assert "10.0.0.6" in raised.value.what and "GetConsoleOutput" in raised.value.what
+    assert not [c for c in calls if c[0] in ("wait_for_ssh", "bootstrap")], "Ansible never connects unverified"
+
+
+def test_a_spec_that_opts_out_checks_no_host_key(parts, tmp_path):
+    calls, _ = parts
+    spec = cloud_spec("gcp")
+    spec = spec.model_copy(update={"ssh": spec.ssh.model_copy(update={"verify_host_keys": False})})
+    backend = TerraformBackend(spec, tmp_path)
+    backend.bootstrap(backend.nodes())
+    assert calls[-1][1]["all"]["vars"]["known_hosts"] is None and not (tmp_path / "known_hosts").exists()
 
 
 @pytest.mark.parametrize("message, capacity", [
