@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import replay_args
 
+from kit.cli.simulate import format_misses
 from kit.paths import SPOT_TRACES_DIR
 from kit.policy.offers import Moves
 from kit.simulate.single import Params
@@ -86,7 +87,7 @@ def row(label: str, summary: dict) -> tuple[str, dict]:
     d = c["default"]
     verdict = {"misses_ok": m["default"] <= m["opt"], "below_failover": d < c["failover"],
                "below_best_up": d < c["up@best-zone"], "vs_opt": d / c["opt"]}
-    cells = " | ".join(f"{c[p]:.4f} ({m[p]})" for p in SHOWN)
+    cells = " | ".join(f"{c[p]:.4f} ({format_misses(m[p])})" for p in SHOWN)
     ok = ("yes" if verdict["misses_ok"] and verdict["below_failover"] and verdict["below_best_up"] else "**no**")
     return f"| {label} | {cells} | {verdict['vs_opt']:.3f} | {ok} |", verdict
 

@@ -1,10 +1,10 @@
 """``kit train --plot``: progress over time with the market, where the job ran (zone and shape), the
-preemptions, the launch attempts that found no capacity, and the disks left idle in zones the job left."""
+preemptions, the launch attempts that found no capacity, and the disk sets (zone and shape) while idle."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kit.spec import SpecBase
@@ -97,32 +97,35 @@ class RunPlot:
                     clip_on=False, label=f"no capacity ({len(failed)} offer tries)")
 
     def idle_disks(self, ax) -> None:
-        """Disks of zones the job left, while they sat idle (until deleted, or now): one bar per zone."""
+        """Disk sets while they sat idle (no node on them, until deleted, used again, or now): one row per set."""
         idle = idle_disk_spans(self.ledger, self.now)
-        for i, (zone, (start, end)) in enumerate(sorted(idle.items())):
+        for i, ((zone, shape), spans) in enumerate(sorted(idle.items())):
             y = -0.04 * self.top * (i + 1)
-            ax.plot([self.hours(start), self.hours(end)], [y, y], color="grey", lw=3, solid_capstyle="butt",
-                    label="idle disks of a zone left" if i == 0 else None)
-            ax.text(self.hours(end), y, f" {zone}", va="center", fontsize=6, color="grey")
+            for k, (start, end) in enumerate(spans):
+                ax.plot([self.hours(start), self.hours(end)], [y, y], color="grey", lw=3, solid_capstyle="butt",
+                        label="idle disks (no node on them)" if i == k == 0 else None)
+            ax.text(self.hours(spans[-1][1]), y, f" {zone} {shape}".rstrip(), va="center", fontsize=6, color="grey")
 
 
-def idle_disk_spans(ledger, now: float) -> dict[str, tuple[float, float]]:
-    """Per zone, from when its last disk went idle to when they were deleted (or ``now``): zones whose
-    disks no node uses."""
-    from kit.watch.events import DISKS_RELEASED
+def idle_disk_spans(ledger, now: float) -> dict[tuple[str, str], list[tuple[float, float]]]:
+    """Per disk set, (zone, shape) of the nodes on it (a disks root on the clouds:
+    kit.backends.cloud.TerraformBackend.disk_set), the spans its disks sat idle
+    (kit.watch.disks.lifetime, as ``kit status`` counts them). A disk is busy while any node uses it, whatever
+    that node's shape (the local backend's shapes in a zone share theirs); a ``disks-released`` event naming
+    one of the set's disks in its zone deleted them."""
+    from kit.watch.disks import lifetime_of, releases, zone_key
 
-    released = {e["detail"].get("zone"): e["time"] for e in ledger.events(kinds=(DISKS_RELEASED,))}
-    by_zone: dict[str, list[dict[str, Any]]] = {}
-    for row in ledger.disks():
-        by_zone.setdefault(row["zone"] or "?", []).append(row)
+    nodes = ledger.all_nodes()
+    deletions = releases(ledger)
+    sets: dict[tuple[str, str], set[str]] = {}
+    for node in nodes:
+        if node.disk_id:
+            sets.setdefault((zone_key(node.zone), node.shape or ""), set()).add(node.disk_id)
     spans = {}
-    for zone, rows in by_zone.items():
-        if any(r["attached_now"] for r in rows):
-            continue
-        start = max(max(r["last_until"], r["first_used"]) for r in rows)
-        end = released.get(zone, now)
-        if end > start:
-            spans[zone] = (start, end)
+    for (zone, shape), disks in sets.items():
+        idle = lifetime_of(nodes, deletions, zone, disks, now).idle
+        if idle:
+            spans[(zone, shape)] = list(idle)
     return spans
 
 

@@ -92,6 +92,12 @@ def simulate_command(
     _print_table(summary, names)
 
 
+def format_misses(value: float) -> str:
+    """Deadline misses for people: a count, or for ``POLICY@mean-zone`` the mean over zones of each zone's
+    count (kit.simulate.zones), a fraction where the zones differ, to two decimals."""
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.2f}"
+
+
 def _require_runs(summary: dict, traces: list[Path], deadline_h: float) -> None:
     from kit.errors import InputError
 
@@ -176,9 +182,9 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Offers 
 
     for name in summary["policies"]:
         typer.echo(f"{labels[name]:<{width}} {summary['cost_vs_on_demand'][name]:>18.4f} "
-                   f"{summary['cost_vs_on_demand_p75'][name]:>7.3f} {summary['deadline_misses'][name]:>7} "
-                   f"{cell('moves', name, 6, 1)} {cell('probes', name, 7, 1)} {cell('egress', name, 9, 2)} "
-                   f"{cell('changeover_cost', name, 14, 2)}")
+                   f"{summary['cost_vs_on_demand_p75'][name]:>7.3f} "
+                   f"{format_misses(summary['deadline_misses'][name]):>7} {cell('moves', name, 6, 1)} "
+                   f"{cell('probes', name, 7, 1)} {cell('egress', name, 9, 2)} {cell('changeover_cost', name, 14, 2)}")
 
 
 def _print_table(summary: dict, names: list[str]) -> None:

@@ -20,7 +20,8 @@ the clouds, a zone's directory locally) at a time, when both hold:
   at least as new as the set's own newest report (that stop save).
 
 Each release is recorded (``disks-released``, naming the disks and why); ``kit status`` and the cost report
-stop charging those disks from then on. A failed release is logged and tried again on a later tick. When the
+stop charging those disks from then on, and the plot stops showing them idle (:func:`lifetime`, one account
+for all three). A failed release is logged and tried again on a later tick. When the
 job ends and ``kit train`` deletes every disk with its instances, that is recorded the same way
 (:meth:`DiskKeeper.record_deleted_with_the_job`).
 """
@@ -30,7 +31,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from kit.errors import KitError
 from kit.watch.events import DISKS_RELEASED, Event
@@ -38,13 +39,20 @@ from kit.watch.events import DISKS_RELEASED, Event
 if TYPE_CHECKING:
     from kit.backends.base import Backend
     from kit.spec import SpecBase
-    from kit.watch.ledger import Ledger
+    from kit.watch.ledger import Ledger, NodeRow
 
 log = logging.getLogger("kit.watch")
 
 # why a disk set was deleted (the ``why`` of its ``disks-released`` event; ``kit status`` shows it)
 LEFT = "zone left"
 JOB_ENDED = "job ended"
+
+Span = tuple[float, float]  # (start, end) on the ledger's clock
+
+
+def zone_key(zone: str | None) -> str:
+    """A node's or a release's zone, "?" for none (a deployment adopted from ``kit apply`` may name none)."""
+    return zone or "?"
 
 
 @dataclass(frozen=True)
@@ -145,3 +153,73 @@ class DiskKeeper:
             self.ledger.record(Event(kind=DISKS_RELEASED, instance=name, time=now, source="watcher",
                                      detail={"zone": zone, "disks": sorted(disk_ids), "why": JOB_ENDED},
                                      dedup_key=f"{DISKS_RELEASED}:{JOB_ENDED}:{zone}:{now}"))
+
+
+class Release(NamedTuple):
+    """One ``disks-released`` event: when, the zone (:func:`zone_key`), the disks deleted there, and why."""
+
+    time: float
+    zone: str
+    disks: frozenset[str]
+    why: str
+
+
+def releases(ledger: Ledger) -> list[Release]:
+    """Every deletion of disks the ledger recorded, in the order recorded."""
+    return [Release(e["time"], zone_key(e["detail"].get("zone")), frozenset(e["detail"].get("disks", [])),
+                    e["detail"].get("why", LEFT)) for e in ledger.events(kinds=(DISKS_RELEASED,))]
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """When disks existed (from the use that made them to their deletion, or now) and when, of that, they
+    sat idle (no node on them); ``deleted``: the deletion after their last use, None while they exist."""
+
+    existed: tuple[Span, ...]
+    idle: tuple[Span, ...]
+    deleted: Release | None
+
+    @property
+    def hours(self) -> float:
+        return sum(end - start for start, end in self.existed) / 3600.0
+
+    @property
+    def idle_hours(self) -> float:
+        return sum(end - start for start, end in self.idle) / 3600.0
+
+
+def lifetime_of(nodes: list[NodeRow], deletions: list[Release], zone: str | None, disks: set[str],
+                now: float) -> Lifetime:
+    """The :func:`lifetime` of ``disks`` in ``zone``: busy while any of ``nodes`` (the ledger's) runs on one
+    of them, deleted by a release naming one of them there."""
+    key = zone_key(zone)
+    used = [(n.since, now if n.until is None else n.until) for n in nodes
+            if zone_key(n.zone) == key and n.disk_id in disks]
+    return lifetime(used, [r for r in deletions if r.zone == key and r.disks & disks], now)
+
+
+def lifetime(used: list[Span], deleted: list[Release], now: float) -> Lifetime:
+    """From the nodes' ``used`` (since, until) and the ``deleted`` events, until ``now``: the time outside the
+    uses is idle up to the first deletion in it; from there the disks did not exist until the next use made
+    them again (the same ids, where the cloud names disks), and that time was neither idle nor billed."""
+    if not used:
+        return Lifetime((), (), None)
+    existed: list[Span] = []
+    idle: list[Span] = []
+    uses = sorted(used)
+    start, busy = uses[0]  # when the disks were (last) made; the end of the uses so far
+    gone: Release | None = None
+    for since, until in uses[1:] + [(now, now)]:  # ``now`` ends the last gap
+        gone = None
+        if since > busy:
+            gone = min((r for r in deleted if busy <= r.time <= since), key=lambda r: r.time, default=None)
+            end = since if gone is None else gone.time
+            if end > busy:
+                idle.append((busy, end))
+            if gone is not None:
+                existed.append((start, end))
+                start = since
+        busy = max(busy, until)
+    if gone is None:  # they exist now
+        existed.append((start, busy))
+    return Lifetime(tuple(existed), tuple(idle), gone)

@@ -26,6 +26,7 @@ database for the watcher's lifetime; the kernel drops it when the process dies, 
 
 from __future__ import annotations
 
+import bisect
 import fcntl
 import json
 import os
@@ -119,6 +120,28 @@ def _checkpoint_bytes(event: Event) -> int | None:
     """A progress report's ``checkpoint_bytes`` (free-form detail from the network): kept only when a size."""
     value = event.detail.get("checkpoint_bytes")
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63 else None
+
+
+def _job_path(rows: list[sqlite3.Row], starts: list[float]) -> list[tuple[float, int]]:
+    """(time, the job's step) at each progress report (``rows``, in the order written, ``w``): the highest step
+    so far, or a lower one that is a setback. Every node writes its own report at its own moment, on its own
+    clock, so node 1's report of step N can be written just after node 0's of N + 1: a crossing, no step lost.
+    A lower step is a setback (the trainers resumed from an older checkpoint) when its reporter had reported a
+    higher one with no node come up in between (that trainer went back), or when a node came up (``starts``, on
+    the trainers' clock) after the highest step was written: a relaunch resumes from a checkpoint."""
+    path: list[tuple[float, int]] = []
+    top, top_starts = -1, 0
+    last: dict[tuple[str, int | None], tuple[int, int]] = {}  # reporter -> (nodes started, step) of its newest
+    for row in rows:
+        started = bisect.bisect_right(starts, row["w"])  # node incarnations up by the time it was written
+        reporter = (row["instance"], row["node_rank"])
+        its_starts, its_step = last.get(reporter, (started, -1))
+        went_back = its_starts == started and row["step"] < its_step
+        if row["step"] >= top or went_back or started > top_starts:
+            top, top_starts = row["step"], started
+        last[reporter] = (started, row["step"])
+        path.append((row["time"], top))
+    return path
 
 
 @dataclass(frozen=True)
@@ -466,9 +489,24 @@ class Ledger:
         return dict(rows[0]) if rows else None
 
     def progress_history(self) -> list[tuple[float, int]]:
-        """Every recorded (time, step), in the order the trainer wrote them: the job's path, setbacks
-        included, and no stale report of a slower node read as one."""
-        return [(row["time"], row["step"]) for row in self._query(f"SELECT time, step FROM progress ORDER BY {WRITTEN}, id")]
+        """(time, step) of every recorded report, in the order the trainers wrote them: the job's path
+        (:func:`_job_path`), setbacks included, and neither a stale report of a slower node nor a crossing of
+        two nodes' reports read as one."""
+        rows = self._query(f"SELECT time, step, instance, node_rank, {WRITTEN} AS w FROM progress ORDER BY w, id")
+        return _job_path(rows, self._node_starts())
+
+    def _node_starts(self) -> list[float]:
+        """When each node incarnation came up, on the trainers' clock (the wall clock: the local backend's
+        compressed one converted back, kit.clock.VirtualClock), in order. None are known on a ledger that kept
+        a compressed clock from before it kept its scale."""
+        from kit.clock import VirtualClock
+
+        starts = [float(r["since"]) for r in self._query("SELECT DISTINCT since FROM nodes ORDER BY since")]
+        clock = self.clock()
+        if clock is None:
+            return starts
+        origin, scale, offset = clock
+        return [] if scale is None else [VirtualClock(origin, scale, offset=offset).wall_at(t) for t in starts]
 
     def step_written_by(self, wall: float) -> int:
         """The highest step any trainer had written by the wall-clock moment ``wall`` (-1: none)."""
@@ -749,7 +787,9 @@ class Ledger:
     def mark_lost(self, instance_id: str, when: float, kind: str = "instance-lost") -> bool:
         """The cloud confirmed that ``instance_id`` is gone (``kind``: the event kind). True when this
         ended the running incarnation. A later, more specific report (a GCP preempted operation
-        after the instance was seen missing) upgrades how that incarnation was lost."""
+        after the instance was seen missing) upgrades how the incarnation running at ``when`` was lost,
+        if it was: an id restarted after a stop has had several, and the operation, listed late and
+        dated when the preemption began, is no fact about an earlier or later one."""
         with self.transaction() as db:
             # never before the incarnation began: a stale cloud timestamp (a stop of the previous incarnation)
             # or clocks that disagree would end it before it started, and bill it nothing
@@ -758,8 +798,8 @@ class Ledger:
                 return True
             if kind == "preemption":
                 db.execute("UPDATE nodes SET lost_kind = 'preemption' WHERE id = (SELECT id FROM nodes WHERE"
-                           " instance_id = ? AND lost_kind IS NOT NULL ORDER BY since DESC, id DESC LIMIT 1)",
-                           (instance_id,))
+                           " instance_id = ? AND since <= ? AND ? <= until ORDER BY since DESC, id DESC LIMIT 1)"
+                           " AND lost_kind IS NOT NULL", (instance_id, when, when))
             return False
 
     def release_nodes(self, now: float) -> None:

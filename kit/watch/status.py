@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from kit.clock import VirtualClock
 from kit.policy import DEFAULT_CHANGEOVER_H
 from kit.policy.offers import Moves, offer_parts, region_of
+from kit.watch.disks import lifetime_of, releases
 from kit.watch.events import CAPACITY_ERROR, NOTICE, PREEMPTION, REBALANCE, STOPPED_BY_KIT
 from kit.watch.ledger import Ledger
 from training.contract import ON_DEMAND, SPOT
@@ -172,30 +173,24 @@ HOURS_PER_MONTH = 730.0  # the clouds bill disks per GB-month of 730 hours
 
 
 def disk_report(ledger: Ledger, spec: SpecBase, now: float) -> dict[str, Any]:
-    """Every data disk the job used, with its zone, size, hours so far, hours idle (no node on it: a zone
-    or shape the job left), cost so far (size x the cloud's $/GB-month, from the first node on it until
-    ``now`` or until the watcher deleted it, ``released``); ``disk_cost`` None when the disk type's price
-    is unknown."""
-    from kit.watch.disks import LEFT
-    from kit.watch.events import DISKS_RELEASED
-
+    """Every data disk the job used, with its zone, size, hours it existed so far, hours idle (no node on it:
+    a zone or shape the job left), cost so far (size x the cloud's $/GB-month over the hours it existed: from
+    the node that made it until it was deleted, ``released``, or ``now``; a disk deleted and made again is
+    not billed in between; kit.watch.disks.lifetime, the plot's account too); ``disk_cost`` None when the
+    disk type's price is unknown."""
     price = spec.cloud_facts.disk_price(spec)
-    released = {(e["detail"].get("zone"), disk): (e["time"], e["detail"].get("why", LEFT))
-                for e in ledger.events(kinds=(DISKS_RELEASED,)) for disk in e["detail"].get("disks", [])}
+    nodes, deletions = ledger.all_nodes(), releases(ledger)
     disks, total = [], 0.0
     for row in ledger.disks():
-        last = now if row["attached_now"] else max(row["last_until"], row["first_used"])
-        gone, why = released.get((row["zone"], row["disk_id"]), (None, None))
-        gone = gone if gone is not None and not row["attached_now"] and gone >= last else None  # not one made again
-        end = now if gone is None else gone
-        hours = max(0.0, end - row["first_used"]) / 3600.0
-        idle = max(0.0, end - last) / 3600.0
-        cost = None if price is None else spec.disk.size_gb * price * hours / HOURS_PER_MONTH
+        life = lifetime_of(nodes, deletions, row["zone"], {row["disk_id"]}, now)
+        cost = None if price is None else spec.disk.size_gb * price * life.hours / HOURS_PER_MONTH
         total += cost or 0.0
+        gone = life.deleted
         disks.append({"disk_id": row["disk_id"], "zone": row["zone"], "size_gb": spec.disk.size_gb,
-                      "hours": round(hours, 6), "idle_hours": round(idle, 6),
-                      "cost": None if cost is None else round(cost, 4), "released": gone,
-                      "released_why": why if gone is not None else None})
+                      "hours": round(life.hours, 6), "idle_hours": round(life.idle_hours, 6),
+                      "cost": None if cost is None else round(cost, 4),
+                      "released": None if gone is None else gone.time,
+                      "released_why": None if gone is None else gone.why})
     return {"disks": disks, "disk_cost": None if price is None else round(total, 4),
             "idle_disk_hours": round(sum(d["idle_hours"] for d in disks), 6)}
 

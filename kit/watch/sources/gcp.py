@@ -16,7 +16,10 @@ come back in one case: a spot VM with termination action STOP is restarted by th
 
 Preempted operations are reported for every target in the zone, listed or not: an instance
 deleted after its preemption (termination action DELETE) is no longer listed, and only the
-watcher knows (from its ledger) which instance ids were the cluster's.
+watcher knows (from its ledger) which instance ids were the cluster's. Each operation is reported, not
+only an instance's newest: one listed late (operations show up some time after the fact) names the run
+that was going at its ``insertTime``, and the ledger gives it to that incarnation alone
+(kit.watch.ledger.Ledger.mark_lost), never to an earlier or later run of a restarted id.
 
 Both lists are zonal, so the source reads every zone the job may run in (the spec's ``zones``): after
 a move the nodes are in another zone, and a source that listed only the first one would report every
@@ -121,6 +124,7 @@ class GcpSource(EventSource):
         by_id = {str(inst.id): inst for inst in instances}
         by_name = {inst.name: str(inst.id) for inst in instances}
         preempted: dict[str, Any] = {}  # instance id -> its newest preemption operation
+        reported: list[tuple[str, Any]] = []  # (instance id, operation): every one (module docstring)
         for op in operations:
             if op.operation_type != PREEMPTED_OPERATION:  # the filter is server-side; trust but check
                 continue
@@ -133,6 +137,7 @@ class GcpSource(EventSource):
             started = rfc3339(inst.last_start_timestamp) if inst is not None else None
             if started is not None and op_time is not None and op_time < started:
                 continue  # an earlier run of an instance that was restarted since
+            reported.append((target, op))
             if target not in preempted or (op_time or 0) > (rfc3339(preempted[target].insert_time) or 0):
                 preempted[target] = op
         for instance_id, inst in by_id.items():
@@ -146,7 +151,7 @@ class GcpSource(EventSource):
                 reason=(op.status_message or PREEMPTED_OPERATION) if op is not None else (inst.status_message or None),
                 time=rfc3339(op.insert_time) if op is not None else rfc3339(inst.last_stop_timestamp),
             ))
-        for instance_id, op in preempted.items():
+        for instance_id, op in reported:
             # Other clusters' operations in the zone are reported too; the watcher keeps only the
             # ones naming an instance its ledger knows.
             name = by_id[instance_id].name if instance_id in by_id else op.target_link.rsplit("/", 1)[-1]

@@ -40,7 +40,46 @@ def moved_job(tmp_path) -> Ledger:
 
 def test_idle_disks_are_the_left_zones_from_leaving_until_deleted(tmp_path):
     ledger = moved_job(tmp_path)
-    assert idle_disk_spans(ledger, T0 + 40 * H) == {"us-east-1a": (T0 + 10 * H, T0 + 30 * H)}
+    assert idle_disk_spans(ledger, T0 + 40 * H) == {("us-east-1a", "2xg5.xlarge"): [(T0 + 10 * H, T0 + 30 * H)]}
+
+
+def job(tmp_path, runs: list[tuple[float, str, str]], released: list[tuple[float, str, list[str]]]) -> Ledger:
+    """One node per run (hour, zone, shape) until the next, on the disk of its zone and shape (a cloud that
+    names its disks, as GCP: made again under the same id); the disks deleted at each (hour, zone, disks)."""
+    ledger = Ledger(tmp_path / "l.sqlite")
+    ledger.job_started(T0)
+    for hour, zone, shape in runs:
+        decision = ledger.begin_decision(policy="default", decision="spot", action="move", market_before="spot",
+                                         market_after="spot", reason="moved", now=T0 + hour * H)
+        node = {"instance_id": f"i-{hour:g}", "name": "n0", "rank": 0, "market": "spot", "zone": zone,
+                "disk_id": f"disk-{zone}-{shape}", "shape": shape}
+        ledger.mark_applied(ledger.start_apply(decision, "spot", T0 + hour * H), [node], market="spot",
+                            now=T0 + hour * H)
+    for hour, zone, disks in released:
+        ledger.record(Event(kind="disks-released", instance=f"disks-{zone}", time=T0 + hour * H, source="watcher",
+                            detail={"zone": zone, "disks": disks}))
+    return ledger
+
+
+def test_idle_disks_are_per_disk_set_not_per_zone(tmp_path):
+    """Two shapes in one zone are two disk sets (a disks root each): one idle while the job runs on the other
+    is shown, and each has its own bar, ended by the deletion of its own disks."""
+    ledger = job(tmp_path, [(0, "us-east-1a", "2xg5.xlarge"), (10, "us-east-1a", "1xg5.2xlarge"),
+                            (20, "us-east-1b", "2xg5.xlarge")],
+                 released=[(15, "us-east-1a", ["disk-us-east-1a-2xg5.xlarge"])])
+    assert idle_disk_spans(ledger, T0 + 30 * H) == {("us-east-1a", "2xg5.xlarge"): [(T0 + 10 * H, T0 + 15 * H)],
+                                                    ("us-east-1a", "1xg5.2xlarge"): [(T0 + 20 * H, T0 + 30 * H)]}
+
+
+def test_disks_deleted_and_made_again_were_not_idle_in_between(tmp_path):
+    """The job left us-east-1a at 10 h, its disks were deleted at 30 h and made again (the same id) when the
+    job came back at 35 h: idle 10-30 h and again after it left at 40 h, not while they did not exist."""
+    ledger = job(tmp_path, [(0, "us-east-1a", "2xg5.xlarge"), (10, "us-east-1b", "2xg5.xlarge"),
+                            (35, "us-east-1a", "2xg5.xlarge"), (40, "us-east-1b", "2xg5.xlarge")],
+                 released=[(30, "us-east-1a", ["disk-us-east-1a-2xg5.xlarge"])])
+    assert idle_disk_spans(ledger, T0 + 50 * H) == {
+        ("us-east-1a", "2xg5.xlarge"): [(T0 + 10 * H, T0 + 30 * H), (T0 + 40 * H, T0 + 50 * H)],
+        ("us-east-1b", "2xg5.xlarge"): [(T0 + 35 * H, T0 + 40 * H)]}
 
 
 def test_the_plot_is_drawn_with_moves_tries_and_idle_disks(tmp_path, monkeypatch):
@@ -59,4 +98,4 @@ def test_the_plot_is_drawn_with_moves_tries_and_idle_disks(tmp_path, monkeypatch
     monkeypatch.setattr(plt.Figure, "savefig", keep)
     out = plot_run(moved_job(tmp_path), cloud_spec("aws"), tmp_path / "plot" / "run.png")
     assert out.stat().st_size > 10_000
-    assert legends == [{"step", "spot", "preemption", "no capacity (1 offer tries)", "idle disks of a zone left"}]
+    assert legends == [{"step", "spot", "preemption", "no capacity (1 offer tries)", "idle disks (no node on them)"}]

@@ -714,6 +714,17 @@ def test_cli_zones_all_json_and_errors():
         assert bad.exit_code == 2 and "--policy" in bad.output and "failover" in bad.output, bad.output
 
 
+def test_the_mean_zone_row_misses_the_mean_over_zones_out_of_runs():
+    """``P@mean-zone``'s cost is the mean over zones; its misses are too (each zone's count of the ``runs``
+    starts), not the sum over zones, which counted every start once per zone and exceeded ``runs``."""
+    params = Params(nodes=2, job_h=10, deadline_h=10.1, changeover_h=0.2, starts=3)  # past the deadline at once
+    traces = [zone_trace("us-east4-a", markov_availability(1, 200, 0.5, 3, 2)), zone_trace("us-east4-b", [2] * 200)]
+    summary = simulate_zones(traces, ["up@each", "up@us-east4-a", "up@us-east4-b"], params, MOVES)
+    misses = summary["deadline_misses"]
+    assert summary["runs"] == 3 and misses["up@us-east4-a"] == misses["up@us-east4-b"] == 3
+    assert misses["up@mean-zone"] == 3.0 and misses["up@best-zone"] == 3
+
+
 def test_simulate_zones_refuses_traces_with_different_ticks():
     params = Params(nodes=2, job_h=5, deadline_h=8, starts=1)
     with pytest.raises(InputError, match="same ticks"):

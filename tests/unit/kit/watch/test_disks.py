@@ -163,3 +163,22 @@ def test_keep_left_hours_is_validated():
 
     with pytest.raises((InputError, ValueError), match="keep_left_hours"):
         cloud_spec("aws", disk={"size_gb": 100, "keep_left_hours": -1})
+
+
+def test_a_lifetime_ends_at_the_first_deletion_after_a_use_and_starts_again_at_the_next_use():
+    """Used 0-10 h and 35-40 h, deleted at 30 h and (a second record) 32 h and at 45 h: existed 0-30 h and
+    35-45 h, idle 10-30 h and 40-45 h, gone since 45 h; overlapping uses are busy once; still in use at
+    ``now``: it exists until then and is not gone, whatever was deleted before."""
+    from kit.watch.disks import LEFT, Release, lifetime
+
+    def gone(hour: float) -> Release:
+        return Release(hour * H, "a", frozenset({"d"}), LEFT)
+
+    life = lifetime([(35 * H, 40 * H), (0, 10 * H), (2 * H, 8 * H)], [gone(45), gone(32), gone(30)], 50 * H)
+    assert life.existed == ((0, 30 * H), (35 * H, 45 * H))
+    assert life.idle == ((10 * H, 30 * H), (40 * H, 45 * H))
+    assert (life.hours, life.idle_hours, life.deleted) == (40.0, 25.0, gone(45))
+    running = lifetime([(0, 10 * H), (35 * H, 50 * H)], [gone(30)], 50 * H)
+    assert running.existed == ((0, 30 * H), (35 * H, 50 * H)) and running.idle == ((10 * H, 30 * H),)
+    assert running.deleted is None
+    assert lifetime([], [gone(1)], 50 * H).hours == 0.0

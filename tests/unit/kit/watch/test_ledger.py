@@ -178,6 +178,46 @@ def test_heartbeats_are_ordered_by_when_the_trainer_wrote_them(tmp_path):
     assert ledger.latest_progress()["step"] == 40
 
 
+@pytest.mark.parametrize("scale", [None, 60.0])
+def test_a_crossing_of_two_nodes_reports_is_no_setback_and_a_relaunch_is(tmp_path, scale):
+    """Node 1's report of step 45 written 2 ms after node 0's of 46 (each node writes at its own moment,
+    on its own clock) is no step lost; the relaunched nodes' first reports, from the checkpoint at 40, lose
+    the steps since (8: the job had reached 48), though no reporter went back (new instance ids). On the
+    local backend's compressed clock (``scale``) the nodes' starts are converted to the trainers' clock."""
+    from dataclasses import replace
+
+    from kit.train import steps_lost
+    from tests.support.watch import heartbeat
+
+    ledger = Ledger(tmp_path / "l.sqlite")
+    if scale is not None:
+        ledger.keep_clock(0.0, scale, 0.0)
+    on_ledger = (lambda wall: wall) if scale is None else (lambda wall: wall * scale)
+
+    def report(instance: str, rank: int, step: int, written: float) -> None:
+        ledger.record(replace(heartbeat(step, 120, rank=rank, written=written), instance=instance))
+
+    def nodes(first: int) -> list[dict]:
+        return [{"instance_id": f"i-{first + r}", "rank": r, "market": "spot"} for r in range(2)]
+
+    ledger.adopt_deployment(nodes(0), "spot", "default", on_ledger(50.0))
+    for instance, rank, step, written in (("i-0", 0, 40, 100.0), ("i-1", 1, 44, 102.2), ("i-0", 0, 46, 103.0),
+                                          ("i-1", 1, 45, 103.002), ("i-1", 1, 48, 104.0)):
+        report(instance, rank, step, written)
+    assert [step for _, step in ledger.progress_history()] == [40, 44, 46, 46, 48]
+    assert steps_lost(ledger) == 0
+    for i in ("i-0", "i-1"):
+        ledger.mark_lost(i, on_ledger(110.0), "preemption")
+    decision = ledger.begin_decision(policy="default", decision="spot", action="recover", market_before="spot",
+                                     market_after="spot", reason="lost", now=on_ledger(120.0))
+    ledger.mark_applied(ledger.start_apply(decision, "spot", on_ledger(120.0)), nodes(10), market="spot",
+                        now=on_ledger(150.0))
+    for instance, rank, step, written in (("i-10", 0, 40, 200.0), ("i-11", 1, 41, 200.5), ("i-10", 0, 42, 201.0)):
+        report(instance, rank, step, written)
+    assert [step for _, step in ledger.progress_history()][5:] == [40, 41, 42]
+    assert steps_lost(ledger) == 8
+
+
 def test_the_checkpoint_size_is_the_newest_reported_and_a_bad_one_is_not_kept(tmp_path):
     """``checkpoint_bytes`` arrives as free-form detail from the network: only a whole number of bytes is
     kept; the size is the newest report's, by when the trainer wrote it."""

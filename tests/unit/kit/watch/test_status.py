@@ -343,6 +343,54 @@ def test_every_data_disk_is_listed_with_its_zone_size_idle_time_and_cost(tmp_pat
     assert disk_report(ledger, hyper, t0 + 3600)["disk_cost"] is None
 
 
+def _runs(tmp_path, runs: list[tuple[float, str]], released: list[tuple[float, str, str]]) -> Ledger:
+    """One node per run (hour, zone) until the next, on its zone's disk (the same id when made again, as GCP
+    names disks: disk-<zone>); each (hour, zone, why) a deletion of that zone's disk."""
+    from kit.watch.events import Event
+
+    ledger = Ledger(tmp_path / "l.sqlite")
+    ledger.job_started(1_000_000.0)
+    for hour, zone in runs:
+        now = 1_000_000.0 + hour * HOUR
+        decision = ledger.begin_decision(policy="default", decision="spot", action="move",
+                                         market_before="spot", market_after="spot", reason="moved", now=now)
+        node = {"instance_id": f"i-{hour:g}", "name": "n0", "rank": 0, "market": "spot", "zone": zone,
+                "disk_id": f"disk-{zone}", "shape": "2xg5.xlarge"}
+        ledger.mark_applied(ledger.start_apply(decision, "spot", now), [node], market="spot", now=now)
+    for hour, zone, why in released:
+        ledger.record(Event(kind="disks-released", instance=f"disks-{zone}", time=1_000_000.0 + hour * HOUR,
+                            source="watcher", detail={"zone": zone, "disks": [f"disk-{zone}"], "why": why},
+                            dedup_key=f"{zone}:{hour}"))
+    return ledger
+
+
+def test_a_disk_deleted_and_made_again_is_not_billed_or_idle_in_between(tmp_path):
+    """In us-east-1a 0-10 h and 35-40 h, its disk deleted at 30 h and made again at 35 h (the plot's case,
+    tests/unit/kit/test_report.py): it existed 0-30 h and 35-50 h (45 h, billed) and sat idle 10-30 h and
+    40-50 h (30 h), not 50 h and 10 h (billed through the gap, idle only since the last use)."""
+    from kit.watch.status import disk_report
+
+    ledger = _runs(tmp_path, [(0, "us-east-1a"), (10, "us-east-1b"), (35, "us-east-1a"), (40, "us-east-1b")],
+                   released=[(30, "us-east-1a", "zone left")])
+    spec = cloud_spec("aws", disk={"size_gb": 730, "type": "gp3"})  # $0.08/GB-month: $0.08 an hour
+    disk = {d["zone"]: d for d in disk_report(ledger, spec, 1_000_000.0 + 50 * HOUR)["disks"]}["us-east-1a"]
+    assert (disk["hours"], disk["idle_hours"]) == (pytest.approx(45.0), pytest.approx(30.0))
+    assert disk["cost"] == pytest.approx(45 * 0.08) and disk["released"] is None
+
+
+def test_a_disk_deleted_when_left_and_again_when_the_job_ended_is_billed_until_the_first(tmp_path):
+    """The watcher deleted us-east-1a's disk at 30 h; at the job's end kit records every disk it used as
+    deleted with the job (kit.watch.disks.DiskKeeper.record_deleted_with_the_job), that one too: it was
+    gone from 30 h, for the reason then."""
+    from kit.watch.status import disk_report
+
+    ledger = _runs(tmp_path, [(0, "us-east-1a"), (10, "us-east-1b")],
+                   released=[(30, "us-east-1a", "zone left"), (60, "us-east-1a", "job ended")])
+    disk = disk_report(ledger, cloud_spec("aws"), 1_000_000.0 + 70 * HOUR)["disks"][0]
+    assert (disk["hours"], disk["idle_hours"]) == (pytest.approx(30.0), pytest.approx(20.0))
+    assert (disk["released"], disk["released_why"]) == (1_000_000.0 + 30 * HOUR, "zone left")
+
+
 def test_the_route_shows_a_relaunch_on_the_same_offer_once():
     offers = ["a/2xlocal/spot", "a/2xlocal/spot", "b/1xlocal/spot", "a/2xlocal/spot"]
     assert route(offers) == "a/2xlocal/spot -> b/1xlocal/spot -> a/2xlocal/spot"

@@ -12,6 +12,7 @@ it through ``client_options={"api_endpoint": "http://127.0.0.1:PORT"}`` with Ano
 from __future__ import annotations
 
 import random
+from datetime import datetime
 
 import pytest
 
@@ -58,6 +59,24 @@ def preempted_operation(op_id: str, target_id: str, name: str) -> dict:
         "insertTime": "2025-10-04T05:00:00.000-07:00", "startTime": "2025-10-04T05:00:00.000-07:00",
         "endTime": "2025-10-04T05:00:00.000-07:00", "selfLink": f"{BASE}/operations/systemevent-{op_id}",
     }
+
+
+class FakeDay:
+    """The watcher's clock on the fake's timeline (its instances' and operations' times are of 2025-10-04,
+    -07:00): a preempted operation is matched to the incarnation that ran at its time."""
+
+    def __init__(self, hhmm: str) -> None:
+        self.set(hhmm)
+
+    def set(self, hhmm: str) -> None:
+        self.now = at(hhmm)
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def at(hhmm: str) -> float:
+    return datetime.fromisoformat(f"2025-10-04T{hhmm}:00.000-07:00").timestamp()
 
 
 @pytest.fixture
@@ -155,14 +174,17 @@ def test_preemption_of_an_instance_no_longer_listed_counts_as_a_preemption(fake,
 
     backend = ListedBackend(["301", "302"])
     spec = cloud_spec("gcp", nodes=2)
-    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(0))),
-                      ScriptedPolicy(["spot"]), source=source(fake))
+    clock = FakeDay("04:00")
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(0)), clock=clock),
+                      ScriptedPolicy(["spot"]), source=source(fake), clock=clock)
     watcher.start()
     watcher.tick()
-    del fake.instances[1]  # deleted after the preemption; its operation arrives a poll later
+    del fake.instances[1]  # deleted after the preemption (05:00); its operation arrives a poll later
+    clock.set("05:01")
     watcher.tick()
     assert status_report(ledger, spec)["nodes_lost"] == 1 and backend.ids == ["301", "3020"]
     fake.operations = [preempted_operation("7300", "302", "demo-1"), preempted_operation("7301", "999", "x-9")]
+    clock.set("05:02")
     watcher.tick()
     report = status_report(ledger, spec)
     assert (report["preemptions"], report["nodes_lost"]) == (1, 1)
@@ -211,6 +233,56 @@ def test_a_stopped_spot_vm_restarted_under_the_same_id_is_watched_again(fake, tm
     runs = [n for n in ledger.all_nodes() if n.instance_id == "402"]
     assert [n.state for n in runs] == ["replaced", "replaced", "up"] and [n.lost_kind for n in runs] == \
         ["preemption", "preemption", None]
+
+
+def test_a_late_operation_relabels_only_the_incarnation_that_ran_at_its_time(fake, tmp_path):
+    """VM 402 is stopped by a person at 05:00 (a loss, no preemption), restarted under the same id at 05:01 and
+    replaced by kit at 06:00 (a move: not lost). A preempted operation of 05:59, listed late, names that second
+    run, which ended replaced: it is no fact about the first one (which stays a loss, not a preemption). One of
+    04:30, when the first one ran, is."""
+    fake.instances = [instance(i, f"demo-{n}", "demo") for n, i in enumerate(("401", "402"))]
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+
+    class RestartingBackend(GcpBackend):
+        def apply(self, spec, market):
+            self.calls.append(("apply", market))
+            for inst in fake.instances:  # terraform starts the stopped VM again: same id
+                inst["status"], inst["lastStartTimestamp"] = "RUNNING", "2025-10-04T05:01:00.000-07:00"
+            return self.nodes()
+
+    backend = RestartingBackend(["401", "402"])
+    spec = cloud_spec("gcp", nodes=2)
+    clock = FakeDay("04:00")
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(0)), clock=clock),
+                      ScriptedPolicy(["spot"]), source=source(fake), clock=clock)
+    watcher.start()
+    watcher.tick()
+    fake.instances[1].update(status="STOPPED", lastStopTimestamp="2025-10-04T05:00:00.000-07:00")
+    clock.set("05:01")
+    assert watcher.tick().action == "recover"
+    clock.set("06:00")  # kit moves rank 1 to a new VM: the second run of 402 is replaced, not lost
+    decision = ledger.begin_decision(policy="scripted", decision="spot", action="move", market_before="spot",
+                                     market_after="spot", reason="a cheaper offer", now=clock())
+    backend.ids, fake.instances = ["401", "403"], [fake.instances[0], instance("403", "demo-1", "demo")]
+    moved = [n.to_dict() for n in backend.nodes()]
+    attempt = ledger.start_apply(decision, "spot", clock())
+    ledger.mark_applied(attempt, moved, market="spot", now=clock())
+    ledger.finish_apply(attempt, decision, moved, "spot", clock())
+
+    late = preempted_operation("7500", "402", "demo-1")
+    late["insertTime"] = "2025-10-04T05:59:00.000-07:00"
+    fake.operations.append(late)
+    clock.set("06:30")
+    watcher.tick()
+    runs = [n for n in ledger.all_nodes() if n.instance_id == "402"]
+    assert [(n.state, n.lost_kind) for n in runs] == [("replaced", INSTANCE_LOST), ("replaced", None)]
+    assert status_report(ledger, spec)["preemptions"] == 0
+
+    fake.operations.append(preempted_operation("7501", "402", "demo-1"))
+    fake.operations[-1]["insertTime"] = "2025-10-04T04:30:00.000-07:00"
+    clock.set("06:31")
+    watcher.tick()
+    assert [n.lost_kind for n in ledger.all_nodes() if n.instance_id == "402"] == [PREEMPTION, None]
 
 
 def test_permission_denied_is_a_user_error_and_server_error_is_transient(fake):
