@@ -252,15 +252,17 @@ def probing_runs(runs: Mapping[Offer, float], losses: Mapping[Offer, float], *,
     return {o: max(m, prior_run_h) if losses.get(o, 0) == 0 else m for o, m in runs.items()}
 
 
-def progress_price(offer: Offer, m: float, *, changeover_h: float, moves: Moves, checkpoint_zone: str | None) -> float:
+def progress_price(offer: Offer, m: float, *, changeover_h: float, moves: Moves, checkpoint_zone: str | None,
+                   price: float | None = None) -> float:
     """$ per hour of progress on ``offer`` with mean run ``m``, moving there from ``checkpoint_zone``: a run
     that first loses c = d + T makes E[(L - c)+] = m exp(-c/m) hours of progress for m hours paid
-    (exponential runs), so the price is multiplied by exp(c/m), and the egress is spread over the progress."""
+    (exponential runs), so the price is multiplied by exp(c/m), and the egress is spread over the progress.
+    ``price``: its $/h now (default: its list price, ``offer.price``)."""
     lost = moves.launch_h(changeover_h, checkpoint_zone, offer.zone)
     if lost / m > 50:
         return float("inf")
     useful = m * math.exp(-lost / m)
-    return offer.price * m / useful + moves.egress(checkpoint_zone, offer.zone) / useful
+    return (offer.price if price is None else price) * m / useful + moves.egress(checkpoint_zone, offer.zone) / useful
 
 
 def learned_order(offers: tuple[Offer, ...], market: str, rng: random.Random, *, hours: Mapping[Offer, float],
@@ -515,6 +517,7 @@ class ZoneDefault(NettedZonePolicy):
         self.held: Offer | None = None
         self.asked: tuple[Offer, ...] = ()  # spot offers the last plan would launch, in order
         self.outages = OutageLog(self.spot_offers())
+        self.prices: dict[Offer, float] = {}  # each spot offer's $/h this tick (Market.price), set as it decides
         order = sorted({o.zone for o in self.spot_offers()})
         self.rng.shuffle(order)  # ties between equally ranked zones: shuffled, as failover
         self.tie = {z: i for i, z in enumerate(order)}
@@ -550,10 +553,16 @@ class ZoneDefault(NettedZonePolicy):
         return mean_runs(self.hours, self.losses, prior_run_h=self.prior_run_h, weight=self.w, held=self.held, age=age,
                          pool_weight=pool_weight)
 
+    def price(self, offer: Offer) -> float:
+        """``offer``'s $/h this tick: spot prices move (the clouds publish them; the AWS traces' change every
+        tick), and a ranking by the list price would prefer a zone whose price has since risen."""
+        return self.prices.get(offer, offer.price)
+
     def rate(self, offer: Offer, obs: ZoneObservation, m: float) -> float:
-        """$ per hour of progress on ``offer`` (:func:`progress_price`) from the checkpoint's zone."""
+        """$ per hour of progress on ``offer`` (:func:`progress_price`) from the checkpoint's zone, at this
+        tick's price."""
         return progress_price(offer, m, changeover_h=obs.changeover_h, moves=self.moves,
-                              checkpoint_zone=obs.checkpoint_zone)
+                              checkpoint_zone=obs.checkpoint_zone, price=self.price(offer))
 
     def ranked(self, obs: ZoneObservation, ceiling: float, *, probing: bool = False) -> list[Offer]:
         """Spot offers cheaper per hour of progress than ``ceiling``, best first; for ``probing`` (where
@@ -598,7 +607,7 @@ class ZoneDefault(NettedZonePolicy):
         one-tick gaps of us-central1-a."""
         back = 0.0  # the rate at which one of them comes back
         for other in down:
-            if self.rate(other, obs, runs[other]) < move_ceiling(offer.price, self.move_margin):
+            if self.rate(other, obs, runs[other]) < move_ceiling(self.price(offer), self.move_margin):
                 longer = 1 + self._error(len(self.outages.ended[other]))
                 back += 1 / max(EPS, longer * self.outages.rest(other, obs.now_h, self.inner.prior_down, self.w))
         return runs[offer] if back == 0 else 1 / (1 / runs[offer] + back)
@@ -657,8 +666,8 @@ class ZoneDefault(NettedZonePolicy):
         # test_zones.py: a pricey zone run in their outages again, 0.58 of on-demand vs 0.50)
         runs = self.mean_runs(obs.now_h, pool_weight=self.w)
         high = {o: self.rate(o, obs, self.run_bounds(o, runs[o])[0]) for o in known}
-        lam, abundant = self.inner.slack_value(replace(single, spot_price=known[0].price))
-        ceiling = high[known[0]] + lam * known[0].price
+        lam, abundant = self.inner.slack_value(replace(single, spot_price=self.price(known[0])))
+        ceiling = high[known[0]] + lam * self.price(known[0])
         if abundant:
             fits = next((k for k in range(1, len(known) + 1) if self.waiting_fits(obs, known[:k], runs)), None)
             if fits is not None:
@@ -666,6 +675,7 @@ class ZoneDefault(NettedZonePolicy):
         return [o for o in ranked if self.rate(o, obs, self.run_bounds(o, runs[o])[1]) <= ceiling + EPS]
 
     def _decide(self, obs: ZoneObservation, market: Market) -> list[Offer]:
+        self.prices = {o: market.price(o) for o in self.spot_offers()}
         od, hours = finishing_offer(obs, self.offers, self.moves)
         single = Observation(
             now_h=obs.now_h, progress_h=obs.progress_h, job_h=obs.job_h, deadline_h=obs.deadline_h,
@@ -674,19 +684,19 @@ class ZoneDefault(NettedZonePolicy):
         if obs.running is not None and obs.running.spot:
             # The inner policy sees the tick on spot (as the watcher's sees every tick): its wait in an
             # outage counts from the last time the job held something, not from its first idle tick.
-            self.inner.observe(replace(single, spot_available=True, spot_price=obs.running.price))
+            self.inner.observe(replace(single, spot_available=True, spot_price=self.price(obs.running)))
             # Stay, unless an offer is cheaper per hour of progress (its changeover, transfer and
             # short runs included) than this one's bare price: try those first (a failed try is free).
             # No move whose changeover and transfer would end at the safety net.
             slack = zone_slack(obs, hours)
-            better = [o for o in self.ranked(obs, move_ceiling(obs.running.price, self.move_margin)) if o != obs.running
+            better = [o for o in self.ranked(obs, move_ceiling(self.price(obs.running), self.move_margin)) if o != obs.running
                       and launch_can_progress(slack, self.moves.launch_h(obs.changeover_h, obs.checkpoint_zone, o.zone),
                                               obs.tick_h)]
             self.asked = tuple(better)
             return [*better, obs.running]
         best = self._find(obs, market, self.worth_now(obs, single, self.ranked(obs, od.price, probing=True)),
                           od.price)
-        single = replace(single, spot_available=best is not None, spot_price=best.price if best else None)
+        single = replace(single, spot_available=best is not None, spot_price=self.price(best) if best else None)
         if obs.preempted:  # the job's spot run ended here, even if another zone has spot right now
             self.inner.observe(replace(single, spot_available=False))
         answer = self.inner.decide(single)

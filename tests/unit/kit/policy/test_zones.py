@@ -131,6 +131,16 @@ def test_the_run_record_keeps_the_latest_runs_of_each_offer():
     assert record.hours[b] == 0.0 and record.losses[b] == 0
 
 
+class ListPrices:
+    """A market whose prices are the offers' list prices and that a test's policy must not probe."""
+
+    def probe(self, offer):
+        raise AssertionError(f"probed {offer}")
+
+    def price(self, offer):
+        return offer.price
+
+
 def test_default_makes_no_move_whose_changeover_would_end_at_the_safety_net():
     """Running spot at 3.0 with the same shape at 1.0 in the other zone of the region: the multi-zone default
     tries the cheaper zone while the slack left after the move's changeover and checkpoint transfer is above
@@ -149,7 +159,7 @@ def test_default_makes_no_move_whose_changeover_would_end_at_the_safety_net():
         seen = ZoneObservation(now_h=10.0, progress_h=40.0, job_h=48.0, deadline_h=10.0 + 8.0 + d + slack,
                                changeover_h=d, tick_h=tick, running=dear, zone="us-east4-a",
                                checkpoint_zone="us-east4-a")
-        plan = policy.decide(seen, market=None)  # type: ignore[arg-type]  # a running job probes nothing
+        plan = policy.decide(seen, market=ListPrices())  # a running job probes nothing
         assert plan[0] == (cheap if moved else dear), (moves, slack, plan)
 
 

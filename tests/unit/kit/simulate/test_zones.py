@@ -248,6 +248,23 @@ def test_a_pinned_policy_decides_on_each_ticks_spot_price_as_the_one_zone_replay
         assert multi.cost == pytest.approx(single.cost, rel=1e-9)
 
 
+def test_default_ranks_the_zones_by_this_ticks_spot_prices_not_their_first():
+    """Two zones of one region, spot always there: us-east4-a is the cheaper at the first tick (0.5) and the
+    dearer from then on (3.6; us-east4-b 1.0, on-demand 4). Ranked by the first tick's price (the offers' list
+    price) the job launched us-east4-a and never left it (a move needed a price 30 % below 0.5), paying 3.6
+    for the whole job; at each tick's price it runs on us-east4-b (a tick on us-east4-a at most)."""
+    n = 200
+    a = Trace(path=Path("us-east4-a.json"), gap_seconds=600, data=(2,) * n,
+              metadata={"gap_seconds": 600, "zone": "us-east4-a", "on_demand_price_per_hour": 4.0},
+              prices=(0.5,) + (3.6,) * (n - 1))
+    b = zone_trace("us-east4-b", (2,) * n, spot=1.0)
+    params = Params(nodes=2, job_h=10, deadline_h=14, changeover_h=0.2, starts=1)
+    market = market_of([a, b], params)
+    run = replay(market, 0, params, MOVES, ZoneDefault(market.offers, MOVES, seed=0))
+    on_b = 2 * 1.0 * (params.job_h + 2 * params.changeover_h + 2 * 600 / 3600)  # B's job, two launches, a tick on A
+    assert run.cost < on_b + 2 * 3.6 * 600 / 3600 + 1e-9 and not run.missed, run
+
+
 def test_a_move_pays_transfer_time_and_egress_across_regions_only():
     traces = [zone_trace("us-east4-a", [2, 2, 0, 0, 0, 0] * 4), zone_trace("us-east4-b", [0, 0] + [2] * 22),
               zone_trace("europe-west1-c", [0, 0] + [2] * 22)]
