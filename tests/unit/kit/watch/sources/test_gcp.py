@@ -158,6 +158,17 @@ def test_watcher_records_preempted_stopped_and_deleted_nodes(fake, tmp_path):
     assert (report["preemptions"], report["nodes_lost"]) == (1, 3)
 
 
+def started_watcher(backend, ledger, fake):
+    """A watcher of a 2-node GCP cluster on the fake, its clock on the fake's day (04:00), after its first tick."""
+    spec = cloud_spec("gcp", nodes=2)
+    clock = FakeDay("04:00")
+    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(0)), clock=clock),
+                      ScriptedPolicy(["spot"]), source=source(fake), clock=clock)
+    watcher.start()
+    watcher.tick()
+    return watcher, clock
+
+
 def test_preemption_of_an_instance_no_longer_listed_counts_as_a_preemption(fake, tmp_path):
     """Finding 10: a spot VM with termination action DELETE is gone from the listing by the time
     (or soon after) its preempted operation shows up; the operation must still be matched."""
@@ -173,12 +184,8 @@ def test_preemption_of_an_instance_no_longer_listed_counts_as_a_preemption(fake,
             return self.nodes()
 
     backend = ListedBackend(["301", "302"])
-    spec = cloud_spec("gcp", nodes=2)
-    clock = FakeDay("04:00")
-    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(0)), clock=clock),
-                      ScriptedPolicy(["spot"]), source=source(fake), clock=clock)
-    watcher.start()
-    watcher.tick()
+    watcher, clock = started_watcher(backend, ledger, fake)
+    spec = watcher.spec
     del fake.instances[1]  # deleted after the preemption (05:00); its operation arrives a poll later
     clock.set("05:01")
     watcher.tick()
@@ -251,12 +258,8 @@ def test_a_late_operation_relabels_only_the_incarnation_that_ran_at_its_time(fak
             return self.nodes()
 
     backend = RestartingBackend(["401", "402"])
-    spec = cloud_spec("gcp", nodes=2)
-    clock = FakeDay("04:00")
-    watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(0)), clock=clock),
-                      ScriptedPolicy(["spot"]), source=source(fake), clock=clock)
-    watcher.start()
-    watcher.tick()
+    watcher, clock = started_watcher(backend, ledger, fake)
+    spec = watcher.spec
     fake.instances[1].update(status="STOPPED", lastStopTimestamp="2025-10-04T05:00:00.000-07:00")
     clock.set("05:01")
     assert watcher.tick().action == "recover"
