@@ -2,12 +2,18 @@
 replaced (the baseline, kept here and run in the same process on the same inputs).
 
     .venv/bin/python bench/opt.py [--baseline-limit-s 300]
+    .venv/bin/python bench/opt.py --tiny          # part 3 only, ~1 min
 
 1. the bundled GCP H100 set: 13 zones x 8 starts, N=16, C0=48 h, R0=60 h, with d = 0.2 h (a
    whole number of 2-minute grid units) and d = 0.2001 h (no grid up to 1/240 tick: the baseline
    rounds compute up there, so it is also *not exact*; the costs are printed side by side);
 2. one start on a synthetic 32-second-tick market (on/off, mean spot run 5.3 h, mean outage
-   1.8 h, seeded), C0=48 h, d=0.2 h with R0 = 60 h and 72 h, and d=0.2001 h with R0 = 60 h.
+   1.8 h, seeded), C0=48 h, d=0.2 h with R0 = 60 h and 72 h, and d=0.2001 h with R0 = 60 h;
+3. ``--tiny``: changeovers far below a tick (d = 1e-3, 1e-4, 1e-6 h; no unit of the tick makes them whole),
+   one start of one bundled GCP zone and of the synthetic 32-s market, R0 = 60 h: ``opt`` as it runs now
+   (kit.simulate.single.simulate_opt: waste arrays with at most one launch a tick, or Pareto fronts where
+   the arrays would be large) against the waste arrays without that bound (the program before), which is
+   not run where its arrays would pass 20 M states.
 
 The baseline is stopped once a case has taken ``--baseline-limit-s`` (shown as "> limit"). Prints a Markdown table (docs/benchmarks.md, "opt runtime").
 """
@@ -26,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.zone_known import progress_grid
 from kit.paths import SPOT_TRACES_DIR
-from kit.simulate.single import Params, _Opt, _Window, start_ticks
+from kit.simulate.single import Params, _Opt, _Waste, _Window, grid_states, simulate_opt, start_ticks
 from kit.traces import Trace, load_traces
 
 
@@ -109,10 +115,54 @@ def timed(cls, cases: list[tuple[Trace, int]], params: Params) -> tuple[float, f
     return time.perf_counter() - started, float(np.mean(costs))
 
 
+class UnboundedOpt(_Opt):
+    """The baseline of part 3: waste arrays whose launches axis is as long as the slack over d."""
+
+    def __init__(self, window: _Window) -> None:
+        super().__init__(window)
+        self.waste = _Waste(window.G, window.d, window.R0 - window.C0)
+        self.idle = self.waste.start()
+        self.spot = np.full_like(self.idle, math.inf)
+        self.od = np.full_like(self.idle, math.inf)
+
+
+UNBOUNDED_STATES_MAX = 20_000_000  # 3 arrays of 8-byte floats: about 0.5 GB
+
+
+def tiny() -> None:
+    """Part 3: changeovers far below a tick."""
+    gcp = load_traces([SPOT_TRACES_DIR / "gcp-a3-h100-2025-10"])[0]
+    rows = []
+    for label, trace in ((f"GCP {gcp.name}, 10-min ticks", gcp), ("synthetic, 32-s ticks", markov_32s())):
+        for d in (1e-3, 1e-4, 1e-6):
+            params = Params(nodes=16, job_h=48.0, deadline_h=60.0, changeover_h=d, starts=1)
+            start = start_ticks(trace, params)[0]
+            window = _Window.of(trace, start, params)
+            before = grid_states(window.G, d, window.R0 - window.C0)
+            t0 = time.perf_counter()
+            now = simulate_opt(trace, start, params)
+            cells = [f"{time.perf_counter() - t0:.2f} s", f"{now.cost_vs_on_demand:.6f}"]
+            if before <= UNBOUNDED_STATES_MAX:
+                t0 = time.perf_counter()
+                old = UnboundedOpt(window).run(trace.name, start)
+                cells = [f"{before:,}", f"{time.perf_counter() - t0:.2f} s", f"{old.cost_vs_on_demand:.6f}", *cells]
+            else:
+                cells = [f"{before:,}", "not run", "-", *cells]
+            rows.append(f"| {label} | {d:g} h | " + " | ".join(cells) + " |")
+            print(rows[-1], flush=True)
+    print("\n| market, 1 start | d | states before | before | its cost | now | its cost |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("\n".join(rows))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline-limit-s", type=float, default=300.0)
+    ap.add_argument("--tiny", action="store_true", help="part 3 only: changeovers far below a tick")
     args = ap.parse_args()
+    if args.tiny:
+        tiny()
+        return
     gcp = load_traces([SPOT_TRACES_DIR / "gcp-a3-h100-2025-10"])
     synthetic = markov_32s()
     rows = []

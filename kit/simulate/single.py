@@ -237,13 +237,16 @@ class _Waste:
     When ``d`` (and the transfer time ``T``) are whole numbers of units ``u = G/m`` (m <= 240; every
     bundled trace, and the default 50 GB at 10 Gbit/s), states of equal waste are one state: one axis
     over ``k u``. Otherwise two axes (launches r, idle ticks W), waste ``W G + r d``: exact for any
-    ``d``, at ``(R0 - C0)/d`` times the states. A transfer time that fits neither would be rounded down
-    (to the unit, or to whole ticks), which keeps the bound a lower bound but not exact: ``exact`` is
-    False then, and the multi-zone ``opt`` keeps its waste another way (kit.simulate.zones)."""
+    ``d``, at ``min((R0 - C0)/d, ticks)`` times the states: a schedule launches at most once a tick, so a
+    window of ``ticks`` ticks (``max_launches``) makes no more launches than that, however small ``d`` is
+    (a changeover of 1e-4 h took the axis to 120,000 launches where a 60-h window has 361 ticks). A
+    transfer time that fits neither would be rounded down (to the unit, or to whole ticks), which keeps
+    the bound a lower bound but not exact: ``exact`` is False then, and the multi-zone ``opt`` keeps its
+    waste another way (kit.simulate.zones)."""
 
-    def __init__(self, G: float, d: float, slack: float, move_h: float = 0.0) -> None:
-        exact_units = _common_units(G, d, d + move_h)
-        units = exact_units or _common_units(G, d)
+    def __init__(self, G: float, d: float, slack: float, move_h: float = 0.0, max_launches: int | None = None) -> None:
+        units = self._units(G, d, move_h)
+        lengths = self.lengths(G, d, slack, move_h, max_launches)
         self.exact = self.exact_for(G, d, move_h)
         self.idle_step: tuple[int, ...]
         self.launch_step: tuple[int, ...]
@@ -253,15 +256,30 @@ class _Waste:
             u = G / m
             move = units[2] if len(units) > 2 else launch + math.floor(move_h / u + 1e-9)
             self.idle_step, self.launch_step, self.move_step = (m,), (launch,), (move,)
-            self.hours = np.arange(math.floor(slack / u + 1e-9) + 1) * u
+            self.hours = np.arange(lengths[0]) * u
         else:
             ticks = math.floor(move_h / G + 1e-9)
             self.idle_step, self.launch_step, self.move_step = (0, 1), (1, 0), (1, ticks)
-            r, W = np.meshgrid(np.arange(math.floor(slack / d + 1e-9) + 1), np.arange(math.floor(slack / G + 1e-9) + 1),
-                               indexing="ij")
+            r, W = np.meshgrid(np.arange(lengths[0]), np.arange(lengths[1]), indexing="ij")
             self.hours = W * G + r * d
         # added after every step: +inf where the deadline can no longer be made
         self.bar = np.where(self.hours <= slack + 1e-7, 0.0, math.inf)
+
+    @staticmethod
+    def _units(G: float, d: float, move_h: float) -> tuple[int, ...] | None:
+        return _common_units(G, d, d + move_h) or _common_units(G, d)
+
+    @classmethod
+    def lengths(cls, G: float, d: float, slack: float, move_h: float = 0.0,
+                max_launches: int | None = None) -> tuple[int, ...]:
+        """The lengths of the waste axes: (units,), or (launches, idle ticks) without a common unit."""
+        units = cls._units(G, d, move_h)
+        if units is not None:
+            return (math.floor(slack / (G / units[0]) + 1e-9) + 1,)
+        launches = math.floor(slack / d + 1e-9)
+        if max_launches is not None:
+            launches = min(launches, max_launches)
+        return (launches + 1, math.floor(slack / G + 1e-9) + 1)
 
     @staticmethod
     def exact_for(G: float, d: float, move_h: float = 0.0) -> bool:
@@ -321,7 +339,7 @@ class _Opt:
 
     def __init__(self, window: _Window) -> None:
         w = self.w = window
-        self.waste = _Waste(w.G, w.d, w.R0 - w.C0)
+        self.waste = _Waste(w.G, w.d, w.R0 - w.C0, max_launches=w.span)
         self.idle = self.waste.start()
         self.spot = np.full_like(self.idle, math.inf)
         self.od = np.full_like(self.idle, math.inf)
@@ -370,9 +388,27 @@ class _Opt:
                    done_h=None, missed=missed)
 
 
+# Above this many waste states per market, ``opt`` runs over exact Pareto fronts of (waste, cost) instead of
+# waste arrays (kit.simulate.zones._ZoneOptFront): exact too, and its time does not grow with the states.
+# Two axes (launches x idle ticks) grow as the changeover shrinks: d = 1e-4 h on 32-second ticks made 9 M
+# states per market and hours of work; the fronts take seconds (docs/benchmarks.md, "opt runtime").
+GRID_STATES_MAX = 50_000
+
+
+def grid_states(G: float, d: float, slack: float, move_h: float = 0.0, max_launches: int | None = None) -> int:
+    """The waste states per market of ``opt``'s array program (:class:`_Waste`)."""
+    return math.prod(_Waste.lengths(G, d, slack, move_h, max_launches))
+
+
 def simulate_opt(trace: Trace, start: int, params: Params) -> Run:
-    """Cheapest way to finish by R0 knowing the whole trace (same model, DP)."""
-    return _Opt(_Window.of(trace, start, params)).run(trace.name, start)
+    """Cheapest way to finish by R0 knowing the whole trace (same model, DP): over waste arrays, or, where
+    they would hold more than :data:`GRID_STATES_MAX` states, the multi-zone program's fronts on this one zone."""
+    window = _Window.of(trace, start, params)
+    if grid_states(window.G, window.d, window.R0 - window.C0, max_launches=window.span) > GRID_STATES_MAX:
+        from kit.simulate.zones import one_zone_opt  # (kit.simulate.zones builds on this module)
+
+        return one_zone_opt(trace, start, params)
+    return _Opt(window).run(trace.name, start)
 
 
 def simulate(traces: list[Trace], policies: list[str], params: Params, *, policy_params: dict | None = None) -> dict:

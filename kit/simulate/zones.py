@@ -31,7 +31,17 @@ from kit.errors import InputError
 from kit.policy import ON_DEMAND, POLICY_NAMES, SPOT, make_policy
 from kit.policy.offers import EACH, PROBE_H, Moves, Offer, Shape, check_shapes
 from kit.policy.zones import ZONE_POLICY_NAMES, Pinned, ZoneObservation, ZonePolicy, make_zone_policy
-from kit.simulate.single import EPS, OPT, Params, _Waste, span_ticks, split_tick
+from kit.simulate.single import (
+    EPS,
+    GRID_STATES_MAX,
+    OPT,
+    Params,
+    Run,
+    _Waste,
+    grid_states,
+    span_ticks,
+    split_tick,
+)
 from kit.traces import Trace, check_gang
 from kit.validation import input_error, require_mapping
 
@@ -449,7 +459,8 @@ class _ZoneOpt(_ZoneProgram):
         zones = market.zones
         self.zi = np.array([zones.index(o.zone) for o in market.offers])
         self.spot = np.array([o.spot for o in market.offers])
-        self.waste = _Waste(market.G, params.changeover_h, params.deadline_h - params.job_h, move_h=self.T)
+        self.waste = _Waste(market.G, params.changeover_h, params.deadline_h - params.job_h, move_h=self.T,
+                            max_launches=span_ticks(params, market.G))
         egress = np.array([[moves.egress(a, b) for b in zones] for a in zones])
         np.fill_diagonal(egress, math.inf)
         self.egress = egress[:, :, None] if self.waste.hours.ndim == 1 else egress[:, :, None, None]
@@ -569,9 +580,20 @@ class _ZoneOptFront(_ZoneProgram):
 
 def opt_program(market: ZoneSet, start: int, params: Params, moves: Moves) -> _ZoneProgram:
     """``opt``'s program for one start: over waste arrays where a unit of the tick makes d and d + T whole
-    (the bundled traces with the default transfer), else over exact Pareto fronts (:class:`_ZoneOptFront`)."""
-    exact = _Waste.exact_for(market.G, params.changeover_h, _move_h(market, moves))
-    return (_ZoneOpt if exact else _ZoneOptFront)(market, start, params, moves)
+    (the bundled traces with the default transfer) and the arrays stay small (:data:`GRID_STATES_MAX`), else
+    over exact Pareto fronts (:class:`_ZoneOptFront`)."""
+    G, d, T = market.G, params.changeover_h, _move_h(market, moves)
+    small = grid_states(G, d, params.deadline_h - params.job_h, T, span_ticks(params, G)) <= GRID_STATES_MAX
+    return (_ZoneOpt if small and _Waste.exact_for(G, d, T) else _ZoneOptFront)(market, start, params, moves)
+
+
+def one_zone_opt(trace: Trace, start: int, params: Params) -> Run:
+    """The one-zone ``opt`` (kit.simulate.single.simulate_opt) by this module's program over Pareto fronts:
+    the same model on a market of that one zone, where no move can happen."""
+    market = ZoneSet.of([trace], default_shapes([trace], params.nodes), params)
+    run = _ZoneOptFront(market, start, params, Moves()).solve()
+    return Run(trace=trace.name, start=start, policy=OPT, cost=run.cost, cost_vs_on_demand=run.cost_vs_on_demand,
+               done_h=None, missed=run.missed)
 
 
 def simulate_opt_zones(market: ZoneSet, start: int, params: Params, moves: Moves) -> ZoneRun:

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from kit.cli import app
 from kit.paths import SPOT_TRACES_DIR
 from kit.policy import ON_DEMAND, POLICY_NAMES, SPOT, WAIT
-from kit.simulate import OPT, Params, simulate, simulate_opt, simulate_policy, span_ticks, start_ticks
+from kit.simulate import OPT, Params, simulate, simulate_opt, simulate_policy, single, span_ticks, start_ticks
 from kit.traces import Trace, load_traces, markov_availability
 
 LIVE = list(POLICY_NAMES)
@@ -100,11 +100,13 @@ def test_on_demand_costs_exactly_one():
     assert all(abs(r.cost_vs_on_demand - 1.0) < 1e-9 for r in runs)
 
 
-@pytest.mark.parametrize("d", [0.5, 0.2001, 1.3])
-def test_opt_matches_brute_force(d):
+@pytest.mark.parametrize("d", [0.5, 0.2001, 1.3, 0.001])
+def test_opt_matches_brute_force(d, monkeypatch):
     """7 ticks of 1 h, C0 = 3, R0 = 6: every action sequence enumerated with the same simulator. A
     changeover that is no simple fraction of a tick (0.2001 h) or longer than one (1.3 h) is exact
-    too (a compute grid rounded it: 7.2002 for 7.2006)."""
+    too (a compute grid rounded it: 7.2002 for 7.2006), and so is one far below a tick (0.001 h: more
+    launches than the 7 ticks allow would fit in the slack). Each both ways: over waste arrays and, as
+    where those would be large, over the multi-zone program's Pareto fronts of this one zone."""
     p = Params(nodes=2, job_h=3.0, deadline_h=6.0, changeover_h=d, starts=1)
     for data in ([2, 0, 2, 2, 0, 2, 2], [0, 2, 2, 0, 0, 2, 2], [2, 2, 2, 2, 2, 2, 2], [0, 0, 0, 0, 0, 0, 0],
                  [2, 2, 0, 2, 2, 2, 2]):
@@ -115,6 +117,21 @@ def test_opt_matches_brute_force(d):
             if not run.missed:
                 best = min(best, run.cost)
         assert simulate_opt(t, 0, p).cost == pytest.approx(best, rel=1e-12), data
+        with monkeypatch.context() as m:
+            m.setattr(single, "GRID_STATES_MAX", 0)
+            assert simulate_opt(t, 0, p).cost == pytest.approx(best, rel=1e-12), data
+
+
+def test_opt_states_do_not_grow_as_the_changeover_shrinks():
+    """A schedule launches at most once a tick, so the launches axis is at most the window's ticks: d = 1e-4 h
+    gave 120,001 launches x 73 idle ticks (60 h at 10-min ticks), 361 ticks now. Where the arrays would still be
+    large (32-second ticks), ``opt`` runs over fronts (test_opt_matches_brute_force checks both are exact)."""
+    params = Params(nodes=1, job_h=48.0, deadline_h=60.0, changeover_h=1e-4)
+    ten_min = span_ticks(params, 1 / 6)
+    assert single.grid_states(1 / 6, 1e-4, 12.0, max_launches=ten_min) == (ten_min + 1) * 73
+    assert single.grid_states(1 / 6, 1e-4, 12.0, max_launches=ten_min) <= single.GRID_STATES_MAX
+    assert single.grid_states(32 / 3600, 1e-4, 12.0, max_launches=span_ticks(params, 32 / 3600)) \
+        > single.GRID_STATES_MAX
 
 
 def test_opt_is_a_lower_bound_and_feasible_deadlines_are_met():
