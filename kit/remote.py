@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import shlex
 import shutil
+import signal
 import socket
 import struct
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 from kit.errors import KitError
 
@@ -167,6 +171,75 @@ def read_file(ssh: list[str], path: str, timeout: float = 30) -> str:
     if proc.returncode != 0:
         raise KitError(f"cannot read {path} on {ssh[-1]}: {proc.stderr.strip() or proc.returncode}", where=path)
     return proc.stdout
+
+
+# One pull of the nodes' progress files (TerraformBackend.progress, on the watch loop's thread) ends
+# within this, however many nodes do not answer: a preempted instance still in Terraform's outputs, or
+# one behind a dropped firewall rule, would otherwise hold the loop for ssh's whole connect timeout and
+# the read's, node after node. A live node's ssh handshake and `cat` take a few round trips.
+PROGRESS_PULL_S = 10.0
+# ssh processes at once in one such read (a bigger cluster's other nodes are read as these finish).
+READ_WORKERS = 16
+_Key = TypeVar("_Key")
+
+
+def with_connect_timeout(ssh: list[str], seconds: float) -> list[str]:
+    """``ssh`` (an :func:`ssh_base` command) that gives up connecting after ``seconds`` (whole, at least
+    one) instead of ssh_base's default. ssh keeps the first value it obtains for an option ("for each
+    parameter, the first obtained value will be used", ssh_config(5)), so this one goes first. It
+    covers the TCP connection, the SSH handshake and the key exchange (ConnectTimeout in ssh_config(5)), so
+    a host that accepts TCP and never speaks SSH is given up on too."""
+    return [ssh[0], "-o", f"ConnectTimeout={max(1, int(seconds))}", *ssh[1:]]
+
+
+def read_files(ssh_by_key: dict[_Key, list[str]], path: str, *, deadline_s: float,
+               workers: int = READ_WORKERS) -> dict[_Key, str]:
+    """``path`` on each host (``key -> ssh command``), read in parallel, at most ``workers`` ssh at
+    once; the text of those read by ``deadline_s`` after the call, in ``ssh_by_key``'s order. A host
+    that failed or had not answered by then is left out. No ssh outlives the call: each one's timeout
+    is what is left of the deadline when it starts (:func:`_read_killing_group`), one that has not
+    started by the deadline never starts, and the pool is joined before this returns."""
+    if not ssh_by_key:
+        return {}
+    end = time.monotonic() + deadline_s
+
+    def read(ssh: list[str]) -> str:
+        left = end - time.monotonic()
+        if left <= 0:
+            raise KitError(f"no time left to read {path} on {ssh[-1]}", where=path)
+        return _read_killing_group(ssh, path, timeout=left)
+
+    pool = ThreadPoolExecutor(max_workers=min(len(ssh_by_key), workers), thread_name_prefix="kit-read")
+    try:
+        futures = {key: pool.submit(read, ssh) for key, ssh in ssh_by_key.items()}
+        texts = {}
+        for key, future in futures.items():
+            try:
+                texts[key] = future.result()
+            except KitError:
+                continue  # unreachable, gone, timed out, or the file is not there (yet)
+        return texts
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _read_killing_group(ssh: list[str], path: str, timeout: float) -> str:
+    """:func:`read_file`, its ssh in a process group of its own that is killed whole at ``timeout``:
+    ssh may have started children (a ProxyCommand or ProxyJump from the user's ssh config) that
+    killing ssh alone, as subprocess.run's timeout does, would leave running. The group is killed
+    before ssh is waited for, so its id is still ssh's (a process that ended keeps its id until it is
+    waited for: wait(2))."""
+    with subprocess.Popen([*ssh, f"cat {shlex.quote(path)}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()  # ssh, reaped; its pipes are closed on the way out, whoever else holds them
+            raise KitError(f"reading {path} on {ssh[-1]} timed out", where=path) from None
+    if proc.returncode != 0:
+        raise KitError(f"cannot read {path} on {ssh[-1]}: {err.strip() or proc.returncode}", where=path)
+    return out
 
 
 def complete_checkpoints(ssh: list[str], remote_dir: str, timeout: float = 60) -> list[str]:

@@ -108,14 +108,18 @@ class TerraformBackend(Backend):
 
     def bootstrap(self, nodes: list[Node]) -> None:
         from kit import bootstrap, remote, terraform
+        from kit.watch.server import node_token
 
-        role_vars = {}
-        if self.watcher_url and self.watcher_token:
-            role_vars = {"preemption_agent_watcher_url": self.watcher_url,
-                         "preemption_agent_watcher_token": self.watcher_token}
+        secret = self.watcher_token if self.watcher_url else None  # the cluster's: never sent to a node
+        role_vars = {"preemption_agent_watcher_url": self.watcher_url} if secret else {}
         outputs = terraform.output(self.deploy_dir)
         inventory = bootstrap.inventory_from_spec(self.spec, outputs, role_vars=role_vars,
                                                   known_hosts=self.known_hosts(output_nodes(outputs)))
+        if secret:
+            # each host its own token, for the instance its agent reports as: a host var, which wins over the
+            # group's (https://docs.ansible.com/ansible/latest/inventory_guide/intro_inventory.html)
+            for host in inventory["all"]["hosts"].values():
+                host["preemption_agent_watcher_token"] = node_token(secret, host["instance_id"])
         remote.wait_for_ssh([host["ansible_host"] for host in inventory["all"]["hosts"].values()])
         result = bootstrap.bootstrap_nodes(inventory)
         if not result.ok:
@@ -126,7 +130,10 @@ class TerraformBackend(Backend):
 
     def progress(self) -> dict | None:
         """``cat`` of every node's progress file over SSH (the watcher's endpoint is often not
-        reachable from the cloud; the agents' heartbeats, when they arrive, say the same)."""
+        reachable from the cloud; the agents' heartbeats, when they arrive, say the same). This runs on
+        the watch loop's thread, so the nodes are read in parallel within one deadline
+        (kit.remote.PROGRESS_PULL_S): a node that has not answered by then (preempted but still in
+        Terraform's outputs, cut off by a firewall) is skipped for this pull."""
         import json
 
         from kit import bootstrap, remote
@@ -137,17 +144,18 @@ class TerraformBackend(Backend):
         except KitError as error:
             log.warning("%s", error.what)
             known_hosts = self.deploy_dir / remote.KNOWN_HOSTS_FILE
-        for node in nodes:
-            host = node.public_ip or node.private_ip
-            if not host:
-                continue
-            ssh = remote.ssh_base(host, self.spec.ssh.user, bootstrap.ssh_private_key(self.spec),
-                                  known_hosts=known_hosts)
+        key, deadline = bootstrap.ssh_private_key(self.spec), remote.PROGRESS_PULL_S
+        # Half the deadline to connect (TCP, SSH handshake and key exchange: ConnectTimeout in ssh_config(5)):
+        # a dead node's ssh then ends by itself, and a live one has the rest to log in and read the file.
+        ssh = {node.rank: remote.with_connect_timeout(
+            remote.ssh_base(host, self.spec.ssh.user, key, known_hosts=known_hosts), deadline / 2)
+            for node in nodes if (host := node.public_ip or node.private_ip)}
+        # a node gone, unanswered by the deadline or without the file yet (trainer not started) is not read
+        for text in remote.read_files(ssh, PROGRESS_FILE, deadline_s=deadline).values():
             try:
-                text = remote.read_file(ssh, PROGRESS_FILE, timeout=30)
                 records.append(json.loads(text))
-            except (KitError, ValueError):
-                continue  # node gone or trainer not started yet
+            except ValueError:
+                continue  # not JSON
         return self.newest_progress(records)
 
     def checkpoint_dir(self, node: Node, scratch: Path) -> Path:

@@ -484,13 +484,16 @@ class LocalBackend(Backend):
                 "--progress-file", str(self.progress_file(rank))]
 
     def agent_command(self, rank: int, instance_id: str) -> list[str]:
+        from kit.watch.server import node_token
+
         cmd = [sys.executable, "-m", "training.agent", "--cloud", "local", "--instance", instance_id,
                "--node-rank", str(rank), "--stop-file", str(self.stop_file(rank)),
                "--progress-file", str(self.progress_file(rank)), "--event-dir", str(self.disk_dir(rank)),
                "--metadata-url", str(self.notice_file(rank)), "--interval", "0.5"]
         if self.watcher_url and self.watcher_token:
             token_file = self.node_dir(rank) / "watcher-token"
-            write_atomic(token_file, self.watcher_token, mode=0o600)  # a secret: never readable wider
+            # the node's own token (for the instance it reports as), never the cluster's; a secret: 0600
+            write_atomic(token_file, node_token(self.watcher_token, instance_id), mode=0o600)
             cmd += ["--watcher-url", self.watcher_url, "--watcher-token-file", str(token_file),
                     "--cluster", self.spec.name]
         return cmd

@@ -1,13 +1,17 @@
 """The agents' endpoint: ``POST /v1/clusters/{cluster}/events``.
 
-Each cluster has its own bearer token (``cluster_token``), written once to
-``<deploy_dir>/watcher/token`` (mode 0600, atomically; a file left empty or short is replaced) and
-handed to the agents by bootstrap; an empty token is never served nor accepted. Answers:
-202 ``{"ok": true}`` (recorded), 400 (malformed body or Content-Length, with the reason), 401
-(missing or wrong token), 403 (a report from an instance that is not one of the cluster's nodes,
-or at another rank), 404 (unknown path or cluster), 405 (not POST), 408 (the body did not arrive
-within the 10 s socket timeout), 413 (body over 64 KiB). Every malformed body gets its 4xx: the
-agent does not retry those.
+Each cluster has its own secret (``cluster_token``), written once to ``<deploy_dir>/watcher/token``
+(mode 0600, atomically; a file left empty or short is replaced), which never leaves the watcher's
+machine: each node gets its own bearer token, ``node_token(cluster token, its instance id)``, from
+bootstrap (cloud) or the local backend, and a post is accepted only with the token of the instance
+its body names, so a node (or a stolen copy of its token) cannot report as another. Every body
+names its instance (``training.messages.AgentReport`` requires one), so the token is checked after
+the size checks and the parse, before anything is recorded; an empty cluster token is never served
+nor accepted. Answers: 202 ``{"ok": true}`` (recorded), 400 (malformed body or Content-Length,
+with the reason), 401 (missing token, or not the token of the instance the body names), 403 (a
+report from an instance that is not one of the cluster's nodes, or at another rank), 404 (unknown
+path or cluster), 405 (not POST), 408 (the body did not arrive within the 10 s socket timeout), 413
+(body over 64 KiB). Every malformed body gets its 4xx: the agent does not retry those.
 
 Slow clients cannot hold the server: every read times out after 10 s, a connection lives at most
 ``REQUEST_DEADLINE_S`` in all (a client trickling a byte every few seconds is cut off there), and
@@ -19,6 +23,8 @@ minute, and a dependency-free server keeps the watcher installable anywhere.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import json
 import logging
@@ -65,6 +71,19 @@ def cluster_token(deploy_dir: Path) -> str:
     # the old file or the new one, not an empty one
     write_atomic(path, token + "\n", durable=True, mode=0o600)
     return token
+
+
+def node_token(cluster_token: str, instance: str) -> str:
+    """The bearer token of one node: HMAC-SHA256 (RFC 2104, https://www.rfc-editor.org/rfc/rfc2104)
+    of its instance id keyed by the cluster's token, in URL-safe base64 without padding (RFC 4648
+    section 5, https://www.rfc-editor.org/rfc/rfc4648#section-5; 43 characters). The watcher derives
+    it again from the instance a report names, so it stores nothing per node, and a token is good for
+    its own instance only; without the cluster token no node's token can be computed. An instance that
+    restarts under its id keeps its token; a replacement (a new id) gets its own at its bootstrap."""
+    if not cluster_token:
+        raise ValueError("an empty cluster token would let anyone compute every node's token")
+    digest = hmac.new(cluster_token.encode(), instance.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -117,33 +136,42 @@ class _Handler(BaseHTTPRequestHandler):
         self._reply(405, {"ok": False, "error": "use POST"})
 
     def do_POST(self) -> None:
-        """Each step replies itself (4xx) and returns None when the request goes no further."""
-        cluster = self._authorized_cluster()
-        raw = self._body() if cluster is not None else None
+        """Each step replies itself (4xx) and returns None (False) when the request goes no further. A
+        token is good for one instance, so it is checked against the parsed body's (a request with no
+        bearer token at all is refused before its body is read)."""
+        bearer = self._bearer()
+        raw = self._body() if bearer is not None else None
         event = self._event(raw) if raw is not None else None
-        if cluster is not None and event is not None:
-            self._record(cluster, event)
+        if bearer is not None and event is not None and self._authorized(*bearer, event):
+            self._record(bearer[0], event)
 
-    def _authorized_cluster(self) -> str | None:
+    def _bearer(self) -> tuple[str, str] | None:
+        """The cluster the path names and the bearer token the request carries."""
         match = PATH.match(self.path)
         if not match:
             self._reply(404, {"ok": False, "error": f"no such endpoint {self.path}"})
             return None
         cluster = match.group("cluster")
-        expected = self.server.tokens.get(cluster)
-        if expected is None:
+        if cluster not in self.server.tokens:
             self._reply(404, {"ok": False, "error": f"this watcher does not watch cluster {cluster!r}"})
             return None
-        header = self.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
+        scheme, _, given = self.headers.get("Authorization", "").partition(" ")
         given = given.strip()
-        # Constant-time compare: the token is the only thing between the internet and our ledger. An
-        # empty one is never a match (WatcherServer refuses to serve one; this is the last line).
-        if scheme.lower() != "bearer" or not given or not expected \
-                or not hmac.compare_digest(given.encode(), expected.encode()):
-            self._reply(401, {"ok": False, "error": "missing or wrong bearer token"})
+        if scheme.lower() != "bearer" or not given:
+            self._reply(401, {"ok": False, "error": "missing bearer token"})
             return None
-        return cluster
+        return cluster, given
+
+    def _authorized(self, cluster: str, given: str, event: Event) -> bool:
+        """``given`` is the token of the instance the report names (node_token). Constant-time compare
+        (hmac.compare_digest, https://docs.python.org/3/library/hmac.html#hmac.compare_digest): the
+        token is the only thing between the network and our ledger. An empty cluster token is never a
+        match (WatcherServer refuses to serve one; this is the last line)."""
+        secret = self.server.tokens[cluster]
+        if not secret or not hmac.compare_digest(given.encode(), node_token(secret, event.instance).encode()):
+            self._reply(401, {"ok": False, "error": f"wrong bearer token for instance {event.instance!r}"})
+            return False
+        return True
 
     def _body(self) -> bytes | None:
         try:
@@ -217,7 +245,8 @@ class _Server(ThreadingHTTPServer):
 
 
 class WatcherServer:
-    """``with WatcherServer({cluster: token}, sink) as server: server.url``"""
+    """``with WatcherServer({cluster: cluster_token}, sink) as server: server.url``; each node posts
+    with its own ``node_token`` of that cluster token."""
 
     def __init__(self, tokens: dict[str, str], sink: Callable[[str, Event], None], *,
                  host: str = "127.0.0.1", port: int = 0, deadline_s: float = REQUEST_DEADLINE_S,

@@ -120,6 +120,7 @@ class Session:
         server = self._server = WatcherServer({spec.name: self.token}, ledger_sink(self.ledger, self.wake),
                                               host=host, port=port).start()
         self.url = cloud.agent_url(advertise_url, server.url, host in ("0.0.0.0", "::"))
+        # the cluster's secret: the backend hands each node only its own token (kit.watch.server.node_token)
         backend = self._backend = backend_for(spec, self.deploy_dir, watcher_url=self.url, watcher_token=self.token)
         self.clock = backend.attach(self.ledger)
         self.interval_s = interval_s or backend.tick_interval_s

@@ -1,7 +1,9 @@
-"""kit.remote: waiting for a fresh node's SSH port."""
+"""kit.remote: waiting for a fresh node's SSH port, the host keys ssh accepts, reading a file on many nodes."""
 from __future__ import annotations
 
+import shutil
 import socket
+import subprocess
 import threading
 import time
 
@@ -113,3 +115,56 @@ def test_known_hosts_waits_for_a_booting_node_then_names_the_ones_that_never_pub
     assert "the test's cloud" in raised.value.what and "verify_host_keys" in raised.value.fix
     assert calls["198.18.0.2"] == 3 and calls["198.18.0.3"] > 3, "asked again until the timeout"
     assert sorted(known.entries()) == ["198.18.0.2"], "what was found is pinned even so"
+
+
+# --- reading a file on many nodes at once: one deadline, no process left behind ---------------------
+
+needs_ssh = pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
+
+
+@needs_ssh
+def test_the_connect_timeout_given_for_one_read_is_the_one_ssh_uses():
+    from kit.remote import ssh_base, with_connect_timeout
+
+    ssh = with_connect_timeout(ssh_base("127.0.0.1", "kit", port=2222), 3)
+    assert "ConnectTimeout=20" in ssh, "ssh_base's own default stays as it is for its other callers"
+    # `ssh -G` prints the configuration it would use, without connecting (ssh(1))
+    shown = subprocess.run([*ssh[:-1], "-G", ssh[-1]], capture_output=True, text=True, check=True).stdout
+    assert "connecttimeout 3" in shown.splitlines()
+
+
+def test_a_read_of_many_nodes_ends_at_its_one_deadline_and_leaves_no_process(tmp_path):
+    from kit.remote import read_files
+    from tests.support.dead_nodes import fake_ssh, hanging_ssh, running_children, still_running
+
+    pids = tmp_path / "pids"
+    ssh = {"live": fake_ssh(tmp_path / "live", "echo '{\"step\": 3}'"),
+           "refused": fake_ssh(tmp_path / "refused", "echo 'Permission denied' >&2; exit 255"),
+           **{f"hung-{i}": hanging_ssh(tmp_path / f"hung-{i}", pids) for i in range(3)}}
+    before = running_children()
+    t0 = time.monotonic()
+    try:
+        texts = read_files(ssh, "/mnt/kit-disk/progress.json", deadline_s=1.0, workers=2)
+        elapsed = time.monotonic() - t0
+    finally:
+        left = still_running(pids)
+    assert texts == {"live": '{"step": 3}\n'}, "the hosts that failed or hung are left out"
+    assert elapsed < 2.0, f"one deadline for all the hosts, not one each: {elapsed:.1f} s"
+    assert left == [] and running_children() <= before, "every ssh and every child of one was killed"
+    assert len(pids.read_text().split()) == 4, "two workers: the third hung host never started"
+
+
+@needs_ssh
+def test_a_host_that_accepts_tcp_but_never_speaks_ssh_is_given_up_on_at_the_connect_timeout():
+    from kit.remote import read_files, ssh_base, with_connect_timeout
+    from tests.support.dead_nodes import running_children, silent_port
+
+    before = running_children()
+    with silent_port() as port:
+        ssh = with_connect_timeout(ssh_base("127.0.0.1", "kit", port=port), 1)
+        t0 = time.monotonic()
+        texts = read_files({"half-dead": ssh}, "/mnt/kit-disk/progress.json", deadline_s=20)
+        elapsed = time.monotonic() - t0
+    assert texts == {}
+    assert elapsed < 5, f"ssh gave up by itself, well before the read's deadline: {elapsed:.1f} s"
+    assert running_children() <= before

@@ -51,8 +51,11 @@ class AgentBackend(RecordingBackend):
         self.final_sha = None
 
     def post(self, body):
+        from kit.watch.server import node_token
+
+        token = node_token(self.token, body["instance"])  # what the node's agent holds: its own token
         req = urllib.request.Request(f"{self.url}/v1/clusters/{self.cluster}/events", data=json.dumps(body).encode(),
-                                     headers={"Authorization": f"Bearer {self.token}",
+                                     headers={"Authorization": f"Bearer {token}",
                                               "Content-Type": "application/json"})
         urllib.request.urlopen(req, timeout=5).read()
 

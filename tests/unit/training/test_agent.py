@@ -217,11 +217,11 @@ def test_post_retries_and_bad_token(tmp_path, meta):
 
 
 def test_agent_process_with_real_watcher(tmp_path, meta):
-    from kit.watch.server import WatcherServer
+    from kit.watch.server import WatcherServer, node_token
 
     got = []
     with WatcherServer({"c1": "secret"}, lambda cluster, ev: got.append((cluster, ev))) as server:
-        (tmp_path / "tok").write_text("secret\n")
+        (tmp_path / "tok").write_text(node_token("secret", "vm-0") + "\n")  # the node's own, as bootstrap writes it
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         proc = subprocess.Popen([sys.executable, "-m", "training.agent", "--cloud", "gcp", "--instance", "vm-0",
                                  "--node-rank", "0", "--stop-file", str(tmp_path / "stop"),

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
+import time
 import types
 
 import pytest
@@ -51,7 +54,7 @@ def parts(monkeypatch):
         ("destroy", with_disks))
     bootstrap = types.ModuleType("kit.bootstrap")
     bootstrap.inventory_from_spec = lambda spec, outputs, role_vars=None, *, known_hosts: {"all": {
-        "hosts": {n["name"]: {"ansible_host": n["private_ip"]} for n in outputs["nodes"]},
+        "hosts": {n["name"]: {"ansible_host": n["private_ip"], "instance_id": n["instance_id"]} for n in outputs["nodes"]},
         "vars": {**role_vars, "known_hosts": known_hosts}}}
     bootstrap.bootstrap_nodes = lambda inventory: (calls.append(("bootstrap", inventory)),
                                                    types.SimpleNamespace(ok=True, failures={}))[1]
@@ -83,10 +86,25 @@ def test_apply_rerenders_with_the_market_plans_fresh_then_applies(parts, tmp_pat
     assert calls[-2] == ("wait_for_ssh", sorted(n["private_ip"] for n in NODES)), "Ansible only once SSH answers"
     inventory = calls[-1][1]["all"]["vars"]
     assert inventory["preemption_agent_watcher_url"] == "http://w:8787"
-    assert inventory["preemption_agent_watcher_token"] == "t"
     assert inventory["known_hosts"] == tmp_path / "known_hosts"
     backend.destroy()
     assert calls[-1] == ("destroy", False)  # keep_disks=True never destroys the disks root
+
+
+def test_bootstrap_gives_each_host_its_own_watcher_token_and_none_the_cluster_s(parts, tmp_path):
+    """A host's token reports as that host's instance only (kit.watch.server.node_token); as a host var it
+    wins over any group value. The cluster token, from which every node's token follows, stays here."""
+    from kit.watch.server import node_token
+
+    calls, _ = parts
+    secret = "cluster-secret-" + "x" * 30
+    backend = TerraformBackend(cloud_spec("aws"), tmp_path, watcher_url="http://w:8787", watcher_token=secret)
+    backend.bootstrap(backend.nodes())
+    inventory = calls[-1][1]["all"]
+    assert {name: host["preemption_agent_watcher_token"] for name, host in inventory["hosts"].items()} == {
+        n["name"]: node_token(secret, n["instance_id"]) for n in NODES}
+    assert "preemption_agent_watcher_token" not in inventory["vars"]
+    assert secret not in repr(inventory), "no host is handed the cluster token"
 
 
 def test_bootstrap_pins_the_keys_the_cloud_published_before_ansible_connects(parts, tmp_path):
@@ -176,3 +194,51 @@ def test_a_move_to_another_region_destroys_what_the_state_holds_even_without_out
     TerraformBackend(spec, tmp_path).apply(spec.with_offer(west), "spot")
     kinds = [c[0] for c in calls]
     assert "destroy" in kinds and kinds.index("destroy") < kinds.index("render"), kinds
+
+
+# --- the progress pull: one deadline for all the nodes, whatever the dead ones do ------------------
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client")
+def test_a_pull_reads_the_live_node_within_its_deadline_while_three_do_not_answer(parts, tmp_path, monkeypatch):
+    """Node 0 answers; nodes 1 and 2 accept TCP and never speak SSH (a real ssh to a silent port on 127.0.0.1),
+    node 3's ssh hangs with a child of its own. Read one after another, they held the watch loop for ssh's
+    connect timeout twice and the read's timeout once; read together, the pull ends at its deadline."""
+    from kit import remote
+    from tests.support.dead_nodes import fake_ssh, hanging_ssh, running_children, silent_port, still_running
+
+    _, terraform = parts
+    nodes = [{"name": f"demo-{i}", "instance_id": f"i-{i}", "private_ip": f"10.0.0.{10 + i}", "public_ip": None,
+              "zone": "us-east-1a", "market": "spot"} for i in range(4)]
+    terraform.output = lambda deploy_dir: {"nodes": nodes}
+    terraform.published.update({f"i-{i}": [ed25519_key(f"i-{i}")] for i in range(4)})
+    monkeypatch.setattr(kit.bootstrap, "ssh_private_key", lambda spec: None, raising=False)
+    monkeypatch.setattr(remote, "PROGRESS_PULL_S", 2.0)
+    record = {"step": 7, "total_steps": 10, "time": 5.0, "state": "running"}
+    (tmp_path / "progress.json").write_text(json.dumps(record))
+    pids, real_ssh_base = tmp_path / "pids", remote.ssh_base
+    before = running_children()
+    with silent_port() as silent:
+        fakes = {"10.0.0.10": fake_ssh(tmp_path / "live", f"cat '{tmp_path / 'progress.json'}'"),
+                 "10.0.0.13": hanging_ssh(tmp_path / "hung", pids)}
+
+        def ssh_base(host, user, key=None, port=22, *, known_hosts=None):  # only 127.0.0.1 is dialled
+            return fakes.get(host) or real_ssh_base("127.0.0.1", user, key, silent, known_hosts=known_hosts)
+
+        monkeypatch.setattr(remote, "ssh_base", ssh_base)
+        read, real_read_files = [], remote.read_files
+
+        def read_files(ssh, *args, **kwargs):  # the commands the pull runs, recorded, then run
+            read.append(ssh)
+            return real_read_files(ssh, *args, **kwargs)
+
+        monkeypatch.setattr(remote, "read_files", read_files)
+        t0 = time.monotonic()
+        try:
+            data = TerraformBackend(cloud_spec("aws", nodes=4), tmp_path).progress()
+            elapsed = time.monotonic() - t0
+        finally:
+            left = still_running(pids)
+    assert data == record
+    assert left == [] and running_children() <= before, "no ssh, nor a child of one, outlives the pull"
+    assert elapsed < 2 * remote.PROGRESS_PULL_S, f"the pull took {elapsed:.1f} s"
+    assert all(ssh[1:3] == ["-o", "ConnectTimeout=1"] for ssh in read[0].values()), "half the deadline to connect"

@@ -590,3 +590,38 @@ def test_a_move_s_new_nodes_are_judged_by_the_new_zone_s_capacity_from_their_fir
     moved = b.apply(spec.with_offer(zb), "spot")
     assert [n.zone for n in moved] == ["zb", "zb"] and b.injector.zone == "zb"
     assert b.injector.preemptions == [], "a node started in zb was noticed by za's trace"
+
+
+def test_each_node_s_agent_gets_its_own_watcher_token_not_the_cluster_s(tmp_path):
+    """The token file a node's agent reads reports as that node only (kit.watch.server.node_token): what
+    node 0 holds is refused when it names node 1, by the watcher's own endpoint."""
+    import stat
+    import urllib.error
+    import urllib.request
+
+    from kit.watch.server import WatcherServer, node_token
+
+    secret = "cluster-secret-" + "x" * 30
+    b = LocalBackend(fake_spec(), tmp_path / "deploy", watcher_url="http://127.0.0.1:1", watcher_token=secret)
+    files = {}
+    for rank, instance in ((0, "local-t-0-a"), (1, "local-t-1-b")):
+        cmd = b.agent_command(rank, instance)
+        files[instance] = Path(cmd[cmd.index("--watcher-token-file") + 1])
+    got = []
+    with WatcherServer({"t": secret}, lambda cluster, event: got.append(event.instance)) as server:
+        def post(token_of: str, instance: str, rank: int) -> int:
+            body = {"kind": "shutdown", "instance": instance, "node_rank": rank, "time": 1.0, "cloud": "local"}
+            request = urllib.request.Request(f"{server.url}/v1/clusters/t/events", data=json.dumps(body).encode(),
+                                             headers={"Authorization": f"Bearer {files[token_of].read_text()}"})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as reply:
+                    return reply.status
+            except urllib.error.HTTPError as error:
+                return error.code
+
+        assert post("local-t-0-a", "local-t-1-b", 1) == 401
+        assert post("local-t-0-a", "local-t-0-a", 0) == 202
+    assert got == ["local-t-0-a"]
+    for instance, path in files.items():
+        assert path.read_text() == node_token(secret, instance) != secret
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600

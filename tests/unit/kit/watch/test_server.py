@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import stat
 import threading
@@ -11,12 +14,15 @@ import urllib.request
 import pytest
 
 from kit.watch.ledger import Ledger
-from kit.watch.server import MAX_BODY, WatcherServer, cluster_token, ledger_sink
+from kit.watch.server import MAX_BODY, WatcherServer, cluster_token, ledger_sink, node_token
 
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token"  # the cluster's: the watcher's secret, which no node holds
+AS_NODE = "as the node"  # post's default: the token of the instance the body names, what its agent holds
 
 
-def post(url: str, body, token: str | None = TOKEN, raw: bytes | None = None) -> tuple[int, dict]:
+def post(url: str, body, token: str | None = AS_NODE, raw: bytes | None = None) -> tuple[int, dict]:
+    if token == AS_NODE:  # a body naming no instance is refused before any token is compared
+        token = node_token(TOKEN, body["instance"]) if isinstance(body, dict) and body.get("instance") else "any"
     data = raw if raw is not None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"}
     if token is not None:
@@ -78,7 +84,7 @@ def test_heartbeat_before_training_started_is_accepted_and_ignored(served):
     assert ledger.latest_progress() is None
 
 
-@pytest.mark.parametrize("token", [None, "wrong", TOKEN + "x", ""])
+@pytest.mark.parametrize("token", [None, "wrong", TOKEN + "x", "", "Bearer", node_token(TOKEN, "i-0abc") + "x"])
 def test_bad_or_missing_token_is_401_and_records_nothing(served, token):
     url, ledger, _, _ = served
     status, body = post(url, notice(), token=token)
@@ -86,9 +92,45 @@ def test_bad_or_missing_token_is_401_and_records_nothing(served, token):
     assert agent_events(ledger) == []
 
 
+@pytest.mark.parametrize("as_b", [
+    notice(instance="i-0def", node_rank=1),
+    notice(kind="progress", instance="i-0def", node_rank=1, step=10, total_steps=10, detail={"state": "done"}),
+], ids=["notice", "done"])
+def test_a_node_s_token_reports_as_that_node_only(served, as_b):
+    """A node (or whoever stole its token) posting a notice or a "done" as another node: refused, so a
+    compromised node cannot have another replaced nor end the watch."""
+    url, ledger, wake, _ = served
+    token_a = node_token(TOKEN, "i-0abc")
+    status, reply = post(url, as_b, token=token_a)
+    assert status == 401 and "i-0def" in reply["error"]
+    assert agent_events(ledger) == [] and ledger.latest_progress() is None and not wake.is_set()
+    assert post(url, notice(), token=token_a) == (202, {"ok": True})  # its own reports go through
+    assert [e["instance"] for e in agent_events(ledger)] == ["i-0abc"]
+
+
+@pytest.mark.parametrize("instance, rank", [("i-0abc", 0), ("i-0def", 1)])
+def test_the_cluster_token_is_not_a_node_s_token(served, instance, rank):
+    """No node holds it any more; one that still does (bootstrapped before node tokens) must bootstrap again."""
+    url, ledger, _, _ = served
+    assert post(url, notice(instance=instance, node_rank=rank), token=TOKEN)[0] == 401
+    assert agent_events(ledger) == []
+
+
+def test_node_token_is_hmac_sha256_of_the_instance_keyed_by_the_cluster_token():
+    # RFC 4231 test case 2 (https://www.rfc-editor.org/rfc/rfc4231#section-4.3): key "Jefe"
+    digest = bytes.fromhex("5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843")
+    assert node_token("Jefe", "what do ya want for nothing?") == base64.urlsafe_b64encode(digest).decode().rstrip("=")
+    token = node_token(TOKEN, "i-0abc")
+    assert token == node_token(TOKEN, "i-0abc") != node_token(TOKEN, "i-0def") != node_token(TOKEN + "x", "i-0abc")
+    assert len(token) == 43 and set(token) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+    with pytest.raises(ValueError, match="empty cluster token"):
+        node_token("", "i-0abc")
+
+
 @pytest.mark.parametrize("body, reason", [
     ({"kind": "explode", "instance": "i", "node_rank": 0, "time": 1, "cloud": "aws"}, "kind"),
     (notice(instance=""), "instance"),
+    ({k: v for k, v in notice().items() if k != "instance"}, "instance"),  # a token is good for an instance
     (notice(node_rank=-1), "node_rank"),
     (notice(node_rank=True), "node_rank"),
     (notice(time="yesterday"), "time"),
@@ -152,7 +194,11 @@ def test_an_empty_token_is_never_served_nor_matched(tmp_path):
     ledger.adopt_deployment(NODES, "spot", "default", now=1_700_000_000.0)
     with WatcherServer({"demo": TOKEN}, ledger_sink(ledger)) as server:
         server._server.tokens["demo"] = ""  # however one got there, the comparison refuses it
-        assert post(f"{server.url}/v1/clusters/demo/events", notice(), token="")[0] == 401
+        url = f"{server.url}/v1/clusters/demo/events"
+        assert post(url, notice(), token="")[0] == 401
+        # what a node token derived from the empty secret would be: anyone can compute it
+        keyed_by_nothing = base64.urlsafe_b64encode(hmac.new(b"", b"i-0abc", hashlib.sha256).digest()).rstrip(b"=")
+        assert post(url, notice(), token=keyed_by_nothing.decode())[0] == 401
     assert agent_events(ledger) == []
 
 
@@ -174,7 +220,7 @@ def raw_request(server, head: bytes, body: bytes = b"", wait: float = 8.0) -> by
 
 
 def headers(length: str) -> bytes:
-    return (f"POST /v1/clusters/demo/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+    return (f"POST /v1/clusters/demo/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {node_token(TOKEN, 'i-0abc')}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
 
 

@@ -268,7 +268,7 @@ def test_kit_watch_runs_server_and_loop_until_the_trainer_reports_done(tmp_path,
     import kit.backends.cloud
     import kit.watch.session
     import kit.watch.sources
-    from kit.watch.server import cluster_token
+    from kit.watch.server import cluster_token, node_token
 
     spec = local_spec()
     backend = RecordingBackend(2)
@@ -293,7 +293,8 @@ def test_kit_watch_runs_server_and_loop_until_the_trainer_reports_done(tmp_path,
     def post(body):
         request = urllib.request.Request(
             f"http://127.0.0.1:{free}/v1/clusters/demo/events", data=json.dumps(body).encode(), method="POST",
-            headers={"Authorization": f"Bearer {cluster_token(tmp_path)}", "Content-Type": "application/json"})
+            headers={"Authorization": f"Bearer {node_token(cluster_token(tmp_path), body['instance'])}",
+                     "Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=5) as reply:
             return reply.status
 
