@@ -411,3 +411,30 @@ def test_apt_waits_for_the_lock_and_torch_comes_only_from_its_index():
     args = torch["ansible.builtin.pip"]
     assert "'--index-url'" in args["extra_args"] and "extra-index-url" not in args["extra_args"]
     assert any(n.startswith("torchvision==") for n in args["name"])
+
+
+RESTART_TOPICS = {"Restart kit-trainer", "Restart kit-agent", "kit training package changed"}
+
+
+def test_every_restart_is_marked_on_the_node_before_its_change():
+    """Handlers run at the end of the play: a bootstrap killed before them changed files and restarted
+    nothing, and the next run found nothing to change. Each task that changes what a unit runs and notifies
+    its restart comes after a task that leaves the restart-pending marker (which the handler removes), in
+    the one directory both roles read."""
+    import yaml
+
+    pending_dir = {role: yaml.safe_load((ANSIBLE / f"roles/{role}/vars/main.yml").read_text())[f"{role}_restart_pending_dir"]
+                   for role in ("trainer", "preemption_agent")}
+    assert len(set(pending_dir.values())) == 1, pending_dir
+    unmarked, notifying = [], 0
+    for path in ANSIBLE.glob("roles/*/tasks/*.yml"):
+        marked = False
+        for task in _tasks(yaml.safe_load(path.read_text())):
+            copy = task.get("ansible.builtin.copy") or {}
+            marked = marked or "_restart_pending_dir }}/" in str(copy.get("dest", ""))
+            notify = task.get("notify") or []
+            if RESTART_TOPICS & set([notify] if isinstance(notify, str) else notify) and "ansible.builtin.debug" not in task:
+                notifying += 1
+                if not marked:
+                    unmarked.append(f"{path.relative_to(ANSIBLE)}: {task['name']}")
+    assert notifying >= 7 and not unmarked, f"{notifying} notifying tasks; not marked before: {unmarked}"
