@@ -51,9 +51,13 @@ def check_output_file(path: Path, flag: str) -> None:
     from kit.errors import InputError
 
     parent = Path(path).absolute().parent
-    if path.is_dir():
+    try:  # is_dir is False for a missing path, and raises on a name too long or a parent that may not be searched
+        is_dir, parent_is_dir = path.is_dir(), parent.is_dir()
+    except OSError as error:
+        raise InputError(f"cannot use {path}: {error.strerror}", where=flag, fix="check the path") from None
+    if is_dir:
         raise InputError(f"{path} is a directory", where=flag, fix="name a file")
-    if not parent.is_dir():
+    if not parent_is_dir:
         raise InputError(f"{parent} is not a directory", where=flag, fix="create it, or name a file in an existing one")
     if not os.access(parent, os.W_OK):
         raise InputError(f"cannot write in {parent}", where=flag, fix="name a file in a directory you can write")

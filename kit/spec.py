@@ -14,12 +14,14 @@ instance type, placement, disk type, SSH), and the loading functions.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -36,8 +38,26 @@ from pydantic import (
 
 from kit.errors import InputError
 from kit.policy import DEFAULT_CHANGEOVER_H, POLICY_NAMES
-from kit.policy.offers import DEFAULT_CHECKPOINT_GB, DEFAULT_TRANSFER_GBPS, Moves
-from kit.validation import describe, field_of, more_problems, require_mapping
+from kit.policy.offers import (
+    DEFAULT_CHECKPOINT_GB,
+    DEFAULT_TRANSFER_GBPS,
+    MAX_CHECKPOINT_GB,
+    MAX_EGRESS_PER_GB,
+    MAX_HOURS,
+    MAX_NODES,
+    MAX_PRICE_PER_HOUR,
+    MIN_TRANSFER_GBPS,
+    Moves,
+)
+from kit.validation import (
+    _SHORT,
+    SHOWN_CHARS,
+    Finite,
+    describe,
+    field_of,
+    more_problems,
+    require_mapping,
+)
 from training.config import FIELDS as TRAINING_FIELDS
 from training.config import to_flags
 from training.contract import MARKETS
@@ -50,21 +70,78 @@ PREFIX_RE = re.compile(r"[A-Za-z0-9._/-]{1,200}")
 REGION_RE = re.compile(r"[a-z]{2}(-[a-z]+)+-?[0-9]+")
 USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 WORLD_PREFIX = 8  # a CIDR wider than /8 (e.g. 0.0.0.0/1 + 128.0.0.0/1) counts as world-open
-MAX_NODES = 1000
 MAX_DISK_GB = 65536
 # a day: 98.7 % of the spot outages (no node free) of a zone in the bundled GCP H100 traces are shorter (835
 # outages, median 10 min, longest 141 h): a job that left for one can still come back to its disks
 DEFAULT_KEEP_LEFT_HOURS = 24.0
 MAX_KEEP_LEFT_HOURS = 24.0 * 365
-Finite = Annotated[float, Field(allow_inf_nan=False)]
+# A zone: GCP's are resource names, RFC 1035 labels `[a-z]([-a-z0-9]*[a-z0-9])?` of at most 63 characters
+# (https://cloud.google.com/compute/docs/naming-resources#resource-name-format); an AWS Availability Zone is
+# its Region code followed by a letter, e.g. us-east-1a
+# (https://docs.aws.amazon.com/global-infrastructure/latest/regions/aws-availability-zones.html). A zone also
+# names a directory and a file (the local cloud's deploy/<name>/local/disks/<zone>/, a trace set's
+# <zone>.json) and one part of an offer's name (<zone>/<shape>/<market>): no '/', '.' or space.
+ZONE_RE = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+ZONE_RULE = ("lowercase letters, digits and '-' (a letter first, not '-' last, at most 63), "
+             "e.g. us-central1-a or us-east-1a")
+# An instance type: AWS's are family and generation, a period and the size (g5.4xlarge, u-6tb1.metal,
+# c7i.metal-24xl: https://docs.aws.amazon.com/ec2/latest/instancetypes/instance-type-names.html), GCP's
+# machine types are resource names (a3-highgpu-8g, n1-custom-8-30720; the page above on GCP's names). The
+# type is part of an offer's name too, so no '/'.
+INSTANCE_TYPE_RE = re.compile(r"[a-z][-a-z0-9]{0,62}(\.[a-z0-9][-a-z0-9]{0,30})?")
+INSTANCE_TYPE_RULE = "lowercase letters, digits and '-', with at most one '.' (e.g. g5.4xlarge or a3-highgpu-8g)"
+# What no string of a spec may hold: the C0 control characters and DEL. Its values reach command lines
+# (a NUL cannot: execve takes C strings), paths and rendered files.
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class SpecProblem(ValueError):
-    """A rule of the spec that failed: the field (dotted, from the spec's root), what, and the fix."""
+    """A rule of the spec that failed: the field (dotted, from the spec's root; "" where pydantic found the
+    value, for a rule of a type used in many fields), what, and the fix."""
 
     def __init__(self, field: str, what: str, fix: str):
         super().__init__(what)
         self.field, self.what, self.fix = field, what, fix
+
+
+def shown(value: Any) -> str:
+    """``value`` as a message quotes it: its repr, bounded as kit.validation bounds pydantic's (a value may
+    be huge: a 900 KB name must not make a 900 KB error)."""
+    text = _SHORT.repr(value)
+    return text[:SHOWN_CHARS] + "…" if len(text) > SHOWN_CHARS else text
+
+
+def _at(parent: str, key: Any) -> str:
+    """The field path of the user's own ``key`` under ``parent`` (quoted and bounded unless short and plain)."""
+    plain = isinstance(key, str) and len(key) <= SHOWN_CHARS and not CONTROL_RE.search(key)
+    return f"{parent}.{key if plain else shown(key)}"
+
+
+def _printable(text: str) -> str:
+    found = CONTROL_RE.search(text)
+    if found:
+        raise SpecProblem("", f"{shown(text)} holds the control character {found.group()!r}",
+                          "remove it (the value goes into command lines and paths)")
+    return text
+
+
+def _zone_name(zone: str) -> str:
+    if not ZONE_RE.fullmatch(zone):
+        raise SpecProblem("", f"{shown(zone)} is not a zone name", f"use {ZONE_RULE}")
+    return zone
+
+
+def _instance_type_name(name: str) -> str:
+    if not INSTANCE_TYPE_RE.fullmatch(name):
+        raise SpecProblem("", f"{shown(name)} is not an instance type name", f"use {INSTANCE_TYPE_RULE}")
+    return name
+
+
+Hours = Annotated[Finite, Field(le=MAX_HOURS)]
+Price = Annotated[Finite, Field(gt=0, le=MAX_PRICE_PER_HOUR)]  # $/h
+Text = Annotated[str, AfterValidator(_printable)]  # any string of the spec without a rule of its own
+ZoneName = Annotated[str, AfterValidator(_zone_name)]
+InstanceTypeName = Annotated[str, AfterValidator(_instance_type_name)]
 
 
 class _Model(BaseModel):
@@ -77,10 +154,10 @@ class _Model(BaseModel):
 
 class DiskSection(_Model):
     size_gb: StrictInt = 200
-    type: str | None = None  # default: the machine family's first disk type (catalog)
+    type: Text | None = None  # default: the machine family's first disk type (catalog)
     # A job that moved may come back to a zone (spot outages there last hours): its disks are kept this
     # many hours after the last node left them, then deleted (null: until the job ends)
-    keep_left_hours: float | None = DEFAULT_KEEP_LEFT_HOURS
+    keep_left_hours: Finite | None = DEFAULT_KEEP_LEFT_HOURS
 
     @field_validator("keep_left_hours")
     @classmethod
@@ -100,8 +177,8 @@ class DiskSection(_Model):
 
 
 class SshSection(_Model):
-    user: str = "ubuntu"
-    public_key: str = "~/.ssh/id_ed25519.pub"
+    user: Text = "ubuntu"
+    public_key: Text = "~/.ssh/id_ed25519.pub"
     allowed_cidrs: list[str] = Field(default_factory=list)
     allow_world: StrictBool = False
     # Connect only to the host keys the cloud's API published for each node (kit.remote.KnownHosts);
@@ -115,10 +192,10 @@ class SshSection(_Model):
             try:
                 net = ipaddress.ip_network(cidr, strict=True)
             except ValueError as error:
-                raise SpecProblem(f"ssh.allowed_cidrs[{i}]", f"not a CIDR: {cidr!r} ({error})",
+                raise SpecProblem(f"ssh.allowed_cidrs[{i}]", f"not a CIDR: {shown(cidr)} ({error})",
                                   "write it as a network, e.g. 203.0.113.0/24 or 203.0.113.7/32") from None
             if net.version != 4:
-                raise SpecProblem(f"ssh.allowed_cidrs[{i}]", f"IPv6 CIDR {cidr!r} is not supported yet",
+                raise SpecProblem(f"ssh.allowed_cidrs[{i}]", f"IPv6 CIDR {shown(cidr)} is not supported yet",
                                   "use an IPv4 CIDR")
         return [str(ipaddress.ip_network(c)) for c in cidrs]
 
@@ -142,15 +219,16 @@ class BackendSection(_Model):
             raise SpecProblem("backend.bucket", f"backend {self.type} needs a bucket",
                               "set backend.bucket to an existing bucket, or use backend.type: local")
         if not BUCKET_RE.fullmatch(self.bucket):
-            raise SpecProblem("backend.bucket", f"{self.bucket!r} is not a valid bucket name",
+            raise SpecProblem("backend.bucket", f"{shown(self.bucket)} is not a valid bucket name",
                               "use lowercase letters, digits, '-', '.', '_' (3-222 chars, starting and ending "
                               "with a letter/digit)")
         if self.prefix is not None and (not PREFIX_RE.fullmatch(self.prefix) or self.prefix.startswith("/")
                                         or ".." in self.prefix):
-            raise SpecProblem("backend.prefix", f"{self.prefix!r} is not a usable state prefix",
+            raise SpecProblem("backend.prefix", f"{shown(self.prefix)} is not a usable state prefix",
                               "use letters, digits, '.', '_', '-' and '/' (no leading '/', no '..'), e.g. kit/my-cluster")
         if self.region is not None and (self.type != "s3" or not REGION_RE.fullmatch(self.region)):
-            raise SpecProblem("backend.region", f"backend.region {self.region!r} is not an AWS region for an s3 backend",
+            raise SpecProblem("backend.region", f"backend.region {shown(self.region)} is not an AWS region for an "
+                              "s3 backend",
                               "use e.g. us-east-1 (s3 only; leave it out to use the cluster's region)")
         return self
 
@@ -173,16 +251,16 @@ class BootstrapSection(_Model):
 
         for name, value in values.items():
             if not any(name.startswith(f"{role}_") for role in ROLES):
-                raise SpecProblem(f"bootstrap.vars.{name}", f"{name!r} is not a variable of kit's roles",
+                raise SpecProblem(_at("bootstrap.vars", name), f"{shown(name)} is not a variable of kit's roles",
                                   f"use a variable of {', '.join(ROLES)} (ansible/roles/<role>/defaults/main.yml; "
                                   "each starts with its role's name)")
             if name in KIT_VARS:
-                raise SpecProblem(f"bootstrap.vars.{name}", f"kit sets {name} itself (from the spec and the deployment)",
+                raise SpecProblem(_at("bootstrap.vars", name), f"kit sets {name} itself (from the spec and the deployment)",
                                   "remove it; change the spec field it comes from instead")
             items = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) else [value]
             if not all(isinstance(v, SCALARS) for v in items) or (isinstance(value, dict) and not all(
                     isinstance(k, str) for k in value)):
-                raise SpecProblem(f"bootstrap.vars.{name}", f"{name} is a nested {type(value).__name__}: roles' "
+                raise SpecProblem(_at("bootstrap.vars", name), f"{shown(name)} is a nested {type(value).__name__}: roles' "
                                   "variables here are strings, numbers, booleans, or lists or mappings of them",
                                   "write e.g. python_env_pip_extra_args: [--no-index] or "
                                   "trainer_extra_env: {NCCL_SOCKET_IFNAME: ens5}")
@@ -190,8 +268,8 @@ class BootstrapSection(_Model):
 
 
 class ZonePrices(_Model):
-    spot_per_hour: Annotated[Finite, Field(gt=0)] | None = None
-    on_demand_per_hour: Annotated[Finite, Field(gt=0)] | None = None
+    spot_per_hour: Price | None = None
+    on_demand_per_hour: Price | None = None
 
 
 class PricesSection(ZonePrices):
@@ -216,7 +294,7 @@ def _training_section() -> type[_Model]:
     and bounds, as a pydantic model; ``training_args`` turns it back into the trainer's flags."""
     fields: dict[str, Any] = {}
     for s in TRAINING_FIELDS:
-        kind: Any = {int: StrictInt, bool: StrictBool, float: Finite, str: str}[s.type]
+        kind: Any = {int: StrictInt, bool: StrictBool, float: Finite, str: Text}[s.type]
         if s.choices:
             kind = Literal[s.choices]
         bounds = {"ge": s.minimum} if s.minimum is not None else ({"gt": 0} if s.positive else {})
@@ -234,21 +312,22 @@ else:
 
 class ThresholdSection(_Model):
     k: StrictInt = Field(3, ge=1)
-    window_hours: Annotated[Finite, Field(gt=0)] = 6.0
-    cooldown_hours: Annotated[Finite, Field(ge=0)] = 6.0
+    window_hours: Annotated[Hours, Field(gt=0)] = 6.0
+    cooldown_hours: Annotated[Hours, Field(ge=0)] = 6.0
 
 
 class PolicySection(_Model):
     name: str = "default"
-    deadline_hours: Annotated[Finite, Field(gt=0)] | None = None
-    changeover_hours: Annotated[Finite, Field(ge=0)] = DEFAULT_CHANGEOVER_H
+    deadline_hours: Annotated[Hours, Field(gt=0)] | None = None
+    changeover_hours: Annotated[Hours, Field(ge=0)] = DEFAULT_CHANGEOVER_H
     # What a move to another zone costs a job that may move (kit.policy.offers.Moves): the checkpoint's
     # size and transfer rate (hours billed without progress) and egress $/GB (None: the clouds' list
     # prices). The same facts as ``kit simulate --checkpoint-gb / --transfer-gbps / --egress-per-gb``,
     # so the watcher ranks the zones as the simulator does. No size: the trainer's newest checkpoint.
-    checkpoint_gb: Annotated[Finite, Field(ge=0)] | None = None
-    transfer_gbps: Annotated[Finite, Field(gt=0)] = DEFAULT_TRANSFER_GBPS
-    egress_per_gb: Annotated[Finite, Field(ge=0)] | None = None
+    # (bounds: Moves.check's, kit.policy.offers)
+    checkpoint_gb: Annotated[Finite, Field(ge=0, le=MAX_CHECKPOINT_GB)] | None = None
+    transfer_gbps: Annotated[Finite, Field(ge=MIN_TRANSFER_GBPS)] = DEFAULT_TRANSFER_GBPS
+    egress_per_gb: Annotated[Finite, Field(ge=0, le=MAX_EGRESS_PER_GB)] | None = None
     threshold: ThresholdSection = Field(default_factory=ThresholdSection)
 
     def moves(self, measured_gb: float | None = None) -> Moves:
@@ -261,7 +340,7 @@ class PolicySection(_Model):
     @classmethod
     def _known(cls, name: str) -> str:
         if name not in POLICY_NAMES:
-            raise SpecProblem("policy.name", f"unknown policy {name!r}", f"use one of {', '.join(POLICY_NAMES)}")
+            raise SpecProblem("policy.name", f"unknown policy {shown(name)}", f"use one of {', '.join(POLICY_NAMES)}")
         return name
 
 
@@ -270,7 +349,7 @@ class ShapeSection(_Model):
     ``gpus_per_node`` processes (local), on ``markets`` (default: every market the type is sold on).
     Every shape of a job has the same GPU count, so the trainer's world size never changes."""
 
-    instance_type: str | None = None
+    instance_type: InstanceTypeName | None = None
     nodes: StrictInt = Field(ge=1, le=MAX_NODES)
     gpus_per_node: StrictInt | None = Field(None, ge=1)
     markets: list[Literal["spot", "on-demand"]] | None = Field(None, min_length=1)
@@ -301,10 +380,10 @@ class SpecBase(_Model):
     policy: PolicySection = Field(default_factory=PolicySection)
     # Where the job may run (kit.policy.offers): candidate zones and instance shapes; the job starts on
     # the spec's own zone and shape (the first of each list when those are left out).
-    zones: list[str] | None = Field(None, min_length=1)
+    zones: list[ZoneName] | None = Field(None, min_length=1)
     shapes: list[ShapeSection] | None = Field(None, min_length=1)
     # The durable checkpoint tier (training/bucket.py): s3://bucket/prefix, gs://bucket/prefix, file:///dir.
-    checkpoint_bucket: str | None = None
+    checkpoint_bucket: Text | None = None
     # Where the spec came from (not a YAML field): the generated-file header names it.
     _source: str | None = PrivateAttr(default=None)
 
@@ -312,7 +391,7 @@ class SpecBase(_Model):
     @classmethod
     def _name(cls, name: str) -> str:
         if not NAME_RE.fullmatch(name):
-            raise SpecProblem("name", f"invalid cluster name {name!r}",
+            raise SpecProblem("name", f"invalid cluster name {shown(name)}",
                               "use 1-31 characters: a lowercase letter, then lowercase letters, digits or '-'")
         return name
 
@@ -328,7 +407,7 @@ class SpecBase(_Model):
     def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
         for key, value in labels.items():
             if not LABEL_KEY_RE.fullmatch(key) or not LABEL_VALUE_RE.fullmatch(value):
-                raise SpecProblem(f"labels.{key}", f"label {key}={value!r} is not valid on both clouds",
+                raise SpecProblem(_at("labels", key), f"label {shown(key)}={shown(value)} is not valid on both clouds",
                                   "use lowercase letters, digits, '_' and '-' (keys start with a letter, ≤63 chars)")
         return labels
 
@@ -354,7 +433,7 @@ class SpecBase(_Model):
         zones = self.zone_list
         self._check_places()
         if len(set(zones)) != len(zones):
-            raise SpecProblem("zones", f"zones are listed twice: {zones}", "list each zone once")
+            raise SpecProblem("zones", f"zones are listed twice: {shown(zones)}", "list each zone once")
         try:
             check_shapes(self.shape_list())
         except InputError as error:
@@ -373,7 +452,8 @@ class SpecBase(_Model):
         places = list(dict.fromkeys([*self.zone_list, *(region_of(z) for z in self.zone_list)]))
         for key in self.prices.zones:
             if key not in places:
-                raise SpecProblem(f"prices.zones.{key}", f"{key!r} is not one of the job's zones or their regions",
+                raise SpecProblem(_at("prices.zones", key), f"{shown(key)} is not one of the job's zones or their "
+                                  "regions",
                                   f"use one of {', '.join(places)} (or add the zone to zones)")
 
     def _check_places(self) -> None:
@@ -386,15 +466,16 @@ class SpecBase(_Model):
         schemes = self.cloud_facts.bucket_schemes
         m = BUCKET_URL_RE.fullmatch(url)
         if m is None or m.group("scheme") not in schemes:
-            raise SpecProblem("checkpoint_bucket", f"{url!r} is not a {' or '.join(schemes)} URL",
+            raise SpecProblem("checkpoint_bucket", f"{shown(url)} is not a {' or '.join(schemes)} URL",
                               f"use {' or '.join(f'{s}://...' for s in schemes)}, e.g. {schemes[0]}://my-bucket/kit")
         rest = m.group("rest")
         if m.group("scheme") == "file":
             if not rest.startswith("/") or ".." in rest.split("/"):
-                raise SpecProblem("checkpoint_bucket", f"{url!r} is not an absolute directory",
+                raise SpecProblem("checkpoint_bucket", f"{shown(url)} is not an absolute directory",
                                   "use file:///absolute/path")
+            _check_writable(url, Path(rest))
         elif not BUCKET_RE.fullmatch(rest.split("/", 1)[0]) or ".." in rest:
-            raise SpecProblem("checkpoint_bucket", f"{url!r} does not start with a valid bucket name",
+            raise SpecProblem("checkpoint_bucket", f"{shown(url)} does not start with a valid bucket name",
                               "use lowercase letters, digits, '-', '.', '_' for the bucket (no '..' in the path), "
                               f"e.g. {m.group('scheme')}://my-bucket/kit")
 
@@ -556,12 +637,31 @@ class SpecBase(_Model):
 
     def with_market(self, market: str) -> SpecBase:
         if market not in MARKETS:
-            raise InputError(f"unknown market {market!r}", where="market", fix="use spot or on-demand")
+            raise InputError(f"unknown market {shown(market)}", where="market", fix="use spot or on-demand")
         itype = self.instance
         if market == "on-demand" and itype is not None and not itype.on_demand:
             raise InputError(f"{itype.name} cannot run on-demand ({itype.note})",
                              where="market", fix="use spot, or an instance type sold on-demand")
         return self.model_copy(update={"market": market}, deep=True)
+
+
+def _check_writable(url: str, path: Path) -> None:
+    """A ``file://`` bucket is a directory of this machine (the local cloud's nodes are processes of this
+    user): it, or the nearest of its parents that exists (the trainer creates the rest), must be a directory
+    this user may write. Otherwise every upload would fail, and the nodes only log that."""
+    here = path
+    try:
+        while not here.exists():
+            here = here.parent  # the root exists
+        # an existing path, in full (the OS bounds its length)
+        problem = (f"{here} is not a directory" if not here.is_dir()
+                   else None if os.access(here, os.W_OK | os.X_OK) else f"{here} is not writable by this user")
+    except OSError as error:  # e.g. a name too long
+        problem = f"{shown(str(here))} cannot be looked up ({error.strerror})"
+    if problem:
+        raise SpecProblem("checkpoint_bucket", f"no checkpoint can be written to {shown(url)}: {problem}",
+                          "use a directory this user can write or create, e.g. file:///tmp/kit-ckpts, or leave "
+                          "checkpoint_bucket out (kit then uses deploy/<name>/local/bucket)")
 
 
 def _same_gpus(a, b) -> bool:
@@ -576,11 +676,11 @@ class CloudSpec(SpecBase):
     """A real cloud: one region and zone, an instance type, placement, a data-disk type, SSH from
     allowed networks, and Terraform state that must be said where it lives."""
 
-    region: str
-    zone: str
-    instance_type: str
+    region: Text
+    zone: ZoneName
+    instance_type: InstanceTypeName
     placement: Literal["cluster", "none"] = "none"
-    image: str | None = None
+    image: Text | None = None
     backend: BackendSection | None = None  # type: ignore[assignment]  # required: said, even when local
     bootstrap: BootstrapSection = Field(default_factory=BootstrapSection)
 
@@ -608,7 +708,7 @@ class CloudSpec(SpecBase):
         for i, zone in enumerate(self.zone_list):
             _check_zone(self, zone, f"zones[{i}]" if self.zones else "zone")
         if self.zones and self.zone not in self.zones:
-            raise SpecProblem("zone", f"zone {self.zone!r} is not one of zones {self.zones}",
+            raise SpecProblem("zone", f"zone {shown(self.zone)} is not one of zones {shown(self.zones)}",
                               "leave zone out (the job starts in the first of zones) or add it to zones")
         _check_shapes(self)
 
@@ -694,10 +794,11 @@ def _check_zone(spec: CloudSpec, zone: str, field: str) -> None:
     region = spec.region if zone == spec.zone else region_of(zone)
     zones = spec.cloud_facts.zones_of(region)
     if zones is not None and zone not in zones:
-        raise SpecProblem(field, f"zone {zone!r} is not in region {region!r}", f"use one of {', '.join(zones)}")
+        raise SpecProblem(field, f"zone {shown(zone)} is not in region {shown(region)}", f"use one of {', '.join(zones)}")
     if zones is None and (not zone.startswith(region) or zone == region or not REGION_RE.fullmatch(region)):
-        raise SpecProblem(field, f"zone {zone!r} is not in region {region!r}",
-                          f"use a zone of {region}, e.g. {region}-a")
+        raise SpecProblem(field, f"zone {shown(zone)} is not in region {shown(region)}",
+                          f"use a zone of {region}, e.g. {region}-a" if REGION_RE.fullmatch(region)
+                          else "use a region such as us-east-1 or us-central1, and a zone of it")
 
 
 def _check_shapes(spec: CloudSpec) -> None:
@@ -708,7 +809,7 @@ def _check_shapes(spec: CloudSpec) -> None:
         name = shape.instance_type or spec.instance_type  # a shape without a type: the spec's own
         itype = spec.cloud_facts.instance(name)
         if itype is None and shape.gpus_per_node is None:
-            raise SpecProblem(f"{where}.gpus_per_node", f"instance type {name!r} is not in kit's catalog",
+            raise SpecProblem(f"{where}.gpus_per_node", f"instance type {shown(name)} is not in kit's catalog",
                               "set gpus_per_node yourself, or use a catalog type (kit/clouds/<cloud>.py)")
         if itype is not None and shape.gpus_per_node is not None and shape.gpus_per_node != itype.gpus:
             raise SpecProblem(f"{where}.gpus_per_node", f"{itype.name} has {itype.gpus} GPU(s), not {shape.gpus_per_node}",
@@ -721,7 +822,7 @@ def _check_shapes(spec: CloudSpec) -> None:
 def _check_instance_type(spec: CloudSpec) -> None:
     itype = spec.instance
     if itype is None and spec.gpus_per_node is None:
-        raise SpecProblem("gpus_per_node", f"instance type {spec.instance_type!r} is not in kit's catalog",
+        raise SpecProblem("gpus_per_node", f"instance type {shown(spec.instance_type)} is not in kit's catalog",
                           "set gpus_per_node (and prices) yourself, or use a catalog type (kit/clouds/<cloud>.py)")
     if itype is not None and spec.gpus_per_node is not None and spec.gpus_per_node != itype.gpus:
         raise SpecProblem("gpus_per_node", f"{spec.instance_type} has {itype.gpus} GPU(s), not {spec.gpus_per_node}",
@@ -731,7 +832,7 @@ def _check_instance_type(spec: CloudSpec) -> None:
             raise SpecProblem("market", f"{spec.instance_type} cannot run on-demand ({itype.note})",
                               "set market: spot, or use an instance type sold on-demand")
         if policy_may_use_on_demand(spec) and not any("on-demand" in s.markets for s in spec.shape_list()):
-            raise SpecProblem("policy", f"policy {spec.policy.name!r}"
+            raise SpecProblem("policy", f"policy {shown(spec.policy.name)}"
                               f"{' with a deadline' if spec.policy.deadline_hours is not None else ''} may move the "
                               f"job to on-demand, but {spec.instance_type} has no on-demand ({itype.note})",
                               "use policy.name: spot (or default/greedy/up) without deadline_hours, "
@@ -748,7 +849,8 @@ def _check_disk_type(spec: CloudSpec) -> None:
     known = spec.cloud_facts.disk_types
     chosen = spec.disk.type
     if chosen and chosen not in known:
-        raise SpecProblem("disk.type", f"unknown {spec.cloud} disk type {chosen!r}", f"use one of {', '.join(known)}")
+        raise SpecProblem("disk.type", f"unknown {spec.cloud} disk type {shown(chosen)}",
+                          f"use one of {', '.join(known)}")
     if not chosen:
         return
     catalog = [spec.cloud_facts.instance(s.instance_type) for s in spec.shape_list()]
@@ -775,12 +877,12 @@ def _check_ssh(spec: CloudSpec) -> None:
                               f"SSH open to {net.num_addresses:,} addresses ({cidr}) is refused as world-open",
                               "list your own networks (/8 or narrower), or set ssh.allow_world: true if you really mean it")
     if not USER_RE.fullmatch(ssh.user):
-        raise SpecProblem("ssh.user", f"invalid user name {ssh.user!r}", "use e.g. ubuntu")
+        raise SpecProblem("ssh.user", f"invalid user name {shown(ssh.user)}", "use e.g. ubuntu")
     if not (ssh.public_key.startswith("~") or Path(ssh.public_key).is_absolute()):
-        raise SpecProblem("ssh.public_key", f"relative key path {ssh.public_key!r}",
+        raise SpecProblem("ssh.public_key", f"relative key path {shown(ssh.public_key)}",
                           "use an absolute path or one under ~, e.g. ~/.ssh/id_ed25519.pub")
     if not ssh.public_key.endswith(".pub") or "\n" in ssh.public_key:
-        raise SpecProblem("ssh.public_key", f"{ssh.public_key!r} does not look like a public key file",
+        raise SpecProblem("ssh.public_key", f"{shown(ssh.public_key)} does not look like a public key file",
                           "point it at the .pub half of your key pair (kit finds the private half beside it)")
 
 
@@ -798,7 +900,7 @@ def spec_warnings(spec: SpecBase) -> list[str]:
                    "kit no longer knows the cluster's instances and data disks, and `kit destroy` cannot delete "
                    "them; use an s3/gcs backend for anything that matters")
     if spec.existing_network is not None:
-        out.append(f"network {spec.existing_network!r} is not the cluster's own: its other firewall rules reach the "
+        out.append(f"network {shown(spec.existing_network)} is not the cluster's own: its other firewall rules reach the "
                    "nodes too (the default network's default-allow-ssh admits SSH from 0.0.0.0/0); `kit plan` "
                    "lists the ones wider than ssh.allowed_cidrs; leave network out for a network whose only SSH "
                    "rule is ssh.allowed_cidrs")
@@ -826,17 +928,24 @@ def _from_validation_error(error: ValidationError, path: str, cloud: Any) -> Inp
     if loc and loc[0] == cloud:  # the discriminated union puts the tag first
         loc = loc[1:]
     problem = (first.get("ctx") or {}).get("error")
-    if isinstance(problem, SpecProblem):
-        return InputError(problem.what + more_problems(errors), where=f"{path}: {problem.field}", fix=problem.fix)
+    if isinstance(problem, SpecProblem):  # a rule of a type (field ""): the field pydantic found the value in
+        field = problem.field or _field_path(loc)
+        return InputError(problem.what + more_problems(errors), where=f"{path}: {field}", fix=problem.fix)
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         from kit import clouds
 
-        return InputError(f"unknown cloud {cloud!r}" if cloud is not None else "cloud is missing",
+        return InputError(f"unknown cloud {shown(cloud)}" if cloud is not None else "cloud is missing",
                           where=f"{path}: cloud", fix=f"use one of the allowed values: {', '.join(clouds.NAMES)}")
     what, fix = describe(first, loc, doc="docs/infrastructure.md", unknown_hint="; it may be another cloud's field")
     if kind == "extra_forbidden" and isinstance(cloud, str):
         what += f" for cloud {cloud}"
     return InputError(what + more_problems(errors), where=f"{path}: {field_of(loc)}", fix=fix)
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    """A location as SpecProblem's fields say it: ``shapes[0].instance_type``, ``local.zone``."""
+    return "".join(f"[{part}]" if isinstance(part, int) else f"{'.' if i else ''}{_at('', part)[1:]}"
+                   for i, part in enumerate(loc))
 
 
 def parse_spec(data: Any, path: str = "cluster.yaml") -> SpecBase:
@@ -866,13 +975,13 @@ def check_ssh_key(spec: SpecBase) -> str:
     key is not): the public key must exist and be an OpenSSH public key; returns its one line."""
     if not isinstance(spec, CloudSpec):
         return ""
-    path = Path(spec.ssh.public_key).expanduser()
-    try:
-        text = path.read_text().strip()
-    except OSError as error:
-        raise InputError(f"ssh public key {spec.ssh.public_key} cannot be read ({error.strerror})",
-                         where="ssh.public_key",
-                         fix="create a key pair with `ssh-keygen -t ed25519` or point ssh.public_key at yours") from None
+    from kit.yamlfile import read_regular_file
+
+    max_bytes = 64 << 10  # a .pub file is one line: even a 16384-bit RSA key is under 3 KB
+    data = read_regular_file(Path(spec.ssh.public_key).expanduser(), what=f"ssh public key {spec.ssh.public_key}",
+                             limit=max_bytes, where="ssh.public_key",
+                             fix="create a key pair with `ssh-keygen -t ed25519` or point ssh.public_key at yours")
+    text = data.decode("utf-8", errors="replace").strip()  # other bytes are no key: refused just below
     if not re.match(r"^(ssh-(ed25519|rsa|dss)|ecdsa-sha2-\S+|sk-\S+) [A-Za-z0-9+/=]+", text):
         raise InputError(f"{spec.ssh.public_key} is not an OpenSSH public key", where="ssh.public_key",
                          fix="use the .pub file ssh-keygen wrote (one line starting with ssh-ed25519, ssh-rsa, ...)")

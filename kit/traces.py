@@ -17,8 +17,13 @@ from typing import Any
 
 from kit.errors import InputError
 from kit.paths import SPOT_TRACES_DIR
+from kit.yamlfile import file_kind, read_regular_file
 
 FIX = "see kit/data/spot-traces/README.md for the trace format"
+PATH_FIX = "pass a trace .json file or a directory of them"
+# A trace is read whole: the bundled files are at most ~180 KB, and a year of 1-minute ticks with prices
+# is ~7 MB, so a bigger file is the wrong file (read only this far: it may be endless)
+MAX_TRACE_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -123,16 +128,19 @@ def _check_optional(metadata: dict, path: Path) -> None:
 
 
 def _read_object(path: Path) -> dict:
+    data = read_regular_file(path, what="trace file", limit=MAX_TRACE_BYTES, fix=PATH_FIX)
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError("trace file not found", where=str(path), fix="pass a trace .json file or a directory of them") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
-        raise InputError(f"cannot read trace: {error}", where=str(path), fix=FIX) from None
-    try:
-        raw = json.loads(text)
+        # JSON exchanged between systems is UTF-8: https://www.rfc-editor.org/rfc/rfc8259#section-8.1
+        raw = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise InputError(f"trace file is not UTF-8 text (byte {error.start})", where=str(path), fix=FIX) from None
     except json.JSONDecodeError as error:
         raise InputError(f"not valid JSON ({error.msg} at line {error.lineno})", where=str(path), fix=FIX) from None
+    except RecursionError:
+        raise InputError("trace file is nested too deeply to read", where=str(path), fix=FIX) from None
+    except ValueError as error:  # a value Python refuses, e.g. an integer over its 4300 digits:
+        # https://docs.python.org/3/library/stdtypes.html#int-max-str-digits
+        raise InputError(f"not a valid trace value: {error}", where=str(path), fix=FIX) from None
     if not isinstance(raw, dict):
         raise InputError("a trace must be a JSON object with 'metadata' and 'data'", where=str(path), fix=FIX)
     return raw
@@ -179,7 +187,7 @@ def resolve(ref: str | Path, *, relative_to: Path | None = None, where: str = "t
     candidates = [path] if path.is_absolute() else [path, *([relative_to / path] if relative_to else []),
                                                      SPOT_TRACES_DIR / path]
     for candidate in candidates:
-        if candidate.exists():
+        if file_kind(candidate, where=where, fix=PATH_FIX) is not None:
             return candidate.absolute()
     names = ", ".join(d.name for d in bundled_sets())
     raise InputError(f"trace {str(ref)!r} not found", where=where,

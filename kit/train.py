@@ -269,13 +269,14 @@ def run_train(spec_path: Path | None, *, cloud: str | None = None, time_scale: f
               console=None) -> dict:
     from rich.console import Console
 
-    from kit.watch.session import Session, check_interval, parse_listen
+    from kit.watch.session import Session, check_interval, check_listen
 
     check_interval(interval_s)  # before anything is read or started
-    if listen is not None:  # Session.start parses it after the ledger, lock and token were written
-        parse_listen(listen)
     spec = load_train_spec(spec_path, cloud=cloud, time_scale=time_scale, preempt_every=preempt_every,
                            no_preemptions=no_preemptions)
+    # Session.start binds it after the ledger, lock and token were written: tried now, the cloud's default too
+    # (0.0.0.0:8787 with --advertise-url, which another process may hold)
+    check_listen(listen or spec.cloud_facts.listen_default(advertise_url))
     run = TrainRun(spec, console=console or Console(), json_report=json_report, plot=plot, keep_disks=keep_disks,
                    fresh=fresh)
     run.prepare()

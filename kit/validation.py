@@ -9,9 +9,10 @@ it got), *where* (the file and the dotted field) and *how to fix it*, and a coun
 from __future__ import annotations
 
 import reprlib
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ValidationError
+from pydantic import BeforeValidator, Field, ValidationError
+from pydantic_core import PydanticCustomError
 
 from kit.errors import InputError
 
@@ -91,3 +92,16 @@ def require_mapping(raw: Any, where: str, *, what: str, fix: str) -> None:
     if not isinstance(raw, dict):
         kind = YAML_KINDS.get(type(raw).__name__, type(raw).__name__)
         raise InputError(f"the {what} must be a YAML mapping (key: value), not {kind}", where=where, fix=fix)
+
+
+def _not_bool(value: Any) -> Any:
+    """A number field refuses true/false: YAML 1.1 reads yes/no/on/off as booleans too, and Python takes a
+    bool for the int 1 or 0 (``deadline_hours: yes`` would be a 1-hour deadline)."""
+    if isinstance(value, bool):
+        raise PydanticCustomError("float_type", "Input should be a number, not true/false (YAML reads yes, no, "
+                                                "on and off as true/false)")
+    return value
+
+
+NotBool = BeforeValidator(_not_bool)  # for every number field of a file kit validates
+Finite = Annotated[float, NotBool, Field(allow_inf_nan=False)]

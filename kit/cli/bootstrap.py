@@ -74,9 +74,11 @@ def bootstrap(
 ) -> None:
     """Install the driver, the trainer and the preemption agent on the cluster's nodes (ansible)."""
     from kit import bootstrap as bs
+    from kit.cli.infra import require_terraform
     from kit.spec import load_spec
 
     s = load_spec(spec)
+    require_terraform(s, "bootstrap", "`kit train SPEC` starts and bootstraps a local cluster's nodes itself")
     extra_vars = bs.parse_extra_vars(extra)
     inventory = _inventory(s, hosts)
     n = len((inventory.get("all") or {}).get("hosts") or {})

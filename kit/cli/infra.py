@@ -30,6 +30,19 @@ def warn_about(spec: SpecBase) -> None:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False, soft_wrap=True)
 
 
+def require_terraform(spec: SpecBase, command: str, fix: str) -> None:
+    """``kit apply``, ``destroy`` and ``bootstrap`` act on the nodes Terraform made: a cloud that renders no
+    Terraform (the local one: its nodes are processes of ``kit train``, docs/local.md) is refused first,
+    with what to use instead, not sent on to "run `kit render`", which refuses it too."""
+    from kit import clouds
+    from kit.errors import InputError
+
+    if not spec.cloud_facts.renders_terraform:
+        terraform_clouds = " and ".join(name for name in clouds.NAMES if clouds.get(name).renders_terraform)
+        raise InputError(f"cloud {spec.cloud!r} has no Terraform: `kit {command}` is for {terraform_clouds}",
+                         where="spec.cloud", fix=fix)
+
+
 def _deployment(spec: Path, out: Path | None):
     """The loaded spec and its deployment directory (``--out`` or ``deploy/<name>``)."""
     from kit.render import deployment_dir
@@ -119,6 +132,7 @@ def apply(spec: SpecArg, out: OutOption = None) -> None:
     from kit import render, terraform
 
     s, out_dir = _deployment(spec, out)
+    require_terraform(s, "apply", "`kit train SPEC` starts a local cluster's nodes (and the watcher)")
     terraform.apply(out_dir, parallelism=s.nodes, roots=render.roots(s))
     for node in terraform.output(out_dir).get("nodes") or []:
         console.print(escape(f"{node.get('name')}: {node.get('public_ip') or node.get('private_ip')} "
@@ -135,5 +149,7 @@ def destroy(
     from kit import render, terraform
 
     s, out_dir = _deployment(spec, out)
+    require_terraform(s, "destroy", "`kit train SPEC` stops a local cluster's nodes when it ends (or on Ctrl-C); "
+                                    f"the data disks it keeps are directories under {out_dir}: delete them with rm -r")
     terraform.destroy(out_dir, with_disks=with_disks, roots=render.roots(s))
     console.print("destroyed" + (" (disks too)" if with_disks else " (disks kept)"))

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from kit.cli.app import App
-from kit.paths import check_plot_file
+from kit.cli.outputs import check_plot
 from kit.policy import DEFAULT_CHANGEOVER_H
 from kit.policy.offers import DEFAULT_CHECKPOINT_GB, DEFAULT_TRANSFER_GBPS, EACH, Moves
 
@@ -78,7 +78,7 @@ def simulate_command(
                          fix="add --zones all")
     names = _policies(policy)
     if plot_file is not None:
-        check_plot_file(plot_file)
+        check_plot(plot_file)
     params.check()
     loaded = load_traces(traces)
     summary = simulate(loaded, names, params)
@@ -99,11 +99,36 @@ def format_misses(value: float) -> str:
 
 
 def _require_runs(summary: dict, traces: list[Path], deadline_h: float) -> None:
+    """Refuse a summary that compares nothing (no run), or whose figures are not all finite numbers: a NaN or
+    infinite cost is no answer, and JSON has neither (RFC 8259, section 6): ``json.dumps`` would write
+    ``NaN``, which other readers reject. Before the plot or the output is written."""
     from kit.errors import InputError
+    from kit.simulate.single import MAX_PRICE_PER_HOUR
 
+    where = ", ".join(str(t) for t in traces)
     if summary["runs"] == 0:
         raise InputError(f"every trace is shorter than the deadline window ({deadline_h:g} h)",
-                         where=", ".join(str(t) for t in traces), fix="use longer traces or a shorter --deadline-hours")
+                         where=where, fix="use longer traces or a shorter --deadline-hours")
+    bad = _not_finite(summary)
+    if bad is not None:
+        raise InputError(f"the replay's {bad[0]} came out {bad[1]}: the prices are too large to compute with",
+                         where=where, fix=f"give prices (the traces' or --spot-price/--on-demand-price) of at most "
+                                          f"{MAX_PRICE_PER_HOUR:g} $ per node-hour")
+
+
+def _not_finite(value: object, path: str = "") -> tuple[str, float] | None:
+    """The first figure in ``value`` (a summary: dicts and lists of numbers) that is NaN or infinite, and its
+    path (``cost_vs_on_demand.spot``); None when all are finite."""
+    import math
+
+    if isinstance(value, float):  # numpy's float64 is one too
+        return None if math.isfinite(value) else (path, value)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+    for key, item in items:
+        found = _not_finite(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 def _shapes(offers: Path | None, shape: list[str] | None) -> Offers | None:
@@ -145,7 +170,7 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Offers 
     from kit.traces import load_traces
 
     if plot_file is not None:
-        check_plot_file(plot_file)
+        check_plot(plot_file)
     loaded = load_traces(traces)
     if zones != "all":
         wanted = [z.strip() for z in zones.split(",") if z.strip()]

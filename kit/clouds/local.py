@@ -6,11 +6,21 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, ValidationInfo, model_validator
+from pydantic import Field, StrictBool, StrictInt, ValidationInfo, model_validator
 
 from kit.clouds.base import Cloud
 from kit.errors import InputError
-from kit.spec import Finite, PricesSection, SpecBase, SpecProblem, ZonePrices, _Model, spec_path
+from kit.spec import (
+    Finite,
+    PricesSection,
+    SpecBase,
+    SpecProblem,
+    Text,
+    ZoneName,
+    ZonePrices,
+    _Model,
+    spec_path,
+)
 
 if TYPE_CHECKING:
     from kit.traces import Trace
@@ -18,12 +28,16 @@ if TYPE_CHECKING:
 DEFAULT_PRICES = (1.0, 4.0)  # spot, on-demand $/h per node when the trace says none
 # the spec's prices and the trace metadata's keys that give them
 TRACE_PRICES = {"spot_per_hour": "spot_price_per_hour", "on_demand_per_hour": "on_demand_price_per_hour"}
+# Trace seconds per wall second, at most: a day of trace in 0.09 s, past anything a replay can follow (a
+# trace's tick is 10 min: 1e6 is 1,700 ticks a second). The virtual clock multiplies wall seconds by it, and
+# at 1e308 it reached inf (a NaN tick index in the preemption injector).
+MAX_TIME_SCALE = 1e6
 
 
 class LocalSection(_Model):
-    trace: str | None = None  # one zone's file; with ``zones``: a trace set (a directory of <zone>.json)
-    zone: str | None = None   # the zone the job runs in (default: the first of zones); a move sets it
-    time_scale: Annotated[Finite, Field(gt=0)] = 3600.0
+    trace: Text | None = None  # one zone's file; with ``zones``: a trace set (a directory of <zone>.json)
+    zone: ZoneName | None = None   # the zone the job runs in (default: the first of zones); a move sets it
+    time_scale: Annotated[Finite, Field(gt=0, le=MAX_TIME_SCALE)] = 3600.0
     preempt_every_seconds: Annotated[Finite, Field(gt=0)] | None = None
     grace_seconds: Annotated[Finite, Field(ge=0)] = 5.0
     preemptions: StrictBool = True
@@ -31,7 +45,7 @@ class LocalSection(_Model):
 
 class LocalSpec(SpecBase):
     cloud: Literal["local"]
-    gpus_per_node: int = Field(1, ge=1)  # processes per node
+    gpus_per_node: StrictInt = Field(1, ge=1)  # processes per node
     local: LocalSection = Field(default_factory=LocalSection)
 
     @property
@@ -58,11 +72,12 @@ class LocalSpec(SpecBase):
         no_preemptions = options.pop("no_preemptions", False)
         super().with_run_options(**options)  # refuses any other option
         update: dict = {}
-        for flag, name, value in (("--time-scale", "time_scale", time_scale),
-                                  ("--preempt-every", "preempt_every_seconds", preempt_every)):
+        for flag, name, value, most in (("--time-scale", "time_scale", time_scale, MAX_TIME_SCALE),
+                                        ("--preempt-every", "preempt_every_seconds", preempt_every, math.inf)):
             if value is not None:
-                if not (math.isfinite(value) and value > 0):
-                    raise InputError(f"{flag} {value} must be a finite number > 0", where=flag,
+                if not (math.isfinite(value) and 0 < value <= most):
+                    at_most = f" and at most {most:g}" if most < math.inf else ""
+                    raise InputError(f"{flag} {value} must be a finite number > 0{at_most}", where=flag,
                                      fix=f"e.g. {flag} 20")
                 update[name] = float(value)
         if no_preemptions:
@@ -74,7 +89,8 @@ class LocalSpec(SpecBase):
         """``local.trace`` as an absolute path (a file from the current directory or the spec's, or
         a trace bundled with kit), refused here when missing or invalid, or when it never has room for
         any spot shape; prices from its metadata."""
-        from kit.traces import check_gang, load_trace, resolve
+        from kit.traces import PATH_FIX, check_gang, load_trace, resolve
+        from kit.yamlfile import DIRECTORY, REGULAR_FILE, file_kind
 
         trace = None
         if self.zones and self.local.zone is not None and self.local.zone not in self.zones:
@@ -85,9 +101,12 @@ class LocalSpec(SpecBase):
         elif self.local.trace:
             path = spec_path(info)
             found = resolve(self.local.trace, relative_to=Path(path).parent, where=f"{path}: local.trace")
-            if not found.is_file():
+            kind = file_kind(found, where=f"{path}: local.trace", fix=PATH_FIX)
+            if kind == DIRECTORY:
                 raise SpecProblem("local.trace", f"{self.local.trace!r} is a directory; local mode replays one zone's "
                                   "file", f"name one file of the set, e.g. {self.local.trace.rstrip('/')}/<zone>.json")
+            if kind not in (REGULAR_FILE, None):  # a FIFO would block the read, a device never end it
+                raise SpecProblem("local.trace", f"{self.local.trace!r} is {kind}, not a trace file", PATH_FIX)
             trace = load_trace(found)  # a bad file is refused with its own where/fix
             self.local = self.local.model_copy(update={"trace": str(found)})
         if trace is not None:  # a trace with no room for any spot shape would replay nothing but on-demand
@@ -119,13 +138,15 @@ class LocalSpec(SpecBase):
 
     def _trace_set(self, path: str) -> Trace:
         """``local.trace`` as a set's directory holding every listed zone's file; the first one (its prices)."""
-        from kit.traces import load_trace, resolve
+        from kit.traces import PATH_FIX, load_trace, resolve
+        from kit.yamlfile import file_kind
 
         found = resolve(self.local.trace or "", relative_to=Path(path).parent, where=f"{path}: local.trace")
         if not found.is_dir():
             raise SpecProblem("local.trace", f"{self.local.trace!r} is one file, but zones replay a set (one file "
                               "per zone)", "name the set's directory, e.g. gcp-a3-h100-2025-10")
-        missing = [z for z in self.zones or [] if not (found / f"{z}.json").is_file()]
+        missing = [z for z in self.zones or []
+                   if file_kind(found / f"{z}.json", where=f"{path}: zones", fix=PATH_FIX) is None]
         if missing:
             have = sorted(p.stem for p in found.glob("*.json"))
             raise SpecProblem("zones", f"no trace for zone(s) {missing} in {found}", f"use zones of the set: {', '.join(have)}")

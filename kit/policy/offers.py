@@ -23,6 +23,17 @@ DEFAULT_CHECKPOINT_GB = 50.0
 # Copying a checkpoint between zones: a bucket read or a disk-to-disk copy at 10 Gbit/s (1.25 GB/s) is
 # what GCS and S3 sustain for one multi-part transfer within a continent; 50 GB then takes 40 s.
 DEFAULT_TRANSFER_GBPS = 10.0
+# Bounds of what a user says about time, money and moves (the spec, kit simulate's flags): far beyond any
+# real job, and small enough that every sum and product of them that the replay and the watcher form stays
+# finite (1e308 GB x 8 / 3600 overflowed to inf, and round(inf) raised in the simulator's units).
+# 1e6 $ per node-hour is 10,000x what the dearest 8-GPU instances list on-demand, under $100/h
+# (aws.amazon.com/ec2/pricing/on-demand/, cloud.google.com/compute/gpus-pricing).
+MAX_NODES = 1000  # a gang's size: the spec's nodes, kit simulate's --nodes, an offers file's shapes
+MAX_HOURS = 1e5  # deadlines, changeovers, windows: 11 years
+MAX_PRICE_PER_HOUR = 1e6  # $/h of a node or an instance (the list prices of GPU nodes are under 1e2)
+MAX_CHECKPOINT_GB = 1e7  # 10 PB
+MIN_TRANSFER_GBPS = 1e-6  # 1 kbit/s: a 10 PB checkpoint then moves in 2.2e10 h, still a finite number
+MAX_EGRESS_PER_GB = 1e3  # $/GB (the clouds' list prices are under 0.2)
 
 # Inter-region data transfer, $ per GB, by the continents of the two regions. Both clouds publish
 # these rates per region pair; these are their list prices for VM/instance traffic between regions:
@@ -91,8 +102,13 @@ class Offer:
 
 
 def offer_parts(name: str) -> tuple[str, str, str]:
-    """(zone, shape name, market) of an :attr:`Offer.name` (as the ledger records it)."""
-    zone, shape, market = name.split("/")
+    """(zone, shape name, market) of an :attr:`Offer.name` (as the ledger records it). Zones and markets
+    hold no '/' (kit.spec.ZONE_RE, MARKETS); an instance type holds none since kit.spec.INSTANCE_TYPE_RE,
+    but a ledger written before may name one that does: it stays in the shape's name."""
+    zone, _, rest = name.partition("/")
+    shape, _, market = rest.rpartition("/")
+    if not (zone and shape and market):
+        raise ValueError(f"{name!r} is not an offer name (zone/shape/market)")
     return zone, shape, market
 
 
@@ -134,12 +150,12 @@ class Moves:
     egress_per_gb: float | None = None  # one flat rate across regions; None: the clouds' published rates
 
     def check(self) -> None:
-        for flag, value, ok in (("--checkpoint-gb", self.checkpoint_gb, self.checkpoint_gb >= 0),
-                                ("--transfer-gbps", self.transfer_gbps, self.transfer_gbps > 0),
-                                ("--egress-per-gb", self.egress_per_gb,
-                                 self.egress_per_gb is None or self.egress_per_gb >= 0)):
-            if value is not None and (not math.isfinite(value) or not ok):
-                bound = "> 0" if flag == "--transfer-gbps" else ">= 0"
+        """The facts within their bounds (kit.spec's policy section has the same)."""
+        for flag, value, low, high in (("--checkpoint-gb", self.checkpoint_gb, 0.0, MAX_CHECKPOINT_GB),
+                                       ("--transfer-gbps", self.transfer_gbps, MIN_TRANSFER_GBPS, math.inf),
+                                       ("--egress-per-gb", self.egress_per_gb, 0.0, MAX_EGRESS_PER_GB)):
+            if value is not None and not (math.isfinite(value) and low <= value <= high):
+                bound = f"from {low:g} to {high:g}" if high < math.inf else f">= {low:g}"
                 raise InputError(f"got {value!r}", where=flag, fix=f"give a finite number {bound}")
 
     def transfer_h(self, src: str | None, dst: str) -> float:

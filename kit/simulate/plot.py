@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kit.errors import InputError
+from kit.errors import InputError, KitError
 from kit.policy import ON_DEMAND, SPOT
 from kit.simulate.single import OPT, Params, simulate_policy, span_ticks, start_ticks
 from kit.traces import Trace
@@ -76,8 +76,21 @@ def plot(traces: list[Trace], policies: list[str], params: Params, summary: dict
     _plot_progress(ax, trace, start, policies, params)
     _plot_costs(bars, policies, summary)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(fig, out)
+
+
+def _save(fig, out: str) -> None:
+    """Write the PNG and close the figure. The file was tried before the replay (kit.cli.outputs.check_plot),
+    but a disk may fill or a directory go meanwhile: said as the others, not a traceback."""
+    import matplotlib.pyplot as plt
+
+    try:
+        fig.savefig(out, dpi=110)
+    except OSError as error:
+        raise KitError(f"cannot write the plot: {error.strerror or error}", where=f"--plot {out}",
+                       fix="name a file in a directory you can write, with room for it") from None
+    finally:
+        plt.close(fig)
 
 
 # --------------------------------------------------------------------------------------- many zones
@@ -136,5 +149,4 @@ def plot_zones(market, params: Params, moves, summary: dict, out: str) -> None:
         lane.set_ylabel(name, fontsize=8)
     axes[-1].set_xlabel("hours since start")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save(fig, out)

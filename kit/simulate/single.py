@@ -29,14 +29,19 @@ import numpy as np
 
 from kit.errors import InputError
 from kit.policy import DEFAULT_CHANGEOVER_H, ON_DEMAND, POLICY_NAMES, SPOT, WAIT, Observation, make_policy
+from kit.policy.offers import MAX_HOURS, MAX_NODES, MAX_PRICE_PER_HOUR
 from kit.traces import Trace, check_gang
 
 EPS = 1e-9
 OPT = "opt"
 ALL_POLICIES = POLICY_NAMES + (OPT,)
 DEFAULT_SPOT_PRICE, DEFAULT_ON_DEMAND_PRICE = 1.0, 4.0
-MAX_NODES = 1000  # a gang's size, as in the spec
 MAX_STARTS = 10_000  # start ticks per trace: each is a whole replay of every policy
+
+
+def _in_range(value: float, high: float, *, zero_ok: bool = False) -> bool:
+    """> 0 (>= 0 with ``zero_ok``) and <= ``high``; False for NaN (every comparison with it is) and infinity."""
+    return (value >= 0 if zero_ok else value > 0) and value <= high
 
 
 @dataclass(frozen=True)
@@ -50,19 +55,19 @@ class Params:
     on_demand_price: float = DEFAULT_ON_DEMAND_PRICE
 
     def check(self) -> None:
-        """Every number finite and in range (NaN and infinity would overflow the tick arithmetic)."""
-        finite = all(map(math.isfinite, (self.job_h, self.deadline_h, self.changeover_h, self.spot_price,
-                                        self.on_demand_price)))
+        """Every number in range: NaN, infinity and finite values near the float limit (1e308) overflow the tick
+        arithmetic (``span_ticks``, ``_common_units``) or make the costs inf or NaN."""
+        hours = f"must be a number > 0 and <= {MAX_HOURS:g}"
+        prices = (self.spot_price, self.on_demand_price)
         problems = [(flag, what) for flag, bad, what in (
             ("--nodes", not 1 <= self.nodes <= MAX_NODES, f"must be 1 to {MAX_NODES}"),
-            ("--job-hours", not (math.isfinite(self.job_h) and self.job_h > 0), "must be a finite number > 0"),
-            ("--deadline-hours", not (math.isfinite(self.deadline_h) and self.deadline_h > 0),
-             "must be a finite number > 0"),
-            ("--changeover-hours", not (math.isfinite(self.changeover_h) and self.changeover_h >= 0),
-             "must be a finite number >= 0"),
+            ("--job-hours", not _in_range(self.job_h, MAX_HOURS), hours),
+            ("--deadline-hours", not _in_range(self.deadline_h, MAX_HOURS), hours),
+            ("--changeover-hours", not _in_range(self.changeover_h, MAX_HOURS, zero_ok=True),
+             f"must be a number >= 0 and <= {MAX_HOURS:g}"),
             ("--starts", not 1 <= self.starts <= MAX_STARTS, f"must be 1 to {MAX_STARTS}"),
-            ("--spot-price/--on-demand-price", not (finite and self.spot_price > 0 and self.on_demand_price > 0),
-             "must be finite numbers > 0"),
+            ("--spot-price/--on-demand-price", not all(_in_range(p, MAX_PRICE_PER_HOUR) for p in prices),
+             f"must be numbers > 0 and <= {MAX_PRICE_PER_HOUR:g} ($ per node-hour)"),
         ) if bad]
         if problems:
             where, what = problems[0]

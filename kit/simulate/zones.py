@@ -23,13 +23,14 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kit.errors import InputError
 from kit.policy import ON_DEMAND, POLICY_NAMES, SPOT, make_policy
-from kit.policy.offers import EACH, PROBE_H, Moves, Offer, Shape, check_shapes
+from kit.policy.offers import EACH, MAX_NODES, MAX_PRICE_PER_HOUR, PROBE_H, Moves, Offer, Shape, check_shapes
 from kit.policy.zones import ZONE_POLICY_NAMES, Pinned, ZoneObservation, ZonePolicy, make_zone_policy
 from kit.simulate.single import (
     EPS,
@@ -43,7 +44,7 @@ from kit.simulate.single import (
     split_tick,
 )
 from kit.traces import Trace, check_gang
-from kit.validation import input_error, require_mapping
+from kit.validation import Finite, NotBool, input_error, require_mapping
 
 ZONE_ALL = (OPT, "default", "failover", "up@each", "default@each")
 OFFERS_DOC = 'docs/policies.md ("Offers file")'
@@ -144,13 +145,16 @@ def _instance_prices(trace: Trace, shape: Shape, market: str, params: Params,
 
 # --------------------------------------------------------------------------------------- offers file
 class _ShapeFile(BaseModel):
+    """One shape of an offers file or a ``--shape`` flag (whose numbers are strings: not strict, but no bool;
+    the spec's bounds, kit.spec and kit.policy.offers)."""
+
     model_config = ConfigDict(extra="forbid")
     instance_type: str = Field(min_length=1)
-    nodes: int = Field(ge=1, le=1000)
-    gpus_per_node: int = Field(default=1, ge=1, le=64)
+    nodes: Annotated[int, NotBool] = Field(ge=1, le=MAX_NODES)
+    gpus_per_node: Annotated[int, NotBool] = Field(default=1, ge=1, le=64)
     markets: list[str] = Field(default_factory=lambda: [SPOT, ON_DEMAND])
-    spot_price: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # $/h per instance, every zone
-    on_demand_price: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    spot_price: Finite | None = Field(default=None, gt=0, le=MAX_PRICE_PER_HOUR)  # $/h per instance, every zone
+    on_demand_price: Finite | None = Field(default=None, gt=0, le=MAX_PRICE_PER_HOUR)
 
 
 class _OffersFile(BaseModel):

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kit.errors import InputError, KitError
 from kit.watch.ledger import Ledger, WatcherLock
 
 if TYPE_CHECKING:
@@ -26,14 +27,46 @@ LOCK_FILE = "watcher.lock"
 log = logging.getLogger("kit.watch")
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
-    from kit.errors import InputError
+LISTEN_FIX = ("give an IPv4 address of this machine and a free port, e.g. --listen 127.0.0.1:0 (this machine only; "
+              "port 0 picks a free one) or --listen 0.0.0.0:8787 (every interface)")
 
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``--listen HOST:PORT`` -> (host, port), its form only (no socket; :func:`check_listen` tries it).
+    IPv4 only: the endpoint is Python's ``http.server.ThreadingHTTPServer``, whose ``address_family`` is
+    ``AF_INET`` (docs.python.org/3/library/socketserver.html), so an IPv6 host could never be bound."""
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise InputError(f"--listen {listen!r} is not HOST:PORT", where="--listen",
                          fix="e.g. --listen 0.0.0.0:8787 (port 0 picks a free one)")
+    if ":" in host:  # [::1], ::1
+        raise InputError(f"{listen!r} is an IPv6 address, and the agents' endpoint listens on IPv4 only",
+                         where="--listen", fix=LISTEN_FIX)
     return host or "127.0.0.1", int(port)
+
+
+def cannot_listen(listen: str, error: OSError, *, kind: type[KitError]) -> KitError:
+    """The error for an address the endpoint cannot bind: not of this machine ("Cannot assign requested
+    address"), not an address (a name that does not resolve), or a port in use."""
+    return kind(f"cannot listen on {listen}: {error.strerror or error}", where="--listen", fix=LISTEN_FIX)
+
+
+def check_listen(listen: str) -> tuple[str, int]:
+    """:func:`parse_listen`, then a test bind of the address (closed at once), before anything is written:
+    the endpoint binds only after the ledger, lock and token exist. With SO_REUSEADDR, as the server binds
+    (``HTTPServer.allow_reuse_address``): a port left in TIME_WAIT by an earlier run is free, one that a
+    process listens on is not (socket(7)). The port may still be taken before the real bind (then
+    :meth:`Session.start` refuses it)."""
+    import socket
+
+    host, port = parse_listen(listen)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as error:  # socket.gaierror (a host that does not resolve) is one too
+        raise cannot_listen(listen, error, kind=InputError) from None
+    return host, port
 
 
 MIN_INTERVAL_S = 0.1  # a poll loop faster than this only hammers the cloud's API (EC2 throttles callers)
@@ -44,8 +77,6 @@ def check_interval(interval_s: float | None) -> float | None:
     of at least :data:`MIN_INTERVAL_S`; None: the backend's own (15 s for the clouds, SkyPilot's
     controller cadence; 0.5 s for the local cloud)."""
     import math
-
-    from kit.errors import InputError
 
     if interval_s is not None and not (math.isfinite(interval_s) and interval_s >= MIN_INTERVAL_S):
         raise InputError(f"--interval {interval_s} must be a number of seconds >= {MIN_INTERVAL_S:g}",
@@ -81,7 +112,12 @@ class Session:
 
     # ------------------------------------------------------------------ lock and ledger
     def __enter__(self) -> Session:  # noqa: PYI034
-        self.deploy_dir.mkdir(parents=True, exist_ok=True)
+        try:  # a path under a file, or where one may not write (/sys, /proc): the user's to fix, as kit render's
+            self.deploy_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise InputError(f"cannot create the deployment directory: {error.strerror or error}",
+                             where=str(self.deploy_dir),
+                             fix="choose a directory you can write (kit --deploy-dir DIR)") from None
         self._lock = WatcherLock(self.deploy_dir / LOCK_FILE)
         self._lock.__enter__()
         self.ledger = Ledger(self.deploy_dir / LEDGER_FILE)
@@ -116,9 +152,13 @@ class Session:
         self.token = cluster_token(self.deploy_dir)
         self.policy = make_policy_for(spec)
         cloud = spec.cloud_facts
-        host, port = parse_listen(listen or cloud.listen_default(advertise_url))
-        server = self._server = WatcherServer({spec.name: self.token}, ledger_sink(self.ledger, self.wake),
-                                              host=host, port=port).start()
+        listen = listen or cloud.listen_default(advertise_url)
+        host, port = parse_listen(listen)
+        try:  # checked early (check_listen), but another process may have taken the port since
+            server = WatcherServer({spec.name: self.token}, ledger_sink(self.ledger, self.wake), host=host, port=port)
+        except OSError as error:
+            raise cannot_listen(listen, error, kind=KitError) from None
+        self._server = server.start()
         self.url = cloud.agent_url(advertise_url, server.url, host in ("0.0.0.0", "::"))
         # the cluster's secret: the backend hands each node only its own token (kit.watch.server.node_token)
         backend = self._backend = backend_for(spec, self.deploy_dir, watcher_url=self.url, watcher_token=self.token)

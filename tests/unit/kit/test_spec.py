@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import os
 import subprocess
 import sys
@@ -158,7 +159,7 @@ BAD = [
     ("bucket-dotdot", GCP, "checkpoint_bucket", "gs://a/../b", "checkpoint_bucket", "e.g. gs://my-bucket"),
     # what a move costs (the watcher's ranking of zones, as kit simulate's --checkpoint-gb / --transfer-gbps)
     ("checkpoint-gb-negative", GCP, "policy.checkpoint_gb", -1, "policy.checkpoint_gb", "greater than or equal"),
-    ("transfer-gbps-zero", GCP, "policy.transfer_gbps", 0, "policy.transfer_gbps", "greater than 0"),
+    ("transfer-gbps-zero", GCP, "policy.transfer_gbps", 0, "policy.transfer_gbps", "greater than or equal to 0.000001"),
     ("egress-not-a-number", AWS, "policy.egress_per_gb", "cheap", "policy.egress_per_gb", "number"),
     ("bootstrap-var-of-no-role", AWS, "bootstrap.vars", {"pip_index": "x"}, "bootstrap.vars.pip_index",
      "python_env"),
@@ -367,11 +368,11 @@ def test_a_spot_only_type_with_a_deadline_is_fine_with_an_on_demand_shape():
     assert parse_spec(data).shape_list()[1].markets == ("spot", "on-demand")
 
 
-def test_checkpoint_bucket_urls_per_cloud():
+def test_checkpoint_bucket_urls_per_cloud(tmp_path):
     assert parse_spec(_set(AWS, "checkpoint_bucket", "s3://my-ckpts/kit")).checkpoint_bucket == "s3://my-ckpts/kit"
     assert parse_spec(_set(GCP, "checkpoint_bucket", "gs://my-ckpts")).checkpoint_bucket == "gs://my-ckpts"
     local = yaml.safe_load((EXAMPLES_DIR / "local.yaml").read_text())
-    assert parse_spec(_set(local, "checkpoint_bucket", "file:///var/kit/ckpts")).checkpoint_bucket
+    assert parse_spec(_set(local, "checkpoint_bucket", f"file://{tmp_path}/kit/ckpts")).checkpoint_bucket
     for bad in ("file://relative/dir", "file:///a/../b", "gs://x"):
         with pytest.raises(InputError, match="checkpoint_bucket|bucket|directory"):
             parse_spec(_set(local, "checkpoint_bucket", bad))
@@ -423,3 +424,180 @@ def test_aws_subnets_per_zone_follow_a_move_and_take_the_vpc_from_each_subnet():
     assert spec.with_offer(west).subnet_id == "subnet-west"
     one_zone = parse_spec(_set(AWS, "network", {"subnet_id": "subnet-1", "vpc_id": "vpc-1"}))
     assert one_zone.subnet_id == "subnet-1"
+
+
+LOCAL = yaml.safe_load((EXAMPLES_DIR / "local.yaml").read_text())
+ONE_LOCAL = _set(_set(_set(LOCAL, "zones", _DEL), "shapes", _DEL), "local.trace", _DEL)  # no trace, one zone
+
+
+def _refused(tmp_path, monkeypatch, data, where) -> InputError:
+    """``data`` is refused at ``where`` by load_spec, and by `kit validate` and `kit train` with exit 2, no
+    traceback and nothing written."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(InputError) as info:
+        load_spec(path)
+    assert info.value.where == f"{path}: {where}" and info.value.fix, info.value.render()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
+    for argv in (["validate", str(path)], ["train", str(path)]):
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 2 and where in result.output, result.output
+        assert "Traceback" not in result.output and "fix:" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.yaml"], "nothing written"
+    return info.value
+
+
+@pytest.mark.parametrize(("data", "where"), [
+    # a zone names the local cloud's disks directory: these named ones outside the deploy directory
+    (_set(ONE_LOCAL, "zones", ["../../../../../escaped", "b"]), "zones[0]"),
+    (_set(ONE_LOCAL, "local.zone", "../../x"), "local.zone"),
+    # ... and a trace set's file: this one named another set's
+    (_set(LOCAL, "zones", ["../aws-p3-v100-2023-02/us-east-1a", "us-central1-c"]), "zones[0]"),
+    (_set(ONE_LOCAL, "zones", ["us central1"]), "zones[0]"),
+    (_set(ONE_LOCAL, "zones", ["a" * 64]), "zones[0]"),
+    (_set(AWS, "zone", "us-east-1a/../b"), "zone"),
+    # an instance type is part of an offer's name, zone/NODESxTYPE/market
+    (_set(AWS, "gpus_per_node", 1) | {"instance_type": "g5/4xlarge"}, "instance_type"),
+    (_set(AWS, "shapes", [{"instance_type": "g5/4xlarge", "nodes": 4, "gpus_per_node": 1}]),
+     "shapes[0].instance_type"),
+])
+def test_zone_and_instance_type_names_are_refused_before_anything_is_written(tmp_path, monkeypatch, data, where):
+    err = _refused(tmp_path, monkeypatch, data, where)
+    assert "is not a zone name" in err.what or "is not an instance type name" in err.what, err.render()
+
+
+def test_every_zone_and_instance_type_kit_knows_is_a_valid_name():
+    """The bundled trace sets' zones (file names), the clouds' catalog zones and types, and the examples."""
+    from kit import clouds
+    from kit.spec import INSTANCE_TYPE_RE, ZONE_RE
+    from kit.traces import bundled_sets
+
+    zones = [p.stem for d in bundled_sets() for p in d.glob("*.json") if "data" in p.read_text()[:4096]]
+    for name in clouds.NAMES:
+        cloud = clouds.get(name)
+        zones += [z for zs in cloud.zones.values() for z in zs]
+        assert all(INSTANCE_TYPE_RE.fullmatch(t.name) for t in cloud.instance_types), name
+    assert len(zones) > 30 and [z for z in zones if not ZONE_RE.fullmatch(z)] == []
+    for example in ("aws-g5-spot.yaml", "gcp-a3-spot.yaml", "local.yaml"):
+        load_spec(EXAMPLES_DIR / example)
+    for itype in ("u-6tb1.metal", "c7i.metal-24xl", "n1-custom-8-30720", "p4d.24xlarge"):
+        assert INSTANCE_TYPE_RE.fullmatch(itype), itype
+
+
+@pytest.mark.parametrize(("base", "field"), [
+    (ONE_LOCAL, "policy.deadline_hours"), (ONE_LOCAL, "policy.changeover_hours"),
+    (ONE_LOCAL, "policy.threshold.window_hours"), (ONE_LOCAL, "policy.checkpoint_gb"),
+    (ONE_LOCAL, "prices.spot_per_hour"), (ONE_LOCAL, "training.lr"), (ONE_LOCAL, "local.time_scale"),
+    (ONE_LOCAL, "disk.keep_left_hours"), (ONE_LOCAL, "gpus_per_node"), (AWS, "max_price"),
+])
+def test_true_or_false_is_no_number(base, field):
+    """YAML reads yes/on/true as True, which Python takes for 1: ``deadline_hours: yes`` was a 1-hour deadline."""
+    with pytest.raises(InputError) as info:
+        parse_spec(_set(base, field, True))
+    assert info.value.where == f"cluster.yaml: {field}", info.value.render()
+    assert "not true/false" in info.value.what or "whole number" in info.value.fix, info.value.render()
+    assert parse_spec(_set(base, field, 2)) is not None  # a whole number is still a number
+
+
+@pytest.mark.parametrize(("base", "field", "value"), [
+    (ONE_LOCAL, "training.model", "vit\0tiny"), (ONE_LOCAL, "training.data", "/data\n/x"),
+    (ONE_LOCAL, "training.ckpt_dir", "ck\x7fpt"), (ONE_LOCAL, "checkpoint_bucket", "file:///tmp/a\0b"),
+    (ONE_LOCAL, "local.trace", "x\0.json"), (AWS, "ssh.public_key", "~/.ssh/id\0.pub"),
+    (AWS, "image", "ami-\t"),
+])
+def test_control_characters_are_refused_in_strings_that_reach_a_command_line_or_a_path(
+        tmp_path, monkeypatch, base, field, value):
+    err = _refused(tmp_path, monkeypatch, _set(base, field, value), field)
+    assert "control character" in err.what and len(err.what) < 200, err.render()
+
+
+@pytest.mark.parametrize(("field", "value", "where"), [
+    ("name", "a" * 900_000, "name"),
+    ("labels", {"k" * 900_000: "v"}, "labels."),
+    ("zones", ["us-east-1a"] * 100_000, "zones"),
+    ("checkpoint_bucket", "s3://" + "b" * 900_000, "checkpoint_bucket"),
+    ("backend", {"type": "s3", "bucket": "B" * 900_000}, "backend.bucket"),
+    ("ssh.user", "U" * 900_000, "ssh.user"),
+    ("bootstrap.vars", {"x" * 900_000: 1}, "bootstrap.vars."),
+    ("prices.zones", {"z" * 900_000: {"spot_per_hour": 1.0}}, "prices.zones."),
+    ("cloud", "c" * 900_000, "cloud"),
+])
+def test_values_quoted_in_errors_are_bounded(field, value, where):
+    data = _set(_set(AWS, "zone", _DEL), "zones", ["us-east-1a"]) if field == "zones" else AWS
+    with pytest.raises(InputError) as info:
+        parse_spec(_set(data, field, value))
+    rendered = info.value.render()
+    assert info.value.where.startswith(f"cluster.yaml: {where}") and len(rendered) < 600, rendered[:300]
+
+
+@pytest.mark.parametrize("inside", ["afile/ck", "afile"])
+def test_a_file_bucket_must_be_a_directory_this_user_can_write(tmp_path, monkeypatch, inside):
+    """Nodes only log a failed upload: a bucket where no checkpoint can be written is refused at load."""
+    spec_dir, blocker = tmp_path / "spec", tmp_path / "afile"
+    spec_dir.mkdir()
+    blocker.write_text("")
+    parse_spec(_set(ONE_LOCAL, "checkpoint_bucket", f"file://{tmp_path}/new/ckpts"))  # the trainer creates it
+    err = _refused(spec_dir, monkeypatch, _set(ONE_LOCAL, "checkpoint_bucket", f"file://{tmp_path}/{inside}"),
+                   "checkpoint_bucket")
+    assert f"{blocker} is not a directory" in err.what, err.render()
+    with pytest.raises(InputError, match="cannot be looked up") as long:
+        parse_spec(_set(ONE_LOCAL, "checkpoint_bucket", "file:///" + "d" * 900_000))
+    assert len(long.value.render()) < 600
+    if os.geteuid() != 0:  # root may write anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(InputError, match="not writable"):
+            parse_spec(_set(ONE_LOCAL, "checkpoint_bucket", f"file://{locked}/ck"))
+
+
+@pytest.mark.parametrize(("base", "field", "value"), [
+    (ONE_LOCAL, "local.time_scale", 1e308), (ONE_LOCAL, "local.time_scale", 1.0000001e6),
+    (ONE_LOCAL, "policy.checkpoint_gb", 1e308), (ONE_LOCAL, "policy.transfer_gbps", 1e-320),
+    (ONE_LOCAL, "policy.egress_per_gb", 1e308), (ONE_LOCAL, "policy.deadline_hours", 1e308),
+    (ONE_LOCAL, "policy.changeover_hours", 1e6), (ONE_LOCAL, "policy.threshold.cooldown_hours", 1e300),
+    (ONE_LOCAL, "prices.spot_per_hour", 1e308), (AWS, "prices.zones", {"us-east-1a": {"on_demand_per_hour": 1e7}}),
+])
+def test_finite_but_huge_numbers_are_refused(base, field, value):
+    """Each bound is far past any real job (kit.policy.offers, kit.clouds.local): 1e308 went on to inf or NaN."""
+    with pytest.raises(InputError) as info:
+        parse_spec(_set(base, field, value))
+    assert info.value.where.startswith(f"cluster.yaml: {field}"), info.value.render()
+    assert "less than or equal" in info.value.what or "greater than or equal" in info.value.what
+
+
+def test_the_bounds_themselves_are_accepted():
+    from kit.clouds.local import MAX_TIME_SCALE
+    from kit.policy.offers import MAX_CHECKPOINT_GB, MAX_HOURS, MAX_PRICE_PER_HOUR, MIN_TRANSFER_GBPS
+
+    spec = parse_spec(_set(_set(_set(_set(_set(ONE_LOCAL, "local.time_scale", MAX_TIME_SCALE), "policy.checkpoint_gb",
+                                               MAX_CHECKPOINT_GB), "policy.transfer_gbps", MIN_TRANSFER_GBPS),
+                                "policy.deadline_hours", MAX_HOURS), "prices.spot_per_hour", MAX_PRICE_PER_HOUR))
+    assert spec.local.time_scale == MAX_TIME_SCALE and spec.policy.moves().transfer_h("a", "b") < math.inf
+
+
+def test_kit_train_time_scale_flag_is_bounded_too():
+    spec = parse_spec(ONE_LOCAL)
+    for value in (1e308, 2e6, 0.0, math.inf):
+        with pytest.raises(InputError) as info:
+            spec.with_run_options(time_scale=value)
+        assert info.value.where == "--time-scale", info.value.render()
+    assert spec.with_run_options(time_scale=1e6).local.time_scale == 1e6
+
+
+@pytest.mark.timeout(10)  # the old check waited for a FIFO's writer forever (`kit render`, `kit plan`)
+def test_an_ssh_public_key_is_read_only_from_a_regular_file(tmp_path):
+    import os
+
+    from kit.spec import check_ssh_key
+
+    os.mkfifo(tmp_path / "fifo.pub")
+    (tmp_path / "dir.pub").mkdir()
+    for name, kind in (("fifo.pub", "a FIFO (named pipe)"), ("dir.pub", "a directory")):
+        with pytest.raises(InputError) as info:
+            check_ssh_key(parse_spec(_set(AWS, "ssh.public_key", str(tmp_path / name))))
+        assert info.value.what == f"ssh public key {tmp_path / name} is {kind}, not a regular file"
+        assert info.value.where == "ssh.public_key" and "ssh-keygen" in info.value.fix
+    (tmp_path / "bytes.pub").write_bytes(b"ssh-ed25519 \xff\xfe\n")  # not UTF-8: no key, not a traceback
+    with pytest.raises(InputError, match="not an OpenSSH public key"):
+        check_ssh_key(parse_spec(_set(AWS, "ssh.public_key", str(tmp_path / "bytes.pub"))))

@@ -115,3 +115,48 @@ def test_a_trace_is_named_by_path_or_bundled_name(tmp_path, monkeypatch):
     with pytest.raises(InputError, match="not found") as error:
         resolve("nope.json", where="local.trace")
     assert error.value.where == "local.trace" and "gcp-a3-h100-2025-10" in error.value.fix
+
+
+@pytest.mark.timeout(10)  # the old reader waited for a FIFO's writer forever
+def test_a_fifo_or_a_directory_is_no_trace_file(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "dir.json").mkdir()
+    for name, kind in (("fifo.json", "a FIFO (named pipe)"), ("dir.json", "a directory")):
+        with pytest.raises(InputError) as info:
+            load_trace(tmp_path / name)
+        assert info.value.what == f"trace file is {kind}, not a regular file"
+        assert info.value.where == str(tmp_path / name)
+
+
+def test_a_trace_over_the_limit_is_refused(tmp_path):
+    from kit.traces import MAX_TRACE_BYTES
+
+    path = tmp_path / "big.json"
+    with path.open("wb") as f:  # sparse: no disk, and only a byte over
+        f.truncate(MAX_TRACE_BYTES + 1)
+    with pytest.raises(InputError, match=f"larger than {MAX_TRACE_BYTES} bytes"):
+        load_trace(path)
+
+
+@pytest.mark.parametrize("body, what", [
+    ("[" * 100_000, "nested too deeply"),
+    ("[" + "9" * 5000 + "]", "4300 digits"),
+])
+def test_json_python_cannot_hold_is_an_input_error(tmp_path, body, what):
+    path = write(tmp_path, "t.json", '{"metadata": {"gap_seconds": 600}, "data": ' + body + "}")
+    with pytest.raises(InputError, match=what) as info:
+        load_trace(path)
+    assert info.value.where == str(path)
+
+
+def test_a_name_too_long_is_an_input_error(tmp_path):
+    from kit.traces import resolve
+
+    name = "a" * 300 + ".json"
+    with pytest.raises(InputError, match="File name too long") as info:
+        resolve(name, relative_to=tmp_path, where="local.trace")
+    assert info.value.where == "local.trace" and name in info.value.what
+    with pytest.raises(InputError, match="File name too long"):
+        trace_files([tmp_path / name])

@@ -3,6 +3,7 @@ no Terraform, no Ansible); the "agents" post heartbeats to the in-process watche
 
 from __future__ import annotations
 
+import io
 import json
 import threading
 import urllib.request
@@ -494,3 +495,40 @@ def test_fresh_sees_that_kept_local_disks_were_deleted(tmp_path, monkeypatch):
         assert str(disk) in refused.value.fix
         shutil.rmtree(disk)
         assert _fresh(spec, session) is None
+
+
+@pytest.mark.parametrize("listen", ["256.0.0.1:0", "8.8.8.8:0", "[::1]:0", "in use"])
+def test_a_listen_address_that_cannot_be_bound_is_refused_before_anything_is_written(tmp_path, monkeypatch, listen):
+    """The endpoint binds after the ledger, lock and token were written: the address is tried first
+    (256 is no octet: no DNS lookup; 8.8.8.8 is not this machine's: bound, never sent to)."""
+    import socket
+
+    from kit.train import run_train
+
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        if listen == "in use":
+            listen = f"127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(InputError) as refused:
+            run_train(EXAMPLES_DIR / "local.yaml", listen=listen, console=Console(file=io.StringIO()))
+    assert refused.value.where == "--listen"
+    assert not (tmp_path / "deploy").exists()
+
+
+def test_the_clouds_default_listen_address_is_tried_too(tmp_path, monkeypatch):
+    """Without --listen, the cloud's default (0.0.0.0:8787 with --advertise-url) may be held by another process."""
+    import socket
+
+    from kit.clouds.local import CLOUD
+    from kit.train import run_train
+
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setattr(type(CLOUD), "listen_default", lambda self, url: f"127.0.0.1:{taken.getsockname()[1]}")
+        with pytest.raises(InputError, match="Address already in use"):
+            run_train(EXAMPLES_DIR / "local.yaml", console=Console(file=io.StringIO()))
+    assert not (tmp_path / "deploy").exists()

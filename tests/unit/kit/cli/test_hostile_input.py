@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kit.cli import app
-from kit.paths import EXAMPLES_DIR
+from kit.paths import DEPLOY_ROOT_ENV, EXAMPLES_DIR
 
 
 def _write(tmp: Path, name: str, data: bytes) -> str:
@@ -21,7 +22,6 @@ def _write(tmp: Path, name: str, data: bytes) -> str:
 def _case(tmp: Path, case: str) -> tuple[list[str], str]:
     """The command line for ``case`` (files made in ``tmp``) and a phrase its error must contain."""
     spec = str(EXAMPLES_DIR / "aws-g5-spot.yaml")
-    local = str(EXAMPLES_DIR / "local.yaml")
     # 9 levels of 9 aliases each: 9^9 strings once expanded (shared references in memory)
     bomb = b"name: demo\ncloud: local\na0: &a0 [x, x, x, x, x, x, x, x, x]\n" + b"".join(
         b"a%d: &a%d [%s]\n" % (i, i, b", ".join([b"*a%d" % (i - 1)] * 9)) for i in range(1, 9)) + b"nodes: *a8\n"
@@ -36,8 +36,9 @@ def _case(tmp: Path, case: str) -> tuple[list[str], str]:
         "200 aliases": (["validate", _write(tmp, "e.yaml", many_aliases)], "more than 100 aliases"),
         "a spec over 1 MiB": (["validate", _write(tmp, "f.yaml", b"name: demo\n" + b"# padding\n" * 200_000)],
                               "larger than"),
-        "inventory not UTF-8": (["bootstrap", local, "--hosts", _write(tmp, "i.yaml", b"all: \xfe\n")], "not UTF-8"),
-        "inventory whose all is a list": (["bootstrap", local, "--hosts", _write(tmp, "j.yaml", b"all: [a, b]\n")],
+        # a cloud spec: a local one is refused before its inventory is read (kit train bootstraps it)
+        "inventory not UTF-8": (["bootstrap", spec, "--hosts", _write(tmp, "i.yaml", b"all: \xfe\n")], "not UTF-8"),
+        "inventory whose all is a list": (["bootstrap", spec, "--hosts", _write(tmp, "j.yaml", b"all: [a, b]\n")],
                                           "must be a mapping"),
         "--out under a file": (["render", spec, "--out", str(tmp / "file" / "deploy")], "cannot create"),
         # rich would read "[...]" in a message as markup: drop "[red]", and raise on a closing "[/b]"
@@ -45,6 +46,7 @@ def _case(tmp: Path, case: str) -> tuple[list[str], str]:
     }
     (tmp / "file").write_text("a file, not a directory\n")
     cases.update(_simulate_and_train_cases(tmp))
+    cases.update(_bounds_listen_and_cloud_cases(tmp))
     return cases[case]
 
 
@@ -95,13 +97,52 @@ def _simulate_and_train_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
+def _bounds_listen_and_cloud_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    """Numbers that overflow the simulator, addresses the agents' endpoint cannot bind, output files the kernel
+    refuses (root passes access(2) in /proc, where no file can be made), commands for clouds with Terraform."""
+    local = str(EXAMPLES_DIR / "local.yaml")
+    # no prices in the trace: the price flags apply
+    mini = _write(tmp, "mini.json", b'{"metadata": {"gap_seconds": 3600}, "data": [2, 2, 2, 0, 0' + b", 2" * 25 + b"]}")
+    replay = ["simulate", mini, "--nodes", "2", "--job-hours", "4", "--deadline-hours", "8", "--starts", "1"]
+    return {
+        "--deadline-hours 1e308": (["simulate", "gcp-a3-h100-2025-10", "--deadline-hours", "1e308"], "--deadline-hours"),
+        "--changeover-hours 1e308": (["simulate", "gcp-a3-h100-2025-10", "--changeover-hours", "1e308"],
+                                     "--changeover-hours"),
+        "--on-demand-price 1e308": ([*replay, "--on-demand-price", "1e308", "--json"], "--on-demand-price"),
+        "--spot-price 1e308": ([*replay, "--spot-price", "1e308"], "--spot-price"),
+        "--plot where no file can be made": (["simulate", "gcp-a3-h100-2025-10", "--policy", "default", "--starts", "1",
+                                              "--plot", "/proc/kit-plot.png"], "--plot"),
+        "the same, many zones --plot": (["simulate", "gcp-a3-h100-2025-10", "--zones", "all", "--starts", "1",
+                                         "--plot", "/proc/kit-plot.png"], "--plot"),
+        "kit train --plot where no file can be made": (["train", "--plot", "/proc/kit-plot.png"], "--plot"),
+        "kit train --json-report where no file can be made": (["train", "--json-report", "/proc/kit-report.json"],
+                                                              "--json-report"),
+        # 256 is no octet: refused without a DNS lookup; 8.8.8.8 is not this machine's (bound, never sent to)
+        "kit train --listen no address": (["train", "--listen", "256.0.0.1:0"], "cannot listen on 256.0.0.1:0"),
+        "kit train --listen not this machine's": (["train", "--listen", "8.8.8.8:0"], "cannot listen on 8.8.8.8:0"),
+        "kit train --listen IPv6": (["train", "--listen", "[::1]:0"], "IPv4 only"),
+        "kit watch --listen IPv6": (["watch", local, "--once", "--listen", "::1:0"], "IPv4 only"),
+        "kit watch --listen not this machine's": (["watch", local, "--once", "--listen", "8.8.8.8:0"], "cannot listen"),
+        "kit bootstrap a local spec": (["bootstrap", local], "`kit train SPEC`"),
+        "kit apply a local spec": (["apply", local], "`kit train SPEC`"),
+        "kit destroy a local spec": (["destroy", local], "`kit train SPEC`"),
+        "kit train --cloud mars": (["train", "--cloud", "mars"], "unknown cloud 'mars'"),
+    }
+
+
 CASES = ["spec not UTF-8", "spec nested 20,000 deep", "spec with a key twice", "a YAML alias bomb in a typed field",
          "200 aliases", "a spec over 1 MiB", "inventory not UTF-8",
          "inventory whose all is a list", "--out under a file", "NaN in a trace", "Infinity in a trace",
          "--deadline-hours nan", "--job-hours inf", "--starts 1e9", "a deadline shorter than the job",
          "the same, many zones", "a gang larger than the traces measured", "the same, a shape of many zones", "a spot shape no trace measured",
          "no shape sold on-demand", "ticks longer than the slack", "ticks longer than the slack, many zones", "--time-scale nan", "a spec path that looks like markup", "kit train with a missing trace", "kit train on a trace measured for fewer nodes", "kit train with time_scale 0", "an unwritable --plot",
-         "kit train --plot into a missing directory", "kit train --plot not a PNG", "kit train --listen not HOST:PORT"]
+         "kit train --plot into a missing directory", "kit train --plot not a PNG", "kit train --listen not HOST:PORT",
+         "--deadline-hours 1e308", "--changeover-hours 1e308", "--on-demand-price 1e308", "--spot-price 1e308",
+         "--plot where no file can be made", "the same, many zones --plot", "kit train --plot where no file can be made",
+         "kit train --json-report where no file can be made", "kit train --listen no address",
+         "kit train --listen not this machine's", "kit train --listen IPv6", "kit watch --listen IPv6",
+         "kit watch --listen not this machine's", "kit bootstrap a local spec", "kit apply a local spec",
+         "kit destroy a local spec", "kit train --cloud mars"]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -115,3 +156,35 @@ def test_refused_with_what_where_and_fix(tmp_path, example_home, monkeypatch, ca
     assert "Traceback" not in result.output and phrase in result.output, result.output
     assert "error:" in result.output and "fix:" in result.output, result.output
     assert not (tmp_path / "deploy").exists()
+
+
+def _listening() -> socket.socket:
+    """A socket listening on a free loopback port (the port in use)."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    return taken
+
+
+@pytest.mark.parametrize("command", ["train", "watch"])
+def test_a_listen_port_in_use_is_refused_before_anything_is_written(tmp_path, example_home, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    with _listening() as taken:
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(app, [command, str(EXAMPLES_DIR / "local.yaml"), "--listen", f"127.0.0.1:{port}",
+                                          *(["--once"] if command == "watch" else [])])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert f"--listen: cannot listen on 127.0.0.1:{port}: Address already in use" in result.output, result.output
+    assert "fix:" in result.output and not (tmp_path / "deploy").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "watch"])
+def test_a_deployment_directory_that_cannot_be_made_is_refused(tmp_path, example_home, monkeypatch, command):
+    (tmp_path / "file").write_text("a file, not a directory\n")
+    monkeypatch.setenv(DEPLOY_ROOT_ENV, str(tmp_path / "file" / "sub"))  # as kit --deploy-dir does
+    result = CliRunner().invoke(app, [command, str(EXAMPLES_DIR / "local.yaml"),
+                                      *(["--once"] if command == "watch" else [])])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "cannot create the deployment directory: Not a directory" in result.output, result.output
+    assert "choose a directory you can write" in result.output
+    assert (tmp_path / "file").read_text() == "a file, not a directory\n"

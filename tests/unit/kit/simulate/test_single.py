@@ -7,6 +7,7 @@ import itertools
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -305,3 +306,51 @@ def test_opt_at_a_finer_tick_is_never_dearer():
     for d in (0.2, 0.2001, 0.7):
         p = Params(nodes=4, job_h=40.0, deadline_h=60.0, changeover_h=d, starts=1)
         assert simulate_opt(fine, 0, p).cost <= simulate_opt(coarse, 0, p).cost + 1e-9, d
+
+
+@pytest.mark.parametrize("field, flag", [("deadline_h", "--deadline-hours"), ("job_h", "--job-hours"),
+                                         ("changeover_h", "--changeover-hours"),
+                                         ("spot_price", "--spot-price/--on-demand-price"),
+                                         ("on_demand_price", "--spot-price/--on-demand-price")])
+def test_finite_numbers_too_large_to_compute_with_are_refused(field, flag):
+    """1e308 is finite, yet overflowed the tick arithmetic (span_ticks, _common_units) or made the costs NaN."""
+    from typing import Any
+
+    from kit.errors import InputError
+
+    base: dict[str, Any] = {"nodes": 1, "job_h": 4.0, "deadline_h": 8.0, "changeover_h": 0.2, "starts": 1}
+    with pytest.raises(InputError, match="<= 1") as refused:
+        Params(**{**base, "deadline_h": 1e308 if field == "job_h" else 8.0, field: 1e308}).check()
+    assert refused.value.where == flag
+    top = single.MAX_PRICE_PER_HOUR if field.endswith("price") else single.MAX_HOURS
+    Params(**{**base, "deadline_h": single.MAX_HOURS, field: top}).check()  # the bound itself is allowed
+
+
+def test_a_summary_with_a_cost_that_is_not_finite_is_refused_before_any_output():
+    """A trace's own prices may be as large as a float allows: what they make is checked before it is printed
+    (a table of nan) or written as JSON (``NaN``, which JSON does not have)."""
+    from kit.cli.simulate import _require_runs
+    from kit.errors import InputError
+
+    def summary(on_demand: float, per_trace: float) -> dict:
+        return {"runs": 1, "cost_vs_on_demand": {"spot": 0.5, "on-demand": on_demand}, "spot_hours": {"opt": None},
+                "per_trace": {"z": {"spot": per_trace}}, "params": {"nodes": 2}, "skipped_traces": []}
+
+    _require_runs(summary(1.0, 0.5), [Path("z.json")], 8.0)
+    for broken, where in ((summary(math.nan, 0.5), "cost_vs_on_demand.on-demand"),
+                          (summary(1.0, math.inf), "per_trace.z.spot")):
+        with pytest.raises(InputError, match=re.escape(where)):
+            _require_runs(broken, [Path("z.json")], 8.0)
+
+
+def test_a_plot_that_cannot_be_written_after_the_replay_is_a_kit_error(tmp_path):
+    """Tried before the replay, the file may still fail when written (a disk full, a directory gone)."""
+    from kit.errors import KitError
+    from kit.simulate.plot import plot
+
+    trace = markov_trace(0, n=200)
+    params = Params(nodes=4, job_h=10.0, deadline_h=20.0, changeover_h=0.2, starts=2)
+    summary = simulate([trace], ["greedy", "on-demand"], params)
+    with pytest.raises(KitError, match="cannot write the plot") as refused:
+        plot([trace], ["greedy", "on-demand"], params, summary, str(tmp_path / "gone" / "p.png"))
+    assert (refused.value.where or "").startswith("--plot")

@@ -825,3 +825,24 @@ def test_traces_of_different_windows_are_not_one_market():
     with pytest.raises(InputError, match="us-east4-b starts at 2025-10-11T00:10Z, us-east4-a at 2025-10-04T00:10Z"):
         market_of([a, b], params)
     market_of([a, zone_trace("us-east4-b", [2] * 24, start_utc="2025-10-04T00:12:00Z")], params)  # within a tick
+
+
+@pytest.mark.parametrize(("shape", "field", "what"), [
+    ("{instance_type: a3-highgpu-1g, nodes: true}", "nodes", "not true/false"),  # was taken as 1 node
+    ("{instance_type: a3-highgpu-1g, nodes: 1, gpus_per_node: yes}", "gpus_per_node", "not true/false"),
+    ("{instance_type: a3-highgpu-1g, nodes: 1, spot_price: true}", "spot_price", "not true/false"),
+    ("{instance_type: a3-highgpu-1g, nodes: 1, on_demand_price: 1.0e+308}", "on_demand_price", "less than or equal"),
+    ("{instance_type: a3-highgpu-1g, nodes: 1001}", "nodes", "less than or equal"),
+])
+def test_an_offers_file_refuses_booleans_and_huge_prices(tmp_path, shape, field, what):
+    path = tmp_path / "offers.yaml"
+    path.write_text(f"shapes:\n  - {shape}\n")
+    with pytest.raises(InputError) as info:
+        load_offers(path)
+    assert info.value.where == f"{path}: shapes.0.{field}" and what in info.value.what, info.value.render()
+
+
+def test_shape_flags_are_strings_and_still_numbers():
+    shapes, _ = shapes_from_flags(["a3-highgpu-1g:16:1:spot", "a3-highgpu-8g:2:8:on-demand"])
+    assert [(s.instance_type, s.nodes, s.gpus_per_node) for s in shapes] == [
+        ("a3-highgpu-1g", 16, 1), ("a3-highgpu-8g", 2, 8)]

@@ -1,6 +1,11 @@
-"""The watcher's session: the policy a spec's ``policy`` section builds."""
+"""The watcher's session: the policy a spec's ``policy`` section builds; the address and the directory it
+refuses."""
 
 from __future__ import annotations
+
+import re
+
+import pytest
 
 from kit.policy import ON_DEMAND, SPOT, WAIT, Observation, Policy
 from kit.policy.zones import PACE
@@ -87,3 +92,50 @@ def test_stopping_early_stops_what_cannot_outlive_kit_then_records_it_and_never_
     session._backend.stops = False  # a cloud's: its nodes run on, so the ledger has nothing to learn now
     session.stop_early(notes.append)
     assert calls == ["interrupted"]
+
+
+def _listening():
+    """A socket listening on a free loopback port (the port in use)."""
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    return taken
+
+
+def test_an_address_the_endpoint_cannot_bind_is_refused_by_the_early_check():
+    from kit.errors import InputError
+    from kit.watch.session import check_listen
+
+    assert check_listen("127.0.0.1:0") == ("127.0.0.1", 0) and check_listen(":0") == ("127.0.0.1", 0)
+    with _listening() as taken:
+        in_use = f"127.0.0.1:{taken.getsockname()[1]}"
+        # 256 is no octet (refused without a DNS lookup); 8.8.8.8 is not this machine's (bound, never sent to)
+        for listen, why in (("256.0.0.1:0", "cannot listen on 256.0.0.1:0"), ("8.8.8.8:0", "cannot listen on 8.8.8.8:0"),
+                            (in_use, "Address already in use"), ("[::1]:0", "IPv4 only"), ("::1:0", "IPv4 only")):
+            with pytest.raises(InputError, match=re.escape(why)) as refused:
+                check_listen(listen)
+            assert refused.value.where == "--listen" and "127.0.0.1:0" in (refused.value.fix or "")
+
+
+def test_a_port_taken_between_the_check_and_the_bind_is_a_kit_error(tmp_path):
+    from kit.errors import InputError, KitError
+    from kit.watch.session import Session
+
+    with _listening() as taken, Session(local_spec(), tmp_path) as session:
+        port = taken.getsockname()[1]
+        with pytest.raises(KitError, match="Address already in use") as refused:
+            session.start(listen=f"127.0.0.1:{port}")
+    # written by then (the ledger, the lock, the token): a failed operation, not refused input
+    assert refused.value.where == "--listen" and not isinstance(refused.value, InputError)
+
+
+def test_a_deployment_directory_that_cannot_be_made_is_input_error(tmp_path):
+    from kit.errors import InputError
+    from kit.watch.session import Session
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match="cannot create the deployment directory: Not a directory") as refused:
+        Session(local_spec(), tmp_path / "file" / "sub").__enter__()
+    assert refused.value.where == str(tmp_path / "file" / "sub") and "directory you can write" in (refused.value.fix or "")
