@@ -5,6 +5,7 @@ the parts kit drives (``watch``, ``gcp_api``, ``nvidia``), real SSH hosts in net
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -19,3 +20,13 @@ def make_home(base: Path) -> Path:
     (base / ".ssh").mkdir(parents=True, exist_ok=True)
     shutil.copy(TEST_PUBLIC_KEY, base / ".ssh" / "id_ed25519.pub")
     return base
+
+
+def overlay_skip_reason(overlaid: str) -> str | None:
+    """Why a test that runs a role on this host, its writes to ``overlaid`` kept in overlays of a private
+    mount namespace, cannot run here (None: it can)."""
+    if os.geteuid() != 0:
+        return f"needs root (a private mount namespace with overlays of {overlaid})"
+    if shutil.which("unshare") is None:
+        return "needs unshare (util-linux)"
+    return None

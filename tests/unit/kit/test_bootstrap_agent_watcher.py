@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 import yaml
 
 from kit.paths import ANSIBLE_DIR
+from tests.support import overlay_skip_reason
 
 BIN = Path(sys.executable).parent
 OVERLAID = ("/etc", "/opt")
@@ -21,11 +21,7 @@ WATCHER = {"preemption_agent_watcher_url": "http://10.0.0.9:8787", "preemption_a
 
 
 def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (a private mount namespace with overlays of /etc and /opt)"
-    if shutil.which("unshare") is None:
-        return "needs unshare (util-linux)"
-    return None
+    return overlay_skip_reason("/etc and /opt")
 
 
 def _bootstrap(tmp_path: Path, role_vars: dict) -> str:

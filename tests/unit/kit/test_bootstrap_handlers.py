@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from kit.paths import ANSIBLE_DIR, TRAINING_PACKAGE_DIR
+from tests.support import overlay_skip_reason
 
 BIN = Path(sys.executable).parent
 # systemctl as the systemd_service module uses it: `show UNIT` answers the unit's state from STATE_DIR/UNIT;
@@ -132,11 +133,7 @@ def test_a_failed_restart_stays_pending(tmp_path):
 
 
 def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (a private mount namespace with overlays of /etc, /opt and /var/lib)"
-    if shutil.which("unshare") is None:
-        return "needs unshare (util-linux)"
-    return None
+    return overlay_skip_reason("/etc, /opt and /var/lib")
 
 
 def _node(tmp_path: Path) -> dict:

@@ -131,6 +131,21 @@ class GcpBackend(Backend):
         self.calls.append(("destroy", keep_disks))
 
 
+class RestartingBackend(GcpBackend):
+    """Terraform's re-apply of STOPped spot VMs: it starts them again under the same ids, at ``started[0]``
+    (a list, so that a test can move the time on)."""
+
+    def __init__(self, ids, fake, started):
+        super().__init__(ids)
+        self.fake, self.started = fake, started
+
+    def apply(self, spec, market):
+        self.calls.append(("apply", market))
+        for inst in self.fake.instances:
+            inst["status"], inst["lastStartTimestamp"] = "RUNNING", self.started[0]
+        return self.nodes()
+
+
 def test_watcher_records_preempted_stopped_and_deleted_nodes(fake, tmp_path):
     fake.instances = [instance(i, f"demo-{n}", "demo") for n, i in enumerate(("201", "202", "203", "204"))]
     ledger = Ledger(tmp_path / "ledger.sqlite")
@@ -205,16 +220,8 @@ def test_a_stopped_spot_vm_restarted_under_the_same_id_is_watched_again(fake, tm
     fake.instances = [instance(i, f"demo-{n}", "demo") for n, i in enumerate(("401", "402"))]
     ledger = Ledger(tmp_path / "ledger.sqlite")
 
-    class RestartingBackend(GcpBackend):
-        def apply(self, spec, market):
-            self.calls.append(("apply", market))
-            for inst in fake.instances:  # terraform starts the stopped VM again: same id
-                inst["status"] = "RUNNING"
-                inst["lastStartTimestamp"] = restarted[0]
-            return self.nodes()
-
     restarted = ["2025-10-04T06:00:00.000-07:00"]
-    backend = RestartingBackend(["401", "402"])
+    backend = RestartingBackend(["401", "402"], fake, restarted)
     spec = cloud_spec("gcp", nodes=2)
     watcher = Watcher(spec, ledger, Actor(backend, ledger, spec, backoff=Backoff(rng=random.Random(0))),
                       ScriptedPolicy(["spot"]), source=source(fake))
@@ -250,14 +257,7 @@ def test_a_late_operation_relabels_only_the_incarnation_that_ran_at_its_time(fak
     fake.instances = [instance(i, f"demo-{n}", "demo") for n, i in enumerate(("401", "402"))]
     ledger = Ledger(tmp_path / "ledger.sqlite")
 
-    class RestartingBackend(GcpBackend):
-        def apply(self, spec, market):
-            self.calls.append(("apply", market))
-            for inst in fake.instances:  # terraform starts the stopped VM again: same id
-                inst["status"], inst["lastStartTimestamp"] = "RUNNING", "2025-10-04T05:01:00.000-07:00"
-            return self.nodes()
-
-    backend = RestartingBackend(["401", "402"])
+    backend = RestartingBackend(["401", "402"], fake, ["2025-10-04T05:01:00.000-07:00"])
     watcher, clock = started_watcher(backend, ledger, fake)
     spec = watcher.spec
     fake.instances[1].update(status="STOPPED", lastStopTimestamp="2025-10-04T05:00:00.000-07:00")
