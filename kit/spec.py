@@ -50,13 +50,13 @@ from kit.policy.offers import (
     Moves,
 )
 from kit.validation import (
-    _SHORT,
     SHOWN_CHARS,
     Finite,
     describe,
     field_of,
     more_problems,
     require_mapping,
+    shown,
 )
 from training.config import FIELDS as TRAINING_FIELDS
 from training.config import to_flags
@@ -102,13 +102,6 @@ class SpecProblem(ValueError):
     def __init__(self, field: str, what: str, fix: str):
         super().__init__(what)
         self.field, self.what, self.fix = field, what, fix
-
-
-def shown(value: Any) -> str:
-    """``value`` as a message quotes it: its repr, bounded as kit.validation bounds pydantic's (a value may
-    be huge: a 900 KB name must not make a 900 KB error)."""
-    text = _SHORT.repr(value)
-    return text[:SHOWN_CHARS] + "…" if len(text) > SHOWN_CHARS else text
 
 
 def _at(parent: str, key: Any) -> str:

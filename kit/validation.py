@@ -48,6 +48,13 @@ _SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxstring, _SHORT.maxoth
 SHOWN_CHARS = 80
 
 
+def shown(value: Any) -> str:
+    """``value`` as a message quotes it: its repr, bounded (a value may be huge: a 900 KB name must not make a
+    900 KB error)."""
+    text = _SHORT.repr(value)
+    return text[:SHOWN_CHARS] + "…" if len(text) > SHOWN_CHARS else text
+
+
 def field_of(loc: tuple[Any, ...], top: str = "(top level)") -> str:
     """The dotted field a location names (``shapes.0.nodes``), or ``top`` for the document itself."""
     return ".".join(str(part) for part in loc) if loc else top
@@ -69,11 +76,10 @@ def describe(first: Any, loc: tuple[Any, ...], *, doc: str, unknown_hint: str = 
         return f"unknown key {loc[-1]!r}", f"remove it (check the spelling against {doc}{unknown_hint})"
     if kind == "missing":
         return f"required field {loc[-1]!r} is missing", f"add {loc[-1]}: ..."
-    shown = _SHORT.repr(first.get("input"))
-    shown = shown[:SHOWN_CHARS] + "…" if len(shown) > SHOWN_CHARS else shown
+    got = shown(first.get("input"))
     if kind in MODEL_TYPES:  # pydantic's message names the class ("... or instance of _ShapeFile")
-        return f"Input should be a mapping (got {shown})", f"use a mapping with the keys {doc} lists"
-    return f"{first.get('msg', 'invalid value')} (got {shown})", FIXES.get(kind, fallback_fix or f"see {doc}")
+        return f"Input should be a mapping (got {got})", f"use a mapping with the keys {doc} lists"
+    return f"{first.get('msg', 'invalid value')} (got {got})", FIXES.get(kind, fallback_fix or f"see {doc}")
 
 
 def input_error(error: ValidationError, where: str, *, doc: str, fallback_fix: str | None = None) -> InputError:

@@ -19,6 +19,7 @@ NAMES = ("aws", "gcp", "local")
 def get(name: str) -> Cloud[Any]:
     if name not in NAMES:
         from kit.errors import InputError
+        from kit.validation import shown
 
-        raise InputError(f"unknown cloud {name!r}", where="cloud", fix=f"use one of {', '.join(NAMES)}")
+        raise InputError(f"unknown cloud {shown(name)}", where="cloud", fix=f"use one of {', '.join(NAMES)}")
     return importlib.import_module(f"kit.clouds.{name}").CLOUD

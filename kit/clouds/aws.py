@@ -5,27 +5,46 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
-from pydantic import Field, StrictBool, field_validator, model_validator
+from pydantic import AfterValidator, Field, StrictBool, field_validator, model_validator
 
 from kit.clouds.base import Cloud, InstanceType, Variable
-from kit.spec import CloudSpec, Finite, SpecProblem, _Model
+from kit.policy.offers import MAX_PRICE_PER_HOUR
+from kit.spec import CloudSpec, Finite, SpecProblem, ZoneName, _Model
+from kit.validation import shown
 
 if TYPE_CHECKING:
     from kit.backends.base import Node
 
 AMI_RE = re.compile(r"ami-[0-9a-f]{8,17}")
+# EC2 resource ids are a prefix and 8 or 17 hexadecimal characters
+# (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/resource-ids.html); any id of letters and digits
+# after the prefix is let through, and nothing else reaches the rendered Terraform
+VPC_ID_RE, SUBNET_ID_RE = re.compile(r"vpc-[0-9a-z]{1,17}"), re.compile(r"subnet-[0-9a-z]{1,17}")
+
+
+def _resource_id(pattern: re.Pattern[str], example: str) -> AfterValidator:
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise SpecProblem("", f"{shown(value)} is not an EC2 id like {example}", f"use an id like {example}")
+        return value
+
+    return AfterValidator(check)
+
+
+VpcId = Annotated[str, _resource_id(VPC_ID_RE, "vpc-0a1b2c3d")]
+SubnetId = Annotated[str, _resource_id(SUBNET_ID_RE, "subnet-0a1b2c3d")]
 EBS_TYPES = ("gp3", "gp2", "io1", "io2", "st1")  # every EBS volume type attaches to every instance type
 
 
 class AwsNetwork(_Model):
-    vpc_id: str | None = None       # existing VPC (default: the region's default VPC)
-    subnet_id: str | None = None    # existing subnet in the zone (default: the zone's default subnet)
+    vpc_id: VpcId | None = None       # existing VPC (default: the region's default VPC)
+    subnet_id: SubnetId | None = None    # existing subnet in the zone (default: the zone's default subnet)
     # A subnet lives in one Availability Zone (CreateSubnet's AvailabilityZone,
     # https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateSubnet.html): a job with several
     # zones names one existing subnet per zone, and the offer's zone's is rendered.
-    subnet_ids: dict[str, str] = Field(default_factory=dict)
+    subnet_ids: dict[ZoneName, SubnetId] = Field(default_factory=dict)
     egress_cidrs: list[str] = Field(default_factory=lambda: ["0.0.0.0/0"])  # outbound, every port
 
     @field_validator("egress_cidrs")
@@ -35,7 +54,7 @@ class AwsNetwork(_Model):
             try:
                 ipaddress.IPv4Network(cidr, strict=True)
             except ValueError as error:
-                raise SpecProblem(f"network.egress_cidrs[{i}]", f"not an IPv4 CIDR: {cidr!r} ({error})",
+                raise SpecProblem(f"network.egress_cidrs[{i}]", f"not an IPv4 CIDR: {shown(cidr)} ({error})",
                                   "write it as a network, e.g. 0.0.0.0/0 or 10.0.0.0/8") from None
         return [str(ipaddress.IPv4Network(c)) for c in cidrs]
 
@@ -49,7 +68,7 @@ class AwsNetwork(_Model):
 
 class AwsSpec(CloudSpec):
     cloud: Literal["aws"]
-    max_price: Finite | None = None  # spot cap, $/h per node (unset: the region's on-demand price)
+    max_price: Annotated[Finite, Field(le=MAX_PRICE_PER_HOUR)] | None = None  # spot cap, $/h per node (unset: on-demand's)
     network: AwsNetwork = Field(default_factory=AwsNetwork)
     efa: StrictBool = False
     monitoring: StrictBool = False   # CloudWatch detailed monitoring (billed per instance)
@@ -60,7 +79,7 @@ class AwsSpec(CloudSpec):
             raise SpecProblem("max_price", f"max_price must be positive (got {self.max_price})",
                               "remove it (default: the on-demand price) or set a positive $/h")
         if self.image is not None and not AMI_RE.fullmatch(self.image):
-            raise SpecProblem("image", f"{self.image!r} is not an AMI id",
+            raise SpecProblem("image", f"{shown(self.image)} is not an AMI id",
                               "use an AMI id of the region (ami-0123456789abcdef0), or leave image out for the AWS "
                               "Deep Learning Base AMI (Ubuntu 22.04)")
         if self.efa:
@@ -94,7 +113,7 @@ def _check_places_of_ids(spec: AwsSpec) -> None:
                           "{zone: subnet-...}), or leave it out for each zone's default subnet")
     for zone in net.subnet_ids:
         if zone not in zones:
-            raise SpecProblem(f"network.subnet_ids.{zone}", f"{zone!r} is not one of the job's zones",
+            raise SpecProblem(f"network.subnet_ids.{zone}", f"{shown(zone)} is not one of the job's zones",
                               f"key subnet_ids by the zones ({', '.join(zones)})")
     missing = [z for z in zones if net.subnet_ids and z not in net.subnet_ids]
     if missing:

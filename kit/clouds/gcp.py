@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import ipaddress
+import re
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
-from pydantic import Field, StrictBool, model_validator
+from pydantic import AfterValidator, Field, StrictBool, model_validator
 
 from kit.clouds.base import Cloud, InstanceType, Variable
 from kit.spec import CloudSpec, SpecProblem, SshSection, _Model
+from kit.validation import shown
 
 if TYPE_CHECKING:
     from kit.backends.base import Node
@@ -25,6 +27,22 @@ _G2_DISKS = ("pd-balanced", "pd-ssd")
 _N1_DISKS = ("pd-balanced", "pd-ssd", "pd-standard")
 _A3_SPOT_ONLY = "GCP sells a3-highgpu-1g/2g/4g only as Spot or Flex-start VMs: on-demand needs a3-highgpu-8g"
 _N1_GPU = "GPU attached as guest_accelerator nvidia-tesla-t4 x1"
+# A project id: 6-30 lowercase letters, digits and hyphens, a letter first, no hyphen last
+# (https://cloud.google.com/resource-manager/docs/creating-managing-projects); a network or subnetwork:
+# a resource name (RFC 1035, https://cloud.google.com/compute/docs/naming-resources), or its path
+PROJECT_RE = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
+_NAME = r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
+NETWORK_RE = re.compile(rf"(projects/{PROJECT_RE.pattern}/global/networks/)?{_NAME}")
+SUBNETWORK_RE = re.compile(rf"(projects/{PROJECT_RE.pattern}/regions/[a-z0-9-]+/subnetworks/)?{_NAME}")
+
+
+def _named(pattern: re.Pattern[str], what: str, example: str) -> AfterValidator:
+    def check(value: str) -> str:
+        if not pattern.fullmatch(value):
+            raise SpecProblem("", f"{shown(value)} is not a {what}", f"use a {what} like {example}")
+        return value
+
+    return AfterValidator(check)
 
 
 def _a3(name: str, gpus: int, on_demand: float, spot: float, *, spot_only: bool) -> InstanceType:
@@ -43,8 +61,8 @@ class GcpSsh(SshSection):
 
 class GcpNetwork(_Model):
     create: StrictBool | None = None  # a network of the cluster's own (default unless name/subnetwork is given)
-    name: str | None = None           # an existing network (an explicit opt-in)
-    subnetwork: str | None = None     # an existing subnetwork of it
+    name: Annotated[str, _named(NETWORK_RE, "network name", "default")] | None = None  # an existing one (opt-in)
+    subnetwork: Annotated[str, _named(SUBNETWORK_RE, "subnetwork name", "my-subnet")] | None = None  # of it
     cidr: str = "10.42.0.0/20"        # the created subnetwork's range
 
     @model_validator(mode="after")
@@ -58,13 +76,13 @@ class GcpNetwork(_Model):
         try:
             self.cidr = str(ipaddress.IPv4Network(self.cidr, strict=True))
         except ValueError:
-            raise SpecProblem("network.cidr", f"not a CIDR: {self.cidr!r}", "use e.g. 10.42.0.0/20") from None
+            raise SpecProblem("network.cidr", f"not a CIDR: {shown(self.cidr)}", "use e.g. 10.42.0.0/20") from None
         return self
 
 
 class GcpSpec(CloudSpec):
     cloud: Literal["gcp"]
-    project: str
+    project: Annotated[str, _named(PROJECT_RE, "GCP project id", "my-project-123")]
     ssh: GcpSsh = Field(default_factory=GcpSsh)
     network: GcpNetwork = Field(default_factory=GcpNetwork)
 

@@ -10,6 +10,7 @@ from pydantic import Field, StrictBool, StrictInt, ValidationInfo, model_validat
 
 from kit.clouds.base import Cloud
 from kit.errors import InputError
+from kit.policy.offers import MAX_HOURS
 from kit.spec import (
     Finite,
     PricesSection,
@@ -21,6 +22,7 @@ from kit.spec import (
     _Model,
     spec_path,
 )
+from kit.validation import shown
 
 if TYPE_CHECKING:
     from kit.traces import Trace
@@ -38,8 +40,8 @@ class LocalSection(_Model):
     trace: Text | None = None  # one zone's file; with ``zones``: a trace set (a directory of <zone>.json)
     zone: ZoneName | None = None   # the zone the job runs in (default: the first of zones); a move sets it
     time_scale: Annotated[Finite, Field(gt=0, le=MAX_TIME_SCALE)] = 3600.0
-    preempt_every_seconds: Annotated[Finite, Field(gt=0)] | None = None
-    grace_seconds: Annotated[Finite, Field(ge=0)] = 5.0
+    preempt_every_seconds: Annotated[Finite, Field(gt=0, le=MAX_HOURS * 3600)] | None = None
+    grace_seconds: Annotated[Finite, Field(ge=0, le=MAX_HOURS * 3600)] = 5.0
     preemptions: StrictBool = True
 
 
@@ -94,7 +96,7 @@ class LocalSpec(SpecBase):
 
         trace = None
         if self.zones and self.local.zone is not None and self.local.zone not in self.zones:
-            raise SpecProblem("local.zone", f"zone {self.local.zone!r} is not one of zones {self.zones}",
+            raise SpecProblem("local.zone", f"zone {shown(self.local.zone)} is not one of zones {shown(self.zones)}",
                               "leave local.zone out (the job starts in the first of zones)")
         if self.local.trace and self.zones:
             trace = self._trace_set(spec_path(info))
@@ -103,10 +105,10 @@ class LocalSpec(SpecBase):
             found = resolve(self.local.trace, relative_to=Path(path).parent, where=f"{path}: local.trace")
             kind = file_kind(found, where=f"{path}: local.trace", fix=PATH_FIX)
             if kind == DIRECTORY:
-                raise SpecProblem("local.trace", f"{self.local.trace!r} is a directory; local mode replays one zone's "
+                raise SpecProblem("local.trace", f"{shown(self.local.trace)} is a directory; local mode replays one zone's "
                                   "file", f"name one file of the set, e.g. {self.local.trace.rstrip('/')}/<zone>.json")
             if kind not in (REGULAR_FILE, None):  # a FIFO would block the read, a device never end it
-                raise SpecProblem("local.trace", f"{self.local.trace!r} is {kind}, not a trace file", PATH_FIX)
+                raise SpecProblem("local.trace", f"{shown(self.local.trace)} is {kind}, not a trace file", PATH_FIX)
             trace = load_trace(found)  # a bad file is refused with its own where/fix
             self.local = self.local.model_copy(update={"trace": str(found)})
         if trace is not None:  # a trace with no room for any spot shape would replay nothing but on-demand
@@ -143,7 +145,7 @@ class LocalSpec(SpecBase):
 
         found = resolve(self.local.trace or "", relative_to=Path(path).parent, where=f"{path}: local.trace")
         if not found.is_dir():
-            raise SpecProblem("local.trace", f"{self.local.trace!r} is one file, but zones replay a set (one file "
+            raise SpecProblem("local.trace", f"{shown(self.local.trace)} is one file, but zones replay a set (one file "
                               "per zone)", "name the set's directory, e.g. gcp-a3-h100-2025-10")
         missing = [z for z in self.zones or []
                    if file_kind(found / f"{z}.json", where=f"{path}: zones", fix=PATH_FIX) is None]

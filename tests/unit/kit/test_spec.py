@@ -601,3 +601,31 @@ def test_an_ssh_public_key_is_read_only_from_a_regular_file(tmp_path):
     (tmp_path / "bytes.pub").write_bytes(b"ssh-ed25519 \xff\xfe\n")  # not UTF-8: no key, not a traceback
     with pytest.raises(InputError, match="not an OpenSSH public key"):
         check_ssh_key(parse_spec(_set(AWS, "ssh.public_key", str(tmp_path / "bytes.pub"))))
+
+
+@pytest.mark.parametrize(("base", "field", "value", "what"), [
+    (GCP, "project", "My Project", "is not a GCP project id"),
+    (GCP, "project", "p\nq-123456", "is not a GCP project id"),
+    (GCP, "network", {"name": "default; rm -rf /"}, "is not a network name"),
+    (GCP, "network", {"name": "default", "subnetwork": "../x"}, "is not a subnetwork name"),
+    (AWS, "network", {"vpc_id": "vpc-1 2"}, "is not an EC2 id"),
+    (AWS, "network", {"subnet_id": "subnet-1\x00"}, "is not an EC2 id"),
+    (AWS, "network", {"subnet_ids": {"us-east-1a": "sg-123"}}, "is not an EC2 id"),
+    (AWS, "max_price", 1e308, "less than or equal"),
+    (ONE_LOCAL, "local.grace_seconds", 1e308, "less than or equal"),
+    (ONE_LOCAL, "local.preempt_every_seconds", 1e308, "less than or equal"),
+])
+def test_cloud_names_and_ids_follow_their_clouds_rules(base, field, value, what):
+    """Project, network and EC2 ids reach the rendered Terraform and the cloud APIs' URLs; a GCP project id is 6-30
+    lowercase letters, digits and hyphens, an EC2 id a prefix and hex digits. Each was any string (or number)."""
+    with pytest.raises(InputError) as info:
+        parse_spec(_set(base, field, value))
+    assert what in info.value.what and info.value.where.startswith(f"cluster.yaml: {field}"), info.value.render()
+
+
+def test_real_cloud_names_and_ids_pass():
+    ok = [_set(GCP, "project", "my-project-123"), _set(GCP, "network", {"name": "default"}),
+          _set(GCP, "network", {"name": "projects/my-project-1/global/networks/vpc-a"}),
+          _set(AWS, "network", {"vpc_id": "vpc-0a1b2c3d4e5f60718", "subnet_id": "subnet-0a1b2c3d"})]
+    for data in ok:
+        parse_spec(data)
