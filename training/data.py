@@ -5,14 +5,15 @@
   the same tensor in an uninterrupted run and after any resume.
 * ImageFolder (``--data PATH``): a :class:`ResumableSampler` shards a per-epoch permutation over the
   ranks and records its position, so a resumed run continues with exactly the next sample (also
-  after a relaunch with another ``--batch-size``). The loader never draws from the global RNG (its
+  after a relaunch with another ``--batch-size``, and with another world size: :func:`shard_consumed`).
+  The loader never draws from the global RNG (its
   generator is seeded from (seed, rank, start step)), so resuming does not shift the training RNG.
   DataLoader workers are forked and ignore the stop signals (see :mod:`training.stop`).
 """
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,21 @@ class SyntheticData:
     def load_state_dict(self, state: dict) -> None:
         pass
 
+    def load_states(self, step: int, states: Sequence[dict | None]) -> None:
+        pass  # batch ``step`` is a pure function of (seed, step, rank)
+
     def close(self) -> None:
         pass
+
+
+def per_rank(n: int, world_size: int) -> int:
+    """Samples each rank reads per epoch: the permutation padded (wrapping around) to a multiple of the world size."""
+    return -(-n // world_size)
+
+
+def consumed(state: dict, samples_per_rank: int) -> int:
+    """Samples a rank has read before its saved position ``{"epoch", "index"}``."""
+    return int(state["epoch"]) * samples_per_rank + int(state["index"])
 
 
 class ResumableSampler(torch.utils.data.Sampler):
@@ -64,7 +78,7 @@ class ResumableSampler(torch.utils.data.Sampler):
         self.n, self.rank, self.world_size, self.seed, self.shuffle = n, rank, world_size, seed, shuffle
         self.epoch = 0
         self.index = 0
-        self.per_rank = -(-n // world_size)
+        self.per_rank = per_rank(n, world_size)
 
     def _indices(self, epoch: int) -> list[int]:
         if self.shuffle:
@@ -97,9 +111,34 @@ class ResumableSampler(torch.utils.data.Sampler):
         self.epoch, self.index = int(state["epoch"]), int(state["index"])
 
 
+def shard_consumed(states: Sequence[dict], n: int, rank: int, world_size: int) -> int:
+    """Samples rank ``rank`` of ``world_size`` counts as consumed (``epoch * per_rank + index`` of its
+    :class:`ResumableSampler`) to continue exactly where the ranks whose saved positions are ``states``
+    (one per rank of that run, any other world size) stopped.
+
+    Rank ``r`` of ``w`` reads its ``c``-th sample from position ``c * w + r`` of the stream of padded
+    epochs (epoch ``c // per_rank``, ``perm[r::w][c % per_rank]``). Ranks that advance together have read
+    a prefix ``[0, L)`` of that stream, ``L`` the sum of their counts (``sum_r ceil((L - r) / w) == L``).
+    The permutation of an epoch depends on the seed and the epoch only, so the new ranks continue
+    the same epoch at its first unread position, each taking the next one of its residue class; only
+    the padding (repeated samples filling the last row) differs between world sizes.
+    """
+    old_per_rank = per_rank(n, len(states))
+    read = sum(consumed(s, old_per_rank) for s in states)
+    epoch, pos = divmod(read, old_per_rank * len(states))
+    if pos >= n:  # only the old run's padding of this epoch was left
+        epoch, pos = epoch + 1, 0
+    start = epoch * per_rank(n, world_size) * world_size + pos
+    return -(-(start - rank) // world_size)  # the first position c * w + rank >= start
+
+
 def loader_seed(seed: int, rank: int, step: int) -> int:
     digest = hashlib.blake2b(f"kit-loader:{seed}:{rank}:{step}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def _is_position(state: dict) -> bool:
+    return state.get("kind") == "imagefolder" and "epoch" in state and "index" in state
 
 
 class ImageFolderData:
@@ -162,16 +201,30 @@ class ImageFolderData:
         return {"kind": "imagefolder", "step": step, "epoch": epoch, "index": index}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from a saved position (``{"kind": "imagefolder", "step", "epoch", "index"}``);
-        any other state (``{"step": N}``: e.g. a checkpoint from another world size) derives it from
-        the step and the current batch size."""
-        self._iter = None
+        """Continue from this rank's saved position (``{"kind": "imagefolder", "step", "epoch",
+        "index"}``); any other state (``{"step": N}``) derives it from the step and the batch size."""
         step = int(state.get("step", 0))
-        if state.get("kind") == "imagefolder" and "epoch" in state and "index" in state:
-            consumed = int(state["epoch"]) * self.sampler.per_rank + int(state["index"])
+        if _is_position(state):
+            self._continue(step, consumed(state, self.sampler.per_rank))
         else:
-            consumed = step * self.batch_size
-        self._base_step, self._base_consumed = step, consumed
+            self._continue(step, step * self.batch_size)
+
+    def load_states(self, step: int, states: Sequence[dict | None]) -> None:
+        """Continue at ``step`` where a run of ``len(states)`` ranks (every rank's saved state, None
+        where missing) stopped: this rank's own position in the same world, otherwise each sample of
+        the interrupted epoch exactly once across the ranks (:func:`shard_consumed`)."""
+        own = states[self.rank] if len(states) == self.world_size else None
+        if own is not None:
+            self.load_state_dict(own)
+            return
+        positions = [s for s in states if s is not None and _is_position(s)]
+        if len(positions) < len(states):  # not all saved (another kind of data): count step x batch x ranks
+            positions = [{"epoch": 0, "index": step * self.batch_size}] * len(states)
+        self._continue(step, shard_consumed(positions, len(self.dataset), self.rank, self.world_size))
+
+    def _continue(self, step: int, count: int) -> None:
+        self._iter = None
+        self._base_step, self._base_consumed = step, count
 
     def close(self) -> None:
         self._iter = None

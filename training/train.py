@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from .data import ImageFolderData, SyntheticData
 from .model import create_model, params_sha256
 
+# The flags a checkpoint records (its ``args``) and what a relaunch with another value means.
+CHANGE_WARNED = ("model", "batch_size", "seed", "image_size", "num_classes")  # not the run that was saved
+CHANGE_APPLIED = ("steps", "lr", "weight_decay", "warmup_steps", "drop_path")  # the new value takes effect
+
 
 def process_start_time() -> float:
     """Unix time this process was started (Linux /proc), so resume time includes imports."""
@@ -263,8 +267,7 @@ class Trainer:
         # Every node's writer keeps its node-local progress file (launch.exit_status reads it to map
         # torchrun's 1 back to 75 on that node); all nodes write the same content.
         self.progress = ProgressWriter(args.progress_file, args.steps, enabled=self.info.is_node_writer)
-        self.saved_args = {"model": args.model, "batch_size": args.batch_size, "seed": args.seed,
-                           "image_size": args.image_size, "num_classes": args.num_classes, "steps": args.steps}
+        self.saved_args = {k: getattr(args, k) for k in CHANGE_WARNED + CHANGE_APPLIED}
 
     # ------------------------------------------------------------------ resume
     def _local_view(self) -> tuple[dict, tuple | None]:
@@ -348,30 +351,59 @@ class Trainer:
         return None
 
     def _load(self, state: dict, point: Resume) -> None:
-        args, info = self.args, self.info
         self.raw_model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        self._load_optimizer(state)
         self.step = int(state["step"])
         # this step is saved everywhere only if every node's writer holds it; otherwise the
         # stop/final/periodic save of this step is not skipped
         self.last_saved = self.step if point.saved_everywhere else -1
+        self._load_rank_states(state)
+        self._report_changed_flags(state.get("args", {}))
+        self.log(f"resumed step={self.step} from {point.path}")
+
+    def _load_optimizer(self, state: dict) -> None:
+        """Moments, AdamW step counts and the schedule's position come from the checkpoint, the
+        hyperparameters from this launch's flags. ``load_state_dict`` alone would bring back the saved
+        peak lr (``initial_lr``, ``base_lrs``) and weight decay and so ignore a relaunch with another
+        ``--lr``/``--weight-decay``. The schedule's shape (``--warmup-steps``, ``--steps``) is the
+        LambdaLR's function, which its state does not hold (only a callable object's attributes are
+        saved: https://pytorch.org/docs/stable/generated/torch.optim.lr_scheduler.LambdaLR.html)."""
+        flags = [{k: g[k] for k in ("initial_lr", "weight_decay")} for g in self.optimizer.param_groups]
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        groups, sched = self.optimizer.param_groups, self.scheduler
+        for group, own in zip(groups, flags):
+            group.update(own)
+        sched.base_lrs = [g["initial_lr"] for g in groups]
+        # the lr the next step uses, as the last scheduler.step() computes it (LambdaLR.get_lr:
+        # base_lr * lr_lambda(last_epoch)), so unchanged flags give the saved value bit for bit
+        for group, base, factor in zip(groups, sched.base_lrs, sched.lr_lambdas):
+            group["lr"] = base * factor(sched.last_epoch)
+
+    def _load_rank_states(self, state: dict) -> None:
+        """This rank's RNG and every saved rank's data position (the data derives this rank's own)."""
+        info = self.info
+        saved_world = int(state.get("world_size", info.world_size))
+        if saved_world != info.world_size:
+            self.warn(f"WARNING checkpoint world size {saved_world} != {info.world_size}: the data position "
+                      "carries over (the epoch continues with its unread samples), per-rank RNG streams do not; "
+                      "the run continues but is not bit-exact")
         key = f"rank_{info.rank}"
-        same_world = int(state.get("world_size", info.world_size)) == info.world_size
-        if not same_world:
-            self.warn(f"WARNING checkpoint world size {state.get('world_size')} != {info.world_size}: "
-                      "per-rank RNG/data positions do not carry over; the run continues but is not bit-exact")
         if key in state.get("rng", {}):
             set_rng_state(state["rng"][key], self.cuda)
-        if same_world and key in state.get("data", {}):
-            self.data.load_state_dict(state["data"][key])
-        else:
-            self.data.load_state_dict({"kind": "step", "step": self.step})
-        for k in ("model", "batch_size", "seed", "image_size", "num_classes"):
-            saved = state.get("args", {}).get(k)
-            if saved is not None and saved != getattr(args, k):
-                self.warn(f"WARNING checkpoint was made with --{k.replace('_', '-')} {saved}, now {getattr(args, k)}")
-        self.log(f"resumed step={self.step} from {point.path}")
+        datas = state.get("data", {})
+        self.data.load_states(self.step, [datas.get(f"rank_{r}") for r in range(saved_world)])
+
+    def _report_changed_flags(self, saved_args: dict) -> None:
+        for k in CHANGE_WARNED + CHANGE_APPLIED:
+            saved, now = saved_args.get(k), getattr(self.args, k)
+            if saved is None or saved == now:
+                continue
+            flag = "--" + k.replace("_", "-")
+            if k in CHANGE_WARNED:
+                self.warn(f"WARNING checkpoint was made with {flag} {saved}, now {now}")
+            else:
+                self.log(f"flag_changed {flag} {saved} -> {now}: applied from step {self.step}")
 
     # ------------------------------------------------------------------ saving
     def full_state(self, at_step: int) -> dict:
@@ -478,8 +510,19 @@ class Trainer:
 
         self.model = self.raw_model
         if self.info.is_distributed:
+            # DDP (https://pytorch.org/docs/stable/notes/ddp.html) regroups its gradient buckets once,
+            # after the first iteration, in the order the gradients became ready (_ddp_init_helper in
+            # https://github.com/pytorch/pytorch/blob/main/torch/nn/parallel/distributed.py), so every
+            # start's first step would reduce with another bucket layout than the steps after it. With
+            # >= 3 ranks a ring all-reduce sums an element in an order that depends on its offset in the
+            # bucket: a resumed run's digest would differ from an uninterrupted one. The reducer never
+            # regroups with find_unused_parameters=True (Reducer::should_rebuild_buckets in
+            # https://github.com/pytorch/pytorch/blob/main/torch/csrc/distributed/c10d/reducer.hpp); its
+            # cost, a walk of the autograd graph per step and a small all-reduce of the used-parameter
+            # map, is measured in docs/training.md, and only runs that ask for bit-exactness pay it.
             self.model = torch.nn.parallel.DistributedDataParallel(
-                self.raw_model, device_ids=[self.info.local_rank] if self.cuda else None)
+                self.raw_model, device_ids=[self.info.local_rank] if self.cuda else None,
+                find_unused_parameters=self.args.deterministic)
         if self.args.compile:
             self.model = torch.compile(self.model)
 

@@ -247,10 +247,10 @@ def test_mfu():
     assert mfu(100.0, 1e9, None, 1) is None
 
 
-def _image_folder(root, n_per_class=5):
+def _image_folder(root, n_per_class=5, classes="abc"):
     from PIL import Image
 
-    for c in ("a", "b", "c"):
+    for c in classes:
         (root / c).mkdir(parents=True)
         for i in range(n_per_class):
             Image.new("RGB", (12, 12), (i * 40 % 255, len(c) * 60, 100)).save(root / c / f"{i}.png")
@@ -524,6 +524,96 @@ def test_imagefolder_resume_with_another_batch_size_continues_at_the_saved_posit
     other_world = make(3)
     other_world.load_state_dict({"kind": "step", "step": 2})  # no usable position: derived from the step
     assert torch.equal(other_world.batch(2)[0], samples[6:9])
+
+
+@pytest.mark.parametrize("worlds", [(2, 4), (2, 3, 1), (3, 2, 4)])
+def test_imagefolder_world_size_changes_read_each_sample_of_an_epoch_once(tmp_path, worlds):
+    """Relaunches with other world sizes (3 steps of batch 2 each, epochs crossed): across all of them
+    every position of an epoch's permutation is read once (padding, positions >= n, aside), and the
+    epoch in progress is a prefix. Rank r of w reads position index * w + r (the sampler's layout)."""
+    from training.data import ImageFolderData, consumed, per_rank
+
+    _image_folder(tmp_path / "imgs", n_per_class=8, classes="ab")
+    n, step, states, seen = 16, 0, None, []
+    for w in worlds:
+        ranks = [ImageFolderData(str(tmp_path / "imgs"), batch_size=2, image_size=8, seed=1, rank=r, world_size=w,
+                                 device=torch.device("cpu"), workers=0) for r in range(w)]
+        k = per_rank(n, w)
+        for d in ranks:
+            if states is not None:
+                d.load_states(step, states)
+            first, last = (consumed(d.state_dict(s), k) for s in (step, step + 3))
+            seen += [(c // k, c % k * w + d.rank) for c in range(first, last)]
+        step, states = step + 3, [d.state_dict(step + 3) for d in ranks]
+    epochs = sorted({e for e, _ in seen})
+    for e in epochs:
+        read = sorted(p for ep, p in seen if ep == e and p < n)
+        assert read == list(range(n if e < epochs[-1] else len(read))), (worlds, e, read)
+
+
+def test_a_resume_with_another_world_size_continues_the_epoch_where_it_stopped(tmp_path, monkeypatch, capsys,
+                                                                              restore_signals):
+    """A 2-rank checkpoint at step 2 (batch 2: the epoch's positions 0-7 read) resumed by 1 rank: the
+    trainer reads positions 8-15 of the same permutation, so the epoch's 16 images are read once each."""
+    import shutil
+
+    from torchvision import datasets
+
+    from training.data import ImageFolderData
+    from training.train import main
+
+    imgs, ckpt = tmp_path / "imgs", tmp_path / "ckpt"
+    _image_folder(imgs, n_per_class=8, classes="ab")
+    args = [*TINY_ARGS, "--data", str(imgs), "--workers", "0", "--ckpt-dir", str(ckpt)]
+    assert main([*args, "--steps", "2"]) == exitcodes.DONE
+    # the same step as 2 ranks save it: their world size, positions and RNG states
+    found = newest_loadable(ckpt)
+    assert found is not None
+    _, path, state = found
+    old = [ImageFolderData(str(imgs), 2, 32, 0, r, 2, torch.device("cpu"), workers=0) for r in (0, 1)]
+    state.update(world_size=2, data={f"rank_{d.rank}": d.state_dict(2) for d in old},
+                 rng={f"rank_{r}": state["rng"]["rank_0"] for r in (0, 1)})
+    shutil.rmtree(path)
+    Checkpointer(ckpt, keep=2).save(2, state, sync=True)
+    read, real = [], datasets.ImageFolder.__getitem__
+
+    def spy(self, i):
+        read.append(i)
+        return real(self, i)
+
+    monkeypatch.setattr(datasets.ImageFolder, "__getitem__", spy)
+    assert main([*args, "--steps", "6"]) == exitcodes.DONE
+    assert "checkpoint world size 2 != 1" in capsys.readouterr().err
+    before = [i for d in old for i in d.sampler._indices(0)[:4]]
+    assert sorted(before + read) == list(range(16)), (before, read)
+
+
+def test_a_relaunch_applies_a_new_lr_weight_decay_and_warmup(tmp_path, monkeypatch, capsys, restore_signals):
+    """--lr, --weight-decay and --warmup-steps changed between two launches: every resumed step uses the
+    new values (the schedule goes on at its step with the new peak), and the launch says so."""
+    from training.train import Trainer, main
+
+    ckpt = ["--ckpt-dir", str(tmp_path / "ckpt")]
+    first = ["--steps", "2", "--lr", "1e-3", "--weight-decay", "0.05", "--warmup-steps", "2"]
+    assert main([*TINY_ARGS, *first, *ckpt]) == exitcodes.DONE
+    used, real = {}, Trainer.train_step
+
+    def spy(self):
+        used[self.step] = [(g["lr"], g["weight_decay"]) for g in self.optimizer.param_groups]
+        return real(self)
+
+    monkeypatch.setattr(Trainer, "train_step", spy)
+    again = ["--steps", "5", "--lr", "2e-3", "--weight-decay", "0.1", "--warmup-steps", "4"]
+    assert main([*TINY_ARGS, *again, *ckpt]) == exitcodes.DONE
+    factor = warmup_cosine(warmup_steps=4, total_steps=5)
+    assert used == {s: [(2e-3 * factor(s), 0.1), (2e-3 * factor(s), 0.0)] for s in (2, 3, 4)}  # no decay group
+    out = capsys.readouterr().out
+    for change in ("--lr 0.001 -> 0.002", "--weight-decay 0.05 -> 0.1", "--warmup-steps 2 -> 4", "--steps 2 -> 5"):
+        assert f"flag_changed {change}: applied from step 2" in out, out
+    found = newest_loadable(tmp_path / "ckpt")
+    assert found is not None
+    saved = found[2]
+    assert saved["scheduler"]["base_lrs"] == [2e-3, 2e-3] and saved["args"]["lr"] == 2e-3
 
 
 def test_imagefolder_loader_leaves_the_global_rng_alone_and_forks_workers(tmp_path):
