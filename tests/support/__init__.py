@@ -30,3 +30,15 @@ def overlay_skip_reason(overlaid: str) -> str | None:
     if shutil.which("unshare") is None:
         return "needs unshare (util-linux)"
     return None
+
+
+def overlay_mounts(tmp_path: Path, overlaid: tuple[str, ...]) -> list[str]:
+    """The mount commands (run inside a private mount namespace) that keep writes to ``overlaid`` in
+    ``tmp_path/upper-*``: a role run on this host changes nothing outside the test."""
+    mounts = []
+    for path in overlaid:
+        upper, work = tmp_path / f"upper{path.replace('/', '-')}", tmp_path / f"work{path.replace('/', '-')}"
+        upper.mkdir(exist_ok=True)
+        work.mkdir(exist_ok=True)
+        mounts.append(f"mount -t overlay overlay -o lowerdir={path},upperdir={upper},workdir={work} {path}")
+    return mounts

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from kit.paths import ANSIBLE_DIR
-from tests.support import overlay_skip_reason
+from tests.support import overlay_mounts, overlay_skip_reason
 
 BIN = Path(sys.executable).parent
 OVERLAID = ("/etc", "/opt")
@@ -32,12 +32,7 @@ def _bootstrap(tmp_path: Path, role_vars: dict) -> str:
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump(inventory))
     play = [{"hosts": "all", "gather_facts": False, "roles": ["preemption_agent"]}]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
-    mounts = []
-    for path in OVERLAID:
-        upper, work = tmp_path / f"upper{path.replace('/', '-')}", tmp_path / f"work{path.replace('/', '-')}"
-        upper.mkdir(exist_ok=True)
-        work.mkdir(exist_ok=True)
-        mounts.append(f"mount -t overlay overlay -o lowerdir={path},upperdir={upper},workdir={work} {path}")
+    mounts = overlay_mounts(tmp_path, OVERLAID)
     playbook = shlex.join([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "inventory.yml"),
                            str(tmp_path / "play.yml")])
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"),

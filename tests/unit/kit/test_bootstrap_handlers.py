@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from kit.paths import ANSIBLE_DIR, TRAINING_PACKAGE_DIR
-from tests.support import overlay_skip_reason
+from tests.support import overlay_mounts, overlay_skip_reason
 
 BIN = Path(sys.executable).parent
 # systemctl as the systemd_service module uses it: `show UNIT` answers the unit's state from STATE_DIR/UNIT;
@@ -148,17 +148,6 @@ def _node(tmp_path: Path) -> dict:
             "trainer_mount_point": str(tmp_path / "disk"), "trainer_flags": ["--steps", "10"]}
 
 
-def _overlays(tmp_path: Path) -> list[str]:
-    """The mount commands that keep the roles' writes to OVERLAID in tmp_path/upper-*."""
-    mounts = []
-    for path in OVERLAID:
-        upper, work = tmp_path / f"upper{path.replace('/', '-')}", tmp_path / f"work{path.replace('/', '-')}"
-        upper.mkdir(exist_ok=True)
-        work.mkdir(exist_ok=True)
-        mounts.append(f"mount -t overlay overlay -o lowerdir={path},upperdir={upper},workdir={work} {path}")
-    return mounts
-
-
 def _bootstrap(tmp_path: Path, host: dict, *, killed: bool = False, check: bool = False) -> str:
     """Both roles as kit's playbook runs them (kit's ansible.cfg); its output. killed: after the roles'
     tasks the play waits, and ansible-playbook is SIGKILLed there, as a controller killed after the tasks
@@ -171,7 +160,7 @@ def _bootstrap(tmp_path: Path, host: dict, *, killed: bool = False, check: bool 
     (tmp_path / "killme").unlink(missing_ok=True)
     (tmp_path / "inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": {"node-0": host}}}))
     (tmp_path / "play.yml").write_text(yaml.safe_dump([play]))
-    mounts = _overlays(tmp_path)
+    mounts = overlay_mounts(tmp_path, OVERLAID)
     playbook = shlex.join([str(BIN / "ansible-playbook"), "-i", "inventory.yml", "play.yml", *(["--check"] * check)])
     with (tmp_path / "out.log").open("w") as out:
         # sh execs ansible-playbook, which gets SIGKILL when unshare does
