@@ -176,15 +176,30 @@ class TrainRun:
                              disks=done["disks"])
         render_report(report, self.console)
         write_report(self.deploy_dir / REPORT_FILE, report)  # what a later `kit train` of this spec shows
-        if self.json_report:
-            write_report(Path(self.json_report), report)
-        if self.plot:
-            from kit.report import plot_run
-
-            plot_run(session.ledger, self.spec, Path(self.plot), scale=session.backend.time_scale)
-        session.ledger.mark_finished()
-        (self.deploy_dir / TEARDOWN_FILE).unlink(missing_ok=True)
+        try:
+            self.write_outputs(session, report)
+        finally:  # the job is done whatever became of the user's files: a next `kit train` must not continue it
+            session.ledger.mark_finished()
+            (self.deploy_dir / TEARDOWN_FILE).unlink(missing_ok=True)
         return report
+
+    def write_outputs(self, session, report: dict) -> None:
+        """``--json-report`` and ``--plot``: probed before the run (kit.cli.outputs), yet a disk may fill or a
+        directory go meanwhile; a failed write is a KitError naming the flag, not a traceback."""
+        from kit.report import plot_run
+
+        for flag, path, write in (
+                ("--json-report", self.json_report, lambda out: write_report(out, report)),
+                ("--plot", self.plot, lambda out: plot_run(session.ledger, self.spec, out,
+                                                            scale=session.backend.time_scale))):
+            if not path:
+                continue
+            try:
+                write(Path(path))
+            except OSError as error:
+                raise KitError(f"the job finished, but {flag} could not be written: {error.strerror or error}",
+                               where=f"{flag} {path}", fix=f"the report is in {self.deploy_dir / REPORT_FILE}; "
+                                                           "`kit train SPEC --json-report FILE` writes it again") from None
 
     def teardown(self, session) -> dict:
         """The export (once), then the teardown, each recorded in :data:`TEARDOWN_FILE` before the next step

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from kit.errors import InputError
+from kit.errors import InputError, KitError
 from kit.paths import EXAMPLES_DIR
 from kit.watch.ledger import Ledger
 from tests.support.trainer import write_final_checkpoint
@@ -532,3 +532,41 @@ def test_the_clouds_default_listen_address_is_tried_too(tmp_path, monkeypatch):
         with pytest.raises(InputError, match="Address already in use"):
             run_train(EXAMPLES_DIR / "local.yaml", console=Console(file=io.StringIO()))
     assert not (tmp_path / "deploy").exists()
+
+
+def test_a_report_that_cannot_be_written_at_the_end_still_finishes_the_job(tmp_path, monkeypatch):
+    """--json-report was probed before the run, but the disk may fill meanwhile: the write's OSError was a
+    traceback, and it came before the ledger said the job was finished, so the next `kit train` took the run
+    for one cut short and continued it. Now a KitError naming the flag, after the job is marked finished."""
+    from kit.backends import cloud
+    from kit.train import run_train
+    from kit.watch import sources
+
+    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
+    made = {}
+
+    def backend_for(spec, deploy_dir, *, watcher_url=None, watcher_token=None):
+        made["b"] = AgentBackend(watcher_url, watcher_token, spec.name)
+        return made["b"]
+
+    monkeypatch.setattr(cloud, "backend_for", backend_for)
+    monkeypatch.setattr(sources, "source_for", lambda spec, deploy_dir: BackendSource(made["b"]))
+    from kit import train
+
+    real = train.write_report
+
+    def disk_full(path, report):
+        if path == tmp_path / "r.json":
+            raise OSError(28, "No space left on device")
+        real(path, report)
+
+    monkeypatch.setattr(train, "write_report", disk_full)
+    with open(tmp_path / "out", "w") as out, pytest.raises(KitError) as failed:
+        run_train(EXAMPLES_DIR / "aws-g5-spot.yaml", cloud="aws", json_report=tmp_path / "r.json",
+                  interval_s=0.1, listen="127.0.0.1:0", console=Console(file=out))
+    assert failed.value.where == f"--json-report {tmp_path / 'r.json'}" and "No space left" in failed.value.what
+    monkeypatch.setattr(train, "write_report", real)
+    with open(tmp_path / "out2", "w") as out:
+        again = run_train(EXAMPLES_DIR / "aws-g5-spot.yaml", cloud="aws", json_report=tmp_path / "r.json",
+                          interval_s=0.1, listen="127.0.0.1:0", console=Console(file=out))
+    assert "already finished" in (tmp_path / "out2").read_text() and again["steps"] == 20
