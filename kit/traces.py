@@ -17,7 +17,7 @@ from typing import Any
 
 from kit.errors import InputError
 from kit.paths import SPOT_TRACES_DIR
-from kit.yamlfile import file_kind, read_regular_file
+from kit.yamlfile import file_kind, read_regular_file, value_error_text
 
 FIX = "see kit/data/spot-traces/README.md for the trace format"
 PATH_FIX = "pass a trace .json file or a directory of them"
@@ -140,7 +140,7 @@ def _read_object(path: Path) -> dict:
         raise InputError("trace file is nested too deeply to read", where=str(path), fix=FIX) from None
     except ValueError as error:  # a value Python refuses, e.g. an integer over its 4300 digits:
         # https://docs.python.org/3/library/stdtypes.html#int-max-str-digits
-        raise InputError(f"not a valid trace value: {error}", where=str(path), fix=FIX) from None
+        raise InputError(f"not a valid trace value: {value_error_text(error)}", where=str(path), fix=FIX) from None
     if not isinstance(raw, dict):
         raise InputError("a trace must be a JSON object with 'metadata' and 'data'", where=str(path), fix=FIX)
     return raw

@@ -73,6 +73,12 @@ def _require_regular(kind: str | None, what: str, where: str, fix: str) -> None:
         raise InputError(f"{what} is {kind}, not a regular file", where=where, fix=fix)
 
 
+
+def value_error_text(error: ValueError) -> str:
+    """A ValueError of reading a value, for a user: Python's advice on its integer limit (a call to
+    sys.set_int_max_str_digits) is for programmers, not for the author of a file."""
+    return str(error).split("; use sys.set_int_max_str_digits()")[0]
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that refuses a mapping with the same key twice, a key that is not a scalar, and nesting
     over MAX_DEPTH."""
@@ -112,7 +118,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         try:
             return super().construct_object(node, deep=deep)
         except ValueError as error:
-            raise yaml.constructor.ConstructorError(None, None, str(error), node.start_mark) from None
+            raise yaml.constructor.ConstructorError(None, None, value_error_text(error), node.start_mark) from None
 
     def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
         if self.check_event(yaml.AliasEvent):
@@ -149,4 +155,4 @@ def read_yaml(path: str | Path, *, what: str, fix: str) -> Any:
     except RecursionError:
         raise InputError(f"{what} is nested too deeply to read", where=shown, fix=fix) from None
     except ValueError as error:  # one the constructor's line-aware catch above did not see
-        raise InputError(f"not valid YAML: {error}", where=shown, fix=fix) from None
+        raise InputError(f"not valid YAML: {value_error_text(error)}", where=shown, fix=fix) from None

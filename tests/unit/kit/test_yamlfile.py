@@ -44,6 +44,7 @@ def test_a_key_or_value_python_cannot_hold_is_refused_with_its_line(tmp_path, te
     with pytest.raises(InputError, match="not valid YAML") as info:
         _read(path)
     assert what in info.value.what and info.value.where == f"{path}:{line}"
+    assert "set_int_max_str_digits" not in info.value.what, "Python's advice is for programmers"
 
 
 def test_merge_keys_merge_and_only_a_key_written_twice_is_a_duplicate(tmp_path):
