@@ -120,7 +120,7 @@ class KnownHosts:
         return out
 
     def pin(self, nodes: dict[str, str], lookup: Callable[[str], list[str]], *, timeout: float, source: str,
-            poll_s: float = 5.0) -> None:
+            poll_s: float = 2.0) -> None:
         """Pin ``nodes`` (address -> instance): those pinned already for the same instance stay, the
         others are looked up (``lookup(address)``: the keys the cloud published, [] while it has not
         yet; a fresh instance publishes them as it boots) until ``timeout``; then the file holds these
