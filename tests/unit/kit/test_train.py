@@ -94,13 +94,14 @@ def _disks_in_status(tmp_path, now=None):
     return status_report(ledger, spec, now=time.time() + 3600 if now is None else now)["disks"]
 
 
-def test_cloud_loop_recovers_and_keeps_disks(tmp_path, monkeypatch):
+def agent_backends(tmp_path, monkeypatch) -> dict:
+    """`kit train` on a cloud spec runs against an :class:`AgentBackend` (made["b"], once the watcher makes it)
+    and watches it through its own source; deployments under tmp_path."""
     from kit.backends import cloud
-    from kit.train import run_train
     from kit.watch import sources
 
     monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
-    made = {}
+    made: dict = {}
 
     def backend_for(spec, deploy_dir, *, watcher_url=None, watcher_token=None):
         made["b"] = AgentBackend(watcher_url, watcher_token, spec.name)
@@ -108,6 +109,13 @@ def test_cloud_loop_recovers_and_keeps_disks(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cloud, "backend_for", backend_for)
     monkeypatch.setattr(sources, "source_for", lambda spec, deploy_dir: BackendSource(made["b"]))
+    return made
+
+
+def test_cloud_loop_recovers_and_keeps_disks(tmp_path, monkeypatch):
+    from kit.train import run_train
+
+    made = agent_backends(tmp_path, monkeypatch)
     with open(tmp_path / "out", "w") as out:
         report = run_train(EXAMPLES_DIR / "aws-g5-spot.yaml", cloud="aws", json_report=tmp_path / "r.json",
                            interval_s=0.1, listen="127.0.0.1:0", console=Console(file=out))
@@ -538,19 +546,9 @@ def test_a_report_that_cannot_be_written_at_the_end_still_finishes_the_job(tmp_p
     """--json-report was probed before the run, but the disk may fill meanwhile: the write's OSError was a
     traceback, and it came before the ledger said the job was finished, so the next `kit train` took the run
     for one cut short and continued it. Now a KitError naming the flag, after the job is marked finished."""
-    from kit.backends import cloud
     from kit.train import run_train
-    from kit.watch import sources
 
-    monkeypatch.setenv("KIT_DEPLOY_ROOT", str(tmp_path / "deploy"))
-    made = {}
-
-    def backend_for(spec, deploy_dir, *, watcher_url=None, watcher_token=None):
-        made["b"] = AgentBackend(watcher_url, watcher_token, spec.name)
-        return made["b"]
-
-    monkeypatch.setattr(cloud, "backend_for", backend_for)
-    monkeypatch.setattr(sources, "source_for", lambda spec, deploy_dir: BackendSource(made["b"]))
+    agent_backends(tmp_path, monkeypatch)
     from kit import train
 
     real = train.write_report
