@@ -162,17 +162,6 @@ def ssh_base(host: str, user: str, key: str | None = None, port: int = 22, *,
     return argv + [f"{user}@{host}"]
 
 
-def read_file(ssh: list[str], path: str, timeout: float = 30) -> str:
-    try:
-        proc = subprocess.run([*ssh, f"cat {shlex.quote(path)}"], capture_output=True, text=True, timeout=timeout,
-                              check=False)
-    except subprocess.TimeoutExpired:
-        raise KitError(f"reading {path} on {ssh[-1]} timed out", where=path) from None
-    if proc.returncode != 0:
-        raise KitError(f"cannot read {path} on {ssh[-1]}: {proc.stderr.strip() or proc.returncode}", where=path)
-    return proc.stdout
-
-
 # One pull of the nodes' progress files (TerraformBackend.progress, on the watch loop's thread) ends
 # within this, however many nodes do not answer: a preempted instance still in Terraform's outputs, or
 # one behind a dropped firewall rule, would otherwise hold the loop for ssh's whole connect timeout and
@@ -197,7 +186,7 @@ def read_files(ssh_by_key: dict[_Key, list[str]], path: str, *, deadline_s: floa
     """``path`` on each host (``key -> ssh command``), read in parallel, at most ``workers`` ssh at
     once; the text of those read by ``deadline_s`` after the call, in ``ssh_by_key``'s order. A host
     that failed or had not answered by then is left out. No ssh outlives the call: each one's timeout
-    is what is left of the deadline when it starts (:func:`_read_killing_group`), one that has not
+    is what is left of the deadline when it starts (:func:`read_file`), one that has not
     started by the deadline never starts, and the pool is joined before this returns."""
     if not ssh_by_key:
         return {}
@@ -207,7 +196,7 @@ def read_files(ssh_by_key: dict[_Key, list[str]], path: str, *, deadline_s: floa
         left = end - time.monotonic()
         if left <= 0:
             raise KitError(f"no time left to read {path} on {ssh[-1]}", where=path)
-        return _read_killing_group(ssh, path, timeout=left)
+        return read_file(ssh, path, timeout=left)
 
     pool = ThreadPoolExecutor(max_workers=min(len(ssh_by_key), workers), thread_name_prefix="kit-read")
     try:
@@ -223,9 +212,9 @@ def read_files(ssh_by_key: dict[_Key, list[str]], path: str, *, deadline_s: floa
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _read_killing_group(ssh: list[str], path: str, timeout: float) -> str:
-    """:func:`read_file`, its ssh in a process group of its own that is killed whole at ``timeout``:
-    ssh may have started children (a ProxyCommand or ProxyJump from the user's ssh config) that
+def read_file(ssh: list[str], path: str, timeout: float = 30) -> str:
+    """``cat`` of ``path`` over ``ssh``, its ssh in a process group of its own that is killed whole at
+    ``timeout``: ssh may have started children (a ProxyCommand or ProxyJump from the user's ssh config) that
     killing ssh alone, as subprocess.run's timeout does, would leave running. The group is killed
     before ssh is waited for, so its id is still ssh's (a process that ended keeps its id until it is
     waited for: wait(2))."""
