@@ -44,6 +44,12 @@ class Node:
                    zone=item.get("zone"), private_ip=item.get("private_ip"), public_ip=item.get("public_ip"),
                    disk_id=item.get("disk_id"))
 
+    @property
+    def address(self) -> str | None:
+        """Where kit reaches the node over SSH: its public IP, else its private one (as the inventory's
+        ``ansible_host``, kit.bootstrap)."""
+        return self.public_ip or self.private_ip
+
     def to_dict(self) -> dict:
         return asdict(self)
 

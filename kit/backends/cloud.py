@@ -99,7 +99,7 @@ class TerraformBackend(Backend):
         if not self.spec.ssh.verify_host_keys:
             return None
         cloud, spec = self.spec.cloud_facts, self.spec
-        by_address = {address: node for node in nodes if (address := node.public_ip or node.private_ip)}
+        by_address = {node.address: node for node in nodes if node.address}
         known = remote.KnownHosts(self.deploy_dir / remote.KNOWN_HOSTS_FILE)
         known.pin({address: node.instance_id for address, node in by_address.items()},
                   lambda address: cloud.host_keys(spec, by_address[address]),
@@ -149,7 +149,7 @@ class TerraformBackend(Backend):
         # a dead node's ssh then ends by itself, and a live one has the rest to log in and read the file.
         ssh = {node.rank: remote.with_connect_timeout(
             remote.ssh_base(host, self.spec.ssh.user, key, known_hosts=known_hosts), deadline / 2)
-            for node in nodes if (host := node.public_ip or node.private_ip)}
+            for node in nodes if (host := node.address)}
         # a node gone, unanswered by the deadline or without the file yet (trainer not started) is not read
         for text in remote.read_files(ssh, PROGRESS_FILE, deadline_s=deadline).values():
             try:
@@ -161,7 +161,7 @@ class TerraformBackend(Backend):
     def checkpoint_dir(self, node: Node, scratch: Path) -> Path:
         from kit import bootstrap, remote
 
-        host = node.public_ip or node.private_ip
+        host = node.address
         if not host:
             raise KitError(f"node {node.name} has no IP address", where="terraform output nodes",
                            fix="wait until the instance is running, then `kit train` again")
