@@ -22,9 +22,7 @@ def watch(
 ) -> None:
     """Watch a cluster: record preemptions and progress, let the policy pick the market, re-apply."""
     from kit.watch.commands import run_watch
-    from kit.watch.session import check_listen
 
-    check_listen(listen)  # the endpoint binds after the ledger, lock and token were written: tried first
     raise typer.Exit(run_watch(spec, interval_s=interval, listen=listen, advertise_url=advertise_url, once=once))
 
 

@@ -17,8 +17,8 @@ from kit.watch.session import (  # noqa: F401 - re-exported
     LEDGER_FILE,
     LOCK_FILE,
     check_interval,
+    check_listen,
     make_policy_for,
-    parse_listen,
 )
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def run_watch(spec_path: Path, *, interval_s: float, listen: str, advertise_url:
     from kit.watch.status import cost_of
 
     check_interval(interval_s)
-    parse_listen(listen)  # a bad --listen is refused before anything is started
+    check_listen(listen)  # the endpoint binds after the ledger, lock and token were written: tried first
     spec, deploy_dir = _load(spec_path)
     console = Console()
     logging.basicConfig(level=logging.INFO, format="%(message)s")

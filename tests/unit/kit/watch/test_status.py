@@ -254,10 +254,11 @@ def test_local_source_reads_node_state_files(tmp_path):
 
 def test_bad_listen_address_is_input_error():
     from kit.errors import InputError
+    from kit.watch.session import parse_listen
 
-    assert commands.parse_listen("0.0.0.0:8787") == ("0.0.0.0", 8787)
+    assert parse_listen("0.0.0.0:8787") == ("0.0.0.0", 8787)
     with pytest.raises(InputError, match="HOST:PORT"):
-        commands.parse_listen("localhost")
+        parse_listen("localhost")
 
 
 def test_kit_watch_runs_server_and_loop_until_the_trainer_reports_done(tmp_path, monkeypatch):
