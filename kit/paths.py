@@ -61,6 +61,25 @@ def check_output_file(path: Path, flag: str) -> None:
         raise InputError(f"{parent} is not a directory", where=flag, fix="create it, or name a file in an existing one")
     if not os.access(parent, os.W_OK):
         raise InputError(f"cannot write in {parent}", where=flag, fix="name a file in a directory you can write")
+    _try_writing(path, flag)
+
+
+def _try_writing(path: Path, flag: str) -> None:
+    """Create ``path`` and remove it again (a file already there is opened for appending and left as it was).
+    Permission bits say too little: root passes access(2) in /sys and /proc, where the kernel still refuses
+    to create a file (sysfs(5), proc(5))."""
+    from kit.errors import InputError
+
+    existed = False
+    try:
+        existed = path.exists()
+        with open(path, "ab" if existed else "xb"):
+            pass
+    except OSError as error:
+        raise InputError(f"cannot write {path}: {error.strerror or error}", where=flag,
+                         fix="name a file in a directory you can write") from None
+    if not existed:
+        path.unlink(missing_ok=True)
 
 
 def check_plot_file(path: Path, flag: str = "--plot") -> None:

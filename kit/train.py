@@ -78,14 +78,16 @@ class TrainRun:
 
     def prepare(self) -> None:
         """Before anything is written or started: plan, bootstrap and export need the SSH key, and
-        the report files must be writable (not found out after the whole run)."""
-        from kit.paths import check_output_file
+        the report files must be writable (not found out after the whole run), the figure a PNG as kit
+        simulate's."""
+        from kit.paths import check_output_file, check_plot_file
         from kit.spec import check_ssh_key, spec_warnings
 
         check_ssh_key(self.spec)
-        for flag, path in (("--plot", self.plot), ("--json-report", self.json_report)):
-            if path is not None:
-                check_output_file(Path(path), flag)
+        if self.plot is not None:
+            check_plot_file(Path(self.plot))
+        if self.json_report is not None:
+            check_output_file(Path(self.json_report), "--json-report")
         for warning in spec_warnings(self.spec):
             self.console.print(f"[yellow]warning:[/yellow] {escape(warning)}", highlight=False)
 
@@ -184,7 +186,7 @@ class TrainRun:
         return report
 
     def write_outputs(self, session, report: dict) -> None:
-        """``--json-report`` and ``--plot``: probed before the run (kit.cli.outputs), yet a disk may fill or a
+        """``--json-report`` and ``--plot``: probed before the run (kit.paths.check_output_file), yet a disk may fill or a
         directory go meanwhile; a failed write is a KitError naming the flag, not a traceback."""
         from kit.report import plot_run
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from kit.cli.app import App
-from kit.cli.outputs import check_plot
+from kit.paths import check_plot_file
 from kit.policy import DEFAULT_CHANGEOVER_H
 from kit.policy.offers import DEFAULT_CHECKPOINT_GB, DEFAULT_TRANSFER_GBPS, EACH, Moves
 
@@ -78,7 +78,7 @@ def simulate_command(
                          fix="add --zones all")
     names = _policies(policy)
     if plot_file is not None:
-        check_plot(plot_file)
+        check_plot_file(plot_file)
     params.check()
     loaded = load_traces(traces)
     summary = simulate(loaded, names, params)
@@ -103,7 +103,7 @@ def _require_runs(summary: dict, traces: list[Path], deadline_h: float) -> None:
     infinite cost is no answer, and JSON has neither (RFC 8259, section 6): ``json.dumps`` would write
     ``NaN``, which other readers reject. Before the plot or the output is written."""
     from kit.errors import InputError
-    from kit.simulate.single import MAX_PRICE_PER_HOUR
+    from kit.policy.offers import MAX_PRICE_PER_HOUR
 
     where = ", ".join(str(t) for t in traces)
     if summary["runs"] == 0:
@@ -170,7 +170,7 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Offers 
     from kit.traces import load_traces
 
     if plot_file is not None:
-        check_plot(plot_file)
+        check_plot_file(plot_file)
     loaded = load_traces(traces)
     if zones != "all":
         wanted = [z.strip() for z in zones.split(",") if z.strip()]

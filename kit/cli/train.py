@@ -33,16 +33,11 @@ def train(
 ) -> None:
     """Train on spot nodes: apply, bootstrap, watch, recover, report cost, tear down."""
     from kit import clouds
-    from kit.cli.outputs import check_output, check_plot
     from kit.errors import InputError
     from kit.train import run_train
 
     if cloud is not None and cloud not in clouds.NAMES:
         raise InputError(f"unknown cloud {cloud!r}", where="--cloud", fix=f"use one of: {', '.join(clouds.NAMES)}")
-    if plot is not None:  # the figure is a PNG, as kit simulate's: refused now, not after the whole run
-        check_plot(plot)
-    if json_report is not None:
-        check_output(json_report, "--json-report")
     run_train(spec, cloud=cloud, time_scale=time_scale, preempt_every=preempt_every,
               no_preemptions=no_preemptions, json_report=json_report, plot=plot, keep_disks=keep_disks,
               interval_s=interval, listen=listen, advertise_url=advertise_url, fresh=fresh)

@@ -80,7 +80,7 @@ def plot(traces: list[Trace], policies: list[str], params: Params, summary: dict
 
 
 def _save(fig, out: str) -> None:
-    """Write the PNG and close the figure. The file was tried before the replay (kit.cli.outputs.check_plot),
+    """Write the PNG and close the figure. The file was tried before the replay (kit.paths.check_plot_file),
     but a disk may fill or a directory go meanwhile: said as the others, not a traceback."""
     import matplotlib.pyplot as plt
 
