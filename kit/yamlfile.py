@@ -73,11 +73,11 @@ def _require_regular(kind: str | None, what: str, where: str, fix: str) -> None:
         raise InputError(f"{what} is {kind}, not a regular file", where=where, fix=fix)
 
 
-
 def value_error_text(error: ValueError) -> str:
     """A ValueError of reading a value, for a user: Python's advice on its integer limit (a call to
     sys.set_int_max_str_digits) is for programmers, not for the author of a file."""
     return str(error).split("; use sys.set_int_max_str_digits()")[0]
+
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that refuses a mapping with the same key twice, a key that is not a scalar, and nesting

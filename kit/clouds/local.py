@@ -34,14 +34,15 @@ TRACE_PRICES = {"spot_per_hour": "spot_price_per_hour", "on_demand_per_hour": "o
 # trace's tick is 10 min: 1e6 is 1,700 ticks a second). The virtual clock multiplies wall seconds by it, and
 # at 1e308 it reached inf (a NaN tick index in the preemption injector).
 MAX_TIME_SCALE = 1e6
+MAX_SECONDS = MAX_HOURS * 3600  # the injector's timings: --preempt-every, local.grace_seconds
 
 
 class LocalSection(_Model):
     trace: Text | None = None  # one zone's file; with ``zones``: a trace set (a directory of <zone>.json)
     zone: ZoneName | None = None   # the zone the job runs in (default: the first of zones); a move sets it
     time_scale: Annotated[Finite, Field(gt=0, le=MAX_TIME_SCALE)] = 3600.0
-    preempt_every_seconds: Annotated[Finite, Field(gt=0, le=MAX_HOURS * 3600)] | None = None
-    grace_seconds: Annotated[Finite, Field(ge=0, le=MAX_HOURS * 3600)] = 5.0
+    preempt_every_seconds: Annotated[Finite, Field(gt=0, le=MAX_SECONDS)] | None = None
+    grace_seconds: Annotated[Finite, Field(ge=0, le=MAX_SECONDS)] = 5.0
     preemptions: StrictBool = True
 
 
@@ -75,11 +76,10 @@ class LocalSpec(SpecBase):
         super().with_run_options(**options)  # refuses any other option
         update: dict = {}
         for flag, name, value, most in (("--time-scale", "time_scale", time_scale, MAX_TIME_SCALE),
-                                        ("--preempt-every", "preempt_every_seconds", preempt_every, math.inf)):
+                                        ("--preempt-every", "preempt_every_seconds", preempt_every, MAX_SECONDS)):
             if value is not None:
                 if not (math.isfinite(value) and 0 < value <= most):
-                    at_most = f" and at most {most:g}" if most < math.inf else ""
-                    raise InputError(f"{flag} {value} must be a finite number > 0{at_most}", where=flag,
+                    raise InputError(f"{flag} {value} must be a finite number > 0 and at most {most:g}", where=flag,
                                      fix=f"e.g. {flag} 20")
                 update[name] = float(value)
         if no_preemptions:

@@ -585,6 +585,19 @@ def test_kit_train_time_scale_flag_is_bounded_too():
     assert spec.with_run_options(time_scale=1e6).local.time_scale == 1e6
 
 
+
+def test_kit_train_preempt_every_flag_has_the_spec_fields_bound():
+    """--preempt-every sets local.preempt_every_seconds, which the spec bounds (kit.clouds.local.MAX_SECONDS);
+    the flag took any finite positive number."""
+    from kit.clouds.local import MAX_SECONDS
+
+    spec = parse_spec(ONE_LOCAL)
+    with pytest.raises(InputError) as info:
+        spec.with_run_options(preempt_every=1e300)
+    assert info.value.where == "--preempt-every", info.value.render()
+    assert spec.with_run_options(preempt_every=MAX_SECONDS).local.preempt_every_seconds == MAX_SECONDS
+
+
 @pytest.mark.timeout(10)  # the old check waited for a FIFO's writer forever (`kit render`, `kit plan`)
 def test_an_ssh_public_key_is_read_only_from_a_regular_file(tmp_path):
     import os
