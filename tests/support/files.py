@@ -12,11 +12,14 @@ from kit.spec import SpecBase, parse_spec
 
 
 def render_template(role: str, name: str, variables: dict) -> str:
-    """A role's Jinja2 template rendered as Ansible renders it (StrictUndefined, the quote filter)."""
+    """A role's Jinja2 template rendered as Ansible renders it (StrictUndefined, the quote filter), with the
+    role's own vars/main.yml in scope as in a play."""
     text = (ANSIBLE_DIR / "roles" / role / "templates" / name).read_text()
+    role_vars = ANSIBLE_DIR / "roles" / role / "vars" / "main.yml"
+    fixed = (yaml.safe_load(role_vars.read_text()) or {}) if role_vars.exists() else {}
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True)
     env.filters["quote"] = shlex.quote
-    return env.from_string(text).render(ansible_managed="Ansible managed", **variables)
+    return env.from_string(text).render(ansible_managed="Ansible managed", **{**fixed, **variables})
 
 
 MOVING_KEYS = ("zones", "shapes", "checkpoint_bucket")
