@@ -1,4 +1,4 @@
-"""The preemption_agent role run on this machine, its writes to /etc and /opt kept in overlays of a private
+"""The preemption_agent role run on this machine, its writes to /etc, /opt and /var/lib kept in overlays of a private
 mount namespace: a bootstrap that names no watcher (`kit bootstrap` by hand) keeps the agent's watcher."""
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from kit.paths import ANSIBLE_DIR
 from tests.support import overlay_mounts, overlay_skip_reason
 
 BIN = Path(sys.executable).parent
-OVERLAID = ("/etc", "/opt")
+OVERLAID = ("/etc", "/opt", "/var/lib")  # the role keeps its restart markers in /var/lib/kit
 WATCHER = {"preemption_agent_watcher_url": "http://10.0.0.9:8787", "preemption_agent_watcher_token": "tok-" + "x" * 43}
 
 
 def _skip_reason() -> str | None:
-    return overlay_skip_reason("/etc and /opt")
+    return overlay_skip_reason("/etc, /opt and /var/lib")
 
 
 def _bootstrap(tmp_path: Path, role_vars: dict) -> str:
