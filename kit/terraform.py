@@ -323,6 +323,29 @@ def apply(deploy_dir: str | Path, plan_file: str = "tfplan", parallelism: int = 
                                       f"-parallelism={max(10, int(parallelism))}", plan_file], path)
         (path / plan_file).unlink(missing_ok=True)  # a saved plan applies once
         _check(rc, out, err, "apply", path)
+        if root == ROOTS[1] and _changed_in_place(out):
+            refresh(path)
+
+
+APPLIED_RE = re.compile(r"Apply complete! Resources: \d+ added, (\d+) changed")
+
+
+def _changed_in_place(out: str) -> bool:
+    match = APPLIED_RE.search(out)
+    return bool(match and int(match.group(1)))
+
+
+def refresh(path: Path) -> None:
+    """Bring the root's state and outputs to what the cloud has now (a refresh-only apply).
+
+    Terraform core (1.15) writes a resource's state from what the provider read back after an in-place update,
+    but leaves outputs at the values the plan knew: a stopped GCE VM that the apply starts again
+    (``desired_status``) gets a new ephemeral external address, which the ``nodes`` output would still give as
+    the one it had before it stopped (observed on real core, tests/integration/test_kit_real_plans.py). kit
+    connects to the nodes at their output addresses, so after such an apply it refreshes them
+    (developer.hashicorp.com/terraform/cli/commands/plan, "Planning Modes": refresh-only)."""
+    rc, out, err = run_terraform(["apply", "-refresh-only", "-input=false", "-no-color", "-auto-approve"], path)
+    _check(rc, out, err, "apply -refresh-only", path)
 
 
 def deployed_nodes(deploy_dir: str | Path) -> list[dict]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 from pydantic import AfterValidator, Field, StrictBool, model_validator
 
 from kit.clouds.base import Cloud, InstanceType, Variable
+from kit.errors import KitError
 from kit.spec import CloudSpec, SpecProblem, SshSection, _Model
 from kit.validation import shown
 
@@ -34,6 +36,27 @@ PROJECT_RE = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
 _NAME = r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
 NETWORK_RE = re.compile(rf"(projects/{PROJECT_RE.pattern}/global/networks/)?{_NAME}")
 SUBNETWORK_RE = re.compile(rf"(projects/{PROJECT_RE.pattern}/regions/[a-z0-9-]+/subnetworks/)?{_NAME}")
+# Where Compute Engine is reached when not at compute.googleapis.com (a Private Service Connect endpoint, an
+# emulator): Terraform's Google provider reads it from this variable, as "https://HOST/compute/v1/"
+# (registry.terraform.io/providers/hashicorp/google/latest/docs/guides/provider_reference, "Custom endpoints"),
+# and kit's own Compute clients (the watcher, the host keys, the firewall check) take the same one, so that
+# they read the API Terraform wrote to.
+COMPUTE_ENDPOINT_ENV = "GOOGLE_COMPUTE_CUSTOM_ENDPOINT"
+_COMPUTE_ENDPOINT_RE = re.compile(r"(?P<base>https?://[A-Za-z0-9.\-\[\]:]+)(/compute/v1)?/?")
+
+
+def compute_api_endpoint() -> str | None:
+    """``$GOOGLE_COMPUTE_CUSTOM_ENDPOINT`` as the Python clients' ``api_endpoint`` (scheme and host: they add
+    ``/compute/v1/`` themselves); None when it is unset (compute.googleapis.com)."""
+    value = os.environ.get(COMPUTE_ENDPOINT_ENV, "").strip()
+    if not value:
+        return None
+    match = _COMPUTE_ENDPOINT_RE.fullmatch(value)
+    if match is None:
+        raise KitError(f"{shown(value)} is not a Compute Engine v1 endpoint", where=COMPUTE_ENDPOINT_ENV,
+                       fix="set it as Terraform's Google provider takes it, e.g. "
+                           "https://compute-myendpoint.p.googleapis.com/compute/v1/, or unset it")
+    return match.group("base")
 
 
 def _named(pattern: re.Pattern[str], what: str, example: str) -> AfterValidator:
@@ -186,12 +209,13 @@ class Gcp(Cloud[GcpSpec]):
     def plan_warnings(self, spec: GcpSpec) -> list[str]:
         from kit.backends.gcp_firewall import network_warnings
 
-        return network_warnings(spec)
+        return network_warnings(spec, api_endpoint=compute_api_endpoint())
 
     def event_source(self, spec: GcpSpec, deploy_dir: Path):
         from kit.watch.sources.gcp import GcpSource
 
-        return GcpSource(cluster=spec.name, project=spec.project, zones=spec.zone_list)
+        return GcpSource(cluster=spec.name, project=spec.project, zones=spec.zone_list,
+                         api_endpoint=compute_api_endpoint())
 
     def backend(self, spec: GcpSpec, deploy_dir: Path, *, watcher_url=None, watcher_token=None):
         from kit.backends.cloud import TerraformBackend
@@ -203,7 +227,8 @@ class Gcp(Cloud[GcpSpec]):
     def host_keys(self, spec: GcpSpec, node: Node) -> list[str]:
         from kit.backends.gcp_host_keys import published_host_keys
 
-        return published_host_keys(spec.project, node.zone or spec.zone, node.name)
+        return published_host_keys(spec.project, node.zone or spec.zone, node.name,
+                                   api_endpoint=compute_api_endpoint())
 
 
 CLOUD = Gcp()

@@ -123,6 +123,33 @@ def test_first_deployment_then_no_changes_then_one_node_lost(gcp, gce):
     assert changes(kit("plan", str(gcp))) == ["+ cluster module.instances.google_compute_instance.node[3]"]
 
 
+def test_a_restarted_spot_vm_is_reached_at_the_external_address_it_has_now(gcp, gce, tmp_path):
+    """The nodes' addresses are the API's: an ephemeral external address is released when a VM stops and a
+    new one given at its start (VPC docs, "IP addresses"), its internal one kept; after the preempted VM's
+    restart, kit's nodes output names the new external address (the provider reads the instance back after
+    ``instances.start``), so kit connects there and not to the address the VM had."""
+    from kit import terraform
+    from kit.backends.cloud import output_nodes
+
+    gce.subnet = "198.18.250"
+    kit("plan", str(gcp))
+    kit("apply", str(gcp))
+    deploy = tmp_path / "deploy" / "a3-spot"
+    before = {n.name: (n.private_ip, n.public_ip) for n in output_nodes(terraform.output(deploy))}
+    api = {i["name"]: (i["networkInterfaces"][0]["networkIP"], i["networkInterfaces"][0]["accessConfigs"][0]["natIP"])
+           for i in gce.instances}
+    assert before == api and len(set(before.values())) == 4
+    gce.preempt("a3-spot-node-2")
+    kit("plan", str(gcp))
+    kit("apply", str(gcp))
+    after = {n.name: (n.private_ip, n.public_ip) for n in output_nodes(terraform.output(deploy))}
+    restarted = next(i for i in gce.instances if i["name"] == "a3-spot-node-2")["networkInterfaces"][0]
+    assert after["a3-spot-node-2"] == (before["a3-spot-node-2"][0], restarted["accessConfigs"][0]["natIP"])
+    assert after["a3-spot-node-2"][1] not in {b for _, b in before.values()}
+    assert {k: v for k, v in after.items() if k != "a3-spot-node-2"} == \
+        {k: v for k, v in before.items() if k != "a3-spot-node-2"}
+
+
 @pytest.mark.parametrize(("old", "new", "disks"), [
     ("nodes: 4", "nodes: 2", ["this[2]", "this[3]"]),  # fewer nodes: two disks destroyed
     ("  type: pd-balanced", "  type: pd-ssd", ["this[0]", "this[3]"]),  # another disk type: all replaced

@@ -14,10 +14,8 @@ versions to them, ``bootstrap.vars``, as one does for a Deep Learning AMI whose 
 """
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -27,31 +25,20 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.cloud_run import (
+    CKPT_EVERY,
+    STEPS,
+    TRAINING,
+    head_instance,
+    image_versions,
+    ledger_events,
+    progress_step,
+    skip_reason,
+    undisturbed_digest,
+)
+
 pytestmark = [pytest.mark.slow]
 
-NEEDS = ("debootstrap", "ip", "unshare", "losetup", "ssh", "ssh-keygen", "mkfs.ext4")
-STEPS, CKPT_EVERY = 120, 30
-TRAINING = {"model": "vit_tiny_patch16_224", "image_size": 32, "num_classes": 10, "batch_size": 8, "steps": STEPS,
-            "warmup_steps": 10, "ckpt_every": CKPT_EVERY, "keep": 2, "log_every": 5, "device": "cpu",
-            "deterministic": True}
-
-
-def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, loop devices, chroot)"
-    missing = [t for t in NEEDS if shutil.which(t) is None]
-    return f"missing tools {missing}: run scripts/install-tools.sh" if missing else None
-
-
-def image_versions() -> dict[str, str]:
-    """The roles' package pins set to what the image (this machine's packages) has: found present, not installed."""
-    v = importlib.metadata.version
-    return {"python_env_torch_version": v("torch"), "python_env_torchvision_version": v("torchvision"),
-            "python_env_timm_version": v("timm"), "python_env_pydantic_version": v("pydantic"),
-            "python_env_apt_update": False,  # the hosts have no Debian mirror (their packages are installed)
-            # one thread per rank, as the undisturbed reference (torchrun sets it there): CPU kernels split their
-            # reductions by thread count, so a run on 2 threads has other digests
-            "trainer_extra_env": {"OMP_NUM_THREADS": 1}}
 
 
 def write_spec(tmp_path: Path, subnet_id: str) -> Path:
@@ -69,52 +56,6 @@ def write_spec(tmp_path: Path, subnet_id: str) -> Path:
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
-
-
-def undisturbed_digest(tmp_path: Path) -> str:
-    """The same training flags on 2 ranks here, never stopped."""
-    from kit.spec import load_spec, training_args
-    from tests.support.trainer import Run, command, digest
-
-    spec = load_spec(tmp_path / "cluster.yaml")
-    args = training_args(spec)
-    args[args.index("--ckpt-dir") + 1] = str(tmp_path / "reference-ckpt")
-    run = Run(command(2, args))
-    assert run.finish(600) == 0, run.output
-    return digest(run.output)
-
-
-def progress_step(hosts, key: Path, known_hosts: Path) -> int:
-    """The trainer's step, read on the first host that answers (the progress file on its data disk), with
-    the host keys kit pinned (kit pins them before it bootstraps: no trainer runs before they exist)."""
-    from kit.remote import host_key_options
-
-    for host in list(hosts.hosts.values()):
-        proc = subprocess.run(["ssh", "-i", str(key), *host_key_options(known_hosts),
-                               "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=2", f"root@{host.ip}",
-                               "cat /mnt/kit-disk/progress.json"], capture_output=True, text=True, timeout=30, check=False)
-        if proc.returncode == 0:
-            try:
-                return int(json.loads(proc.stdout).get("step") or 0)
-            except ValueError:
-                continue
-    return 0
-
-
-def ledger_events(deploy_dir: Path) -> tuple[list[dict], float]:
-    """The ledger's events, and when the trainer first reported the last step."""
-    from tests.support.watch import ledger_of
-
-    with ledger_of(deploy_dir) as ledger:
-        return ledger.events(), min(t for t, step in ledger.progress_history() if step == STEPS)
-
-
-def head_instance(deploy_dir: Path) -> str:
-    """The instance of rank 0: the rendezvous endpoint, whose loss changes every node's train.env."""
-    from tests.support.watch import ledger_of
-
-    with ledger_of(deploy_dir) as ledger:
-        return next(n.instance_id for n in ledger.all_nodes() if n.rank == 0)
 
 
 def start_kit_train(tmp_path: Path, spec: Path, url: str, hosts) -> subprocess.Popen:
@@ -176,7 +117,7 @@ def assert_pinned_the_published_keys(path: Path, hosts, last: list[str]) -> None
         assert keys == console_host_keys(hosts.consoles[iid]) and keys, (address, iid)
 
 
-@pytest.mark.skipif(_skip_reason() is not None, reason=_skip_reason() or "")
+@pytest.mark.skipif(skip_reason() is not None, reason=skip_reason() or "")
 def test_kit_train_aws_end_to_end_with_a_spot_interruption(tmp_path, monkeypatch):
     import boto3
 

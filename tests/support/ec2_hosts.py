@@ -46,45 +46,16 @@ from tests.support.moto import console_outputs
 from tests.support.netns_hosts import (
     StartStop,
     _run,
-    boot,
     cache_lock,
     free_subnets,
     reap_stale,
     rootfs_tarball,
     shut_down,
-    veth_into,
 )
+from tests.support.vm_image import Vm, install_image, plug, power_on, unpack
 
-FAKE_SYSTEMD = Path(__file__).with_name("fake_systemd.py")
 BY_ID = Path("/dev/disk/by-id")
 EBS_PREFIX = "nvme-Amazon_Elastic_Block_Store_"
-IMAGE_PACKAGES = "/opt/image/site-packages"  # where the controller's packages appear on a host
-VENV = "/opt/kit/venv"
-
-
-class Instance:
-    """One running instance's host."""
-
-    def __init__(self, instance_id: str, ip: str, index: int, workdir: Path, tag: str):
-        self.id, self.ip, self.index = instance_id, ip, index
-        self.dir = workdir / instance_id
-        self.root = self.dir / "root"
-        self.netns = f"kit{tag}h{index}"  # the names netns_hosts.reap_stale recognises
-        self.veth = f"kv{tag}x{index}"
-        self.notice = self.dir / "instance-action.json"
-        self.name = f"ip-{ip.replace('.', '-')}"
-        self.proc: subprocess.Popen | None = None
-        self.imds: subprocess.Popen | None = None
-
-    def pid1(self) -> int | None:
-        """PID 1 of the host's PID namespace (the child of the ``unshare --fork`` process), seen from here."""
-        if self.proc is None:
-            return None
-        try:
-            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-        except OSError:
-            return None
-        return int(children[0]) if children else None
 
 
 class Ec2Hosts(StartStop):
@@ -99,7 +70,7 @@ class Ec2Hosts(StartStop):
         self.warning = warning
         self.subnet = 0
         self.subnet_id = self.vpc_id = ""
-        self.hosts: dict[str, Instance] = {}
+        self.hosts: dict[str, Vm] = {}
         self.volumes: dict[str, tuple[Path, str]] = {}  # volume id -> (file, loop device)
         self.links: set[Path] = set()
         self.booted: list[str] = []  # instance ids, in the order their hosts came up
@@ -198,52 +169,28 @@ class Ec2Hosts(StartStop):
 
     # ------------------------------------------------------------------ one host
     def _boot(self, iid: str, ip: str) -> None:
-        host = Instance(iid, ip, self._index, self.workdir, self.tag)
+        host = Vm(iid, ip, self._index, self.workdir, self.tag)
         self._index += 1
-        host.root.mkdir(parents=True)
-        _run(["tar", "-C", str(host.root), "-xf", str(rootfs_tarball())], timeout=300)
+        unpack(host)
         self._image(host)
         self.consoles[iid] = cloud_init_console(new_host_keys(host.root), name=host.name)
-        veth_into(host.netns, host.veth, ip)
-        _run(["ip", "link", "set", host.veth, "master", self.bridge, "up"])
-        _run(["ip", "netns", "exec", host.netns, "ip", "addr", "add", "169.254.169.254/32", "dev", "lo"])
-        host.imds = subprocess.Popen(["ip", "netns", "exec", host.netns, sys.executable, "-m", "tests.support.imds",
-                                      "--instance", iid, "--notice-file", str(host.notice)], cwd=REPO,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        r, packages = str(host.root), f"{host.root}{IMAGE_PACKAGES}"
-        host.proc = boot(host.netns, host.root,
-                         f"hostname {host.name} && mkdir -p {packages} && mount --bind {_site_packages()} {packages} && "
-                         f"mount -o remount,bind,ro {packages} && exec chroot {r} /usr/local/lib/fake-systemd/systemd",
-                         host.dir / "host.log", uts=True)
+        plug(host, self.bridge, ip)
+        host.metadata = subprocess.Popen(["ip", "netns", "exec", host.netns, sys.executable, "-m", "tests.support.imds",
+                                          "--instance", iid, "--notice-file", str(host.notice)], cwd=REPO,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        power_on(host)
         self.hosts[iid] = host
         self.booted.append(iid)
 
-    def _image(self, host: Instance) -> None:
-        """What the instance's image holds besides Debian: the stand-in systemd, the SSH key of the
-        instance's key pair, and the venv with the preinstalled packages."""
-        r = host.root
-        lib = r / "usr/local/lib/fake-systemd"
-        lib.mkdir(parents=True)
-        shutil.copy(FAKE_SYSTEMD, lib / "systemd")
-        (lib / "systemd").chmod(0o755)
-        (r / "usr/local/bin/systemctl").symlink_to("/usr/local/lib/fake-systemd/systemd")
-        ssh = r / "root/.ssh"
-        ssh.mkdir(mode=0o700, exist_ok=True)
+    def _image(self, host: Vm) -> None:
+        """The image with the instance's key pair for root, and EC2's hostnames (ip-a-b-c-d) of every address
+        in the subnet: what the VPC's DNS resolver answers (torchrun's rendezvous advertises and looks up the
+        hostname)."""
         keys = [k["PublicKey"] for k in self.ec2.describe_key_pairs(IncludePublicKey=True)["KeyPairs"] if k.get("PublicKey")]
-        (ssh / "authorized_keys").write_text("".join(k.strip() + "\n" for k in keys))
-        (ssh / "authorized_keys").chmod(0o600)
-        # EC2's hostnames (ip-a-b-c-d) of every address in the subnet: what the VPC's DNS resolver answers
-        # (torchrun's rendezvous advertises and looks up the hostname)
-        (r / "etc/hostname").write_text(host.name + "\n")
         names = "".join(f"198.18.{self.subnet}.{i} ip-198-18-{self.subnet}-{i}\n" for i in range(2, 255))
-        (r / "etc/hosts").write_text(f"127.0.0.1 localhost\n{names}")
-        _run(["chroot", str(r), "python3", "-m", "venv", VENV], timeout=120)
-        purelib = next((r / VENV.lstrip("/") / "lib").glob("python3*/site-packages"))
-        for path in purelib.iterdir():  # Debian's pip and setuptools would shadow the image's (newer) ones
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-        (purelib / "image-packages.pth").write_text(IMAGE_PACKAGES + "\n")
+        install_image(host.root, hostname=host.name, authorized_keys=keys, hosts=names)
 
-    def _remove(self, host: Instance, grace: float) -> None:
+    def _remove(self, host: Vm, grace: float) -> None:
         """Shut the host down: its units stopped (SIGTERM to PID 1, up to ``grace`` s), then everything killed."""
         pid1 = host.pid1()
         if grace and pid1:
@@ -251,12 +198,12 @@ class Ec2Hosts(StartStop):
             deadline = time.time() + grace
             while time.time() < deadline and host.proc.poll() is None:
                 time.sleep(0.2)
-        shut_down(host.netns, host.veth, host.proc, host.imds)
+        shut_down(host.netns, host.veth, host.proc, host.metadata)
         shutil.rmtree(host.root, ignore_errors=True)
         self.hosts.pop(host.id, None)
 
     # ------------------------------------------------------------------ what the tests do
-    def wait_for(self, count: int, timeout: float = 120) -> list[Instance]:
+    def wait_for(self, count: int, timeout: float = 120) -> list[Vm]:
         deadline = time.time() + timeout
         while time.time() < deadline:
             with self._lock:
@@ -288,9 +235,3 @@ def terminate_for_spot(region: str, instance_id: str) -> None:
     instance.state_reason = StateReason("Server.SpotInstanceTermination: Spot instance termination",
                                         "Server.SpotInstanceTermination")
     instance._reason = f"Service initiated ({datetime.now(UTC).strftime('%Y-%m-%d %H:%M:%S')} GMT)"
-
-
-def _site_packages() -> str:
-    import sysconfig
-
-    return sysconfig.get_paths()["purelib"]

@@ -17,7 +17,11 @@ hosts need something that does what systemd does with those units. One file, thr
   ``RestartForceExitStatus``, ``RestartPreventExitStatus``, ``KillMode`` (mixed / control-group),
   ``KillSignal``, ``TimeoutStopSec``. The service starts with systemd's clean environment; its output
   goes to /var/log/fake-systemd/NAME.log. Not modelled: ordering (After/Before), RequiresMountsFor,
-  Type other than simple, enablement at boot (every host boots from a fresh image).
+  Type other than simple.
+* At boot, what a host's earlier life left (a GCE VM stopped and started again keeps its boot disk):
+  the file systems of /etc/fstab are mounted (``mount -a``, local-fs.target), then the enabled units
+  are started (multi-user.target.wants), mounts first as RequiresMountsFor would order them. A host
+  booted from a fresh image has neither.
 """
 import json
 import os
@@ -275,7 +279,8 @@ def query(command, unit):
     if command == "is-active":
         active = state(unit)["active"]
         print(active)
-        return 0 if active in ("active", "activating") else 3
+        # 0 only for an active unit: one waiting to restart is "activating", 3 (systemctl(1), is-active)
+        return 0 if active == "active" else 3
     if command == "is-enabled":
         enabled = os.path.exists(os.path.join(WANTS, unit))
         print("enabled" if enabled else "disabled")
@@ -290,6 +295,14 @@ def query(command, unit):
 
 
 # ------------------------------------------------------------------ PID 1
+def boot_units():
+    """local-fs.target, then multi-user.target: fstab's file systems, then the enabled units."""
+    with open(os.path.join(LOGS, "boot.log"), "ab") as log:
+        subprocess.run(["mount", "-a"], stdout=log, stderr=subprocess.STDOUT, check=False)
+    for unit in sorted(os.listdir(WANTS)) if os.path.isdir(WANTS) else []:
+        start(unit)
+
+
 def init():
     shutting_down = []
 
@@ -303,6 +316,7 @@ def init():
     with open(os.path.join(LOGS, "sshd.log"), "ab") as log:
         sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-o", "UseDNS=no",
                                  "-o", "PermitRootLogin=prohibit-password"], stdout=log, stderr=subprocess.STDOUT)
+    boot_units()
     while True:
         if shutting_down:
             units = [n[:-5] for n in os.listdir(STATE) if n.endswith(".json")] if os.path.isdir(STATE) else []

@@ -19,15 +19,32 @@ action is STOP (kit's): a system ``compute.instances.preempted`` operation, and 
 with the entries under ``P`` (``queryValue.items`` of namespace, key, value) when the instance's metadata
 has ``enable-guest-attributes`` TRUE and something is written there. Otherwise the fake answers 404: the
 reference does not say which error GCP gives then, and kit treats any 404 as "not written yet".
+
+Addresses, with ``subnet="198.18.S"``: a new instance's ``networkInterfaces[0]`` gets an internal
+``networkIP`` (``.10`` up) and a ``ONE_TO_ONE_NAT`` access config with an external ``natIP`` (``.100``
+up); the internal one is the instance's for its lifetime, while the external one, being ephemeral, is
+released when the VM stops and a new one is given at ``instances.start`` ("IP addresses", VPC docs:
+an ephemeral external address stays only until the VM is stopped). Without ``subnet`` an instance has no
+interfaces, as before.
+
+Credentials, with ``token="..."``: ``service_account_file(path)`` writes a service-account key (a new RSA key
+whose public half the fake then trusts, ``token_uri`` the fake's) for ``GOOGLE_APPLICATION_CREDENTIALS``.
+Every API request must carry ``Authorization: Bearer <credential>`` (401 otherwise, as the API answers a
+request without valid credentials), the credential being either the access token that ``POST /token``
+gives for the key's JWT bearer grant (RFC 7523 section 2.1, answered as RFC 6749 section 5.1 says), or a
+JWT the key signed itself (RS256), which Google's APIs accept from service accounts and the Cloud client
+libraries send ("self-signed JWT", google.aip.dev/auth/4111).
 """
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import re
 import threading
 from datetime import UTC, datetime
 from http.server import ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 from tests.support.gcp_api import ComputeHandler
@@ -37,6 +54,8 @@ PATH = re.compile(r"^/compute/v1/projects/([^/]+)/zones/([^/]+)/(instances|disks
                   r"(/start|/getGuestAttributes)?$")
 LABEL_FILTER = re.compile(r'^labels\.kit-cluster\s*=\s*"([^"]+)"$')
 PREEMPTED = "compute.instances.preempted"
+JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+TOKEN_AUDIENCE = "https://oauth2.googleapis.com/token"  # a grant's assertion names Google's endpoint, wherever it is sent
 _ids = itertools.count(4_000_000_000_000_000_001)
 
 
@@ -47,8 +66,12 @@ def now() -> str:
 class FakeCompute:
     """The fake's state; ``instances``, ``disks``, ``operations`` are plain lists of API resources."""
 
-    def __init__(self, project: str = "kit-test") -> None:
+    def __init__(self, project: str = "kit-test", *, subnet: str | None = None, token: str | None = None) -> None:
         self.project = project
+        self.subnet, self.token = subnet, token
+        self.trusted_keys: list = []  # the public keys of service_account_file's keys
+        self._internal = itertools.count(10)
+        self._external = itertools.count(100)
         self.instances: list[dict] = []
         self.disks: list[dict] = []
         self.operations: list[dict] = []
@@ -86,6 +109,9 @@ class FakeCompute:
         """GCP reclaims a Spot VM (termination action STOP): the system operation, and the VM is stopped."""
         inst = next(i for i in self.instances if i["name"] == name)
         inst.update(status="TERMINATED", lastStopTimestamp=now())
+        for nic in inst.get("networkInterfaces") or []:
+            for access in nic.get("accessConfigs") or []:
+                access.pop("natIP", None)  # an ephemeral external address is released when the VM stops
         zone = inst["zone"].rsplit("/", 1)[-1]
         op_id = str(next(_ids))
         self.operations.append({
@@ -105,7 +131,7 @@ class FakeCompute:
         item = {**body, "kind": f"compute#{kind[:-1]}", "id": str(next(_ids)), "zone": self.base(zone),
                 "creationTimestamp": now(), "selfLink": f"{self.base(zone)}/{kind}/{body['name']}"}
         if kind == "instances":
-            item.update(status="RUNNING", lastStartTimestamp=now())
+            item.update(status="RUNNING", lastStartTimestamp=now(), networkInterfaces=self.interfaces())
         else:
             item.update(status="READY")
         items.append(item)
@@ -127,9 +153,64 @@ class FakeCompute:
         items.remove(item)
         return self.operation(zone, f"compute.{kind}.delete", item)
 
+    def service_account_file(self, path: Path) -> Path:
+        """A service-account key file (the JSON ``gcloud iam service-accounts keys create`` writes) with a new
+        RSA key, whose public half the fake trusts, refreshed at the fake's token endpoint."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        self.trusted_keys.append(key.public_key())
+        pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+        path.write_text(json.dumps({"type": "service_account", "project_id": self.project, "private_key_id": "0" * 40,
+                                    "private_key": pem.decode(), "client_email": f"kit@{self.project}.iam.gserviceaccount.com",
+                                    "client_id": "1" * 21, "token_uri": f"{self.endpoint}/token"}))
+        return path
+
+    def signed_claims(self, jwt: str) -> dict | None:
+        """The claims of a JWT signed (RS256) by a key the fake trusts; None for anything else."""
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import padding
+
+        parts = jwt.split(".")
+        if len(parts) != 3:
+            return None
+        signature = base64.urlsafe_b64decode(parts[2] + "=" * (-len(parts[2]) % 4))
+        for key in self.trusted_keys:
+            try:
+                key.verify(signature, f"{parts[0]}.{parts[1]}".encode(), padding.PKCS1v15(), hashes.SHA256())
+            except InvalidSignature:
+                continue
+            return json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+        return None
+
+    def authorized(self, header: str) -> bool:
+        credential = header.removeprefix("Bearer ")
+        return header.startswith("Bearer ") and (credential == self.token or self.signed_claims(credential) is not None)
+
+    def interfaces(self) -> list[dict]:
+        """A new VM's network interface: an internal address and an ephemeral external one."""
+        if self.subnet is None:
+            return []
+        return [{"kind": "compute#networkInterface", "name": "nic0", "networkIP": f"{self.subnet}.{next(self._internal)}",
+                 "accessConfigs": [{"kind": "compute#accessConfig", "type": "ONE_TO_ONE_NAT", "name": "External NAT",
+                                    "natIP": self.external_ip()}]}]
+
+    def external_ip(self) -> str:
+        return f"{self.subnet}.{next(self._external)}"
+
     def start_instance(self, zone: str, name: str) -> dict:
+        """instances.start: the VM runs again with its id, disks and internal address, and a new ephemeral
+        external address (the one it had was released when it stopped)."""
         inst = self.get("instances", zone, name)
+        if inst["status"] == "STOPPING":  # the API's answer to an operation on a VM between states
+            raise ApiError(400, f"The resource '{inst['selfLink']}' is not ready", "resourceNotReady")
         inst.update(status="RUNNING", lastStartTimestamp=now())
+        for nic in inst.get("networkInterfaces") or []:
+            for access in nic.get("accessConfigs") or []:
+                access["natIP"] = self.external_ip()
         return self.operation(zone, "compute.instances.start", inst)
 
     def get_guest_attributes(self, zone: str, name: str, query_path: str) -> dict:
@@ -171,6 +252,10 @@ class Handler(ComputeHandler):
     def route(self, method: str) -> None:
         url = urlparse(self.path)
         self.state.requests.append(f"{method} {self.path}")
+        if self.state.token is not None and method == "POST" and url.path == "/token":
+            return self.grant()
+        if self.state.token is not None and not self.state.authorized(self.headers.get("Authorization") or ""):
+            return self.error(401, "Request is missing required authentication credential.", "required")
         match = PATH.match(url.path)
         if not match or match.group(1) != self.state.project:
             return self.error(404, f"The resource '{url.path}' was not found", "notFound")
@@ -186,6 +271,14 @@ class Handler(ComputeHandler):
             self.reply(200, self.call(method, zone, kind, name, action))
         except ApiError as error:
             self.error(error.status, error.message, error.reason)
+
+    def grant(self) -> None:
+        """The token endpoint's answer to a JWT bearer grant (RFC 7523 section 2.1, RFC 6749 section 5.1)."""
+        form = parse_qs(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode())
+        claims = self.state.signed_claims((form.get("assertion") or [""])[0])
+        if form.get("grant_type") != [JWT_BEARER] or claims is None or claims.get("aud") != TOKEN_AUDIENCE:
+            return self.reply(400, {"error": "invalid_grant", "error_description": "Invalid JWT Signature."})
+        self.reply(200, {"access_token": self.state.token, "expires_in": 3599, "token_type": "Bearer"})
 
     def call(self, method: str, zone: str, kind: str, name: str | None, action: str | None) -> dict:
         if kind != "operations" and name is not None:

@@ -1,7 +1,7 @@
 """Real SSH test hosts: a Debian 12 rootfs copy per host, each in its own network, mount and PID namespace.
 
 ``rootfs_tarball()`` builds the rootfs once with debootstrap (minbase + what ansible and the roles need)
-and caches it as ``~/.cache/kit-test/debian12-rootfs-v1.tar``. ``NetnsHosts(n, workdir)`` starts ``n``
+and caches it as ``~/.cache/kit-test/debian12-rootfs-v2.tar``. ``NetnsHosts(n, workdir)`` starts ``n``
 hosts: veth pair ``198.18.<i>.1`` (root side) / ``198.18.<i>.2`` (host side), ``unshare -m -p -f`` +
 ``chroot`` + ``sshd -D``, a generated ed25519 key, a loop device per host as its data disk. systemd does
 not run inside (PID 1 is sshd). Needs root.
@@ -29,10 +29,11 @@ from pathlib import Path
 from tests.support.host_keys import new_host_keys
 
 CACHE = Path(os.environ.get("KIT_TEST_CACHE", Path.home() / ".cache" / "kit-test"))
-TARBALL = CACHE / "debian12-rootfs-v1.tar"
+TARBALL = CACHE / "debian12-rootfs-v2.tar"
 MIRROR = os.environ.get("KIT_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 STALE = re.compile(r"^kit(\d+)h(\d+)$")
-PACKAGES = "python3,python3-venv,python3-pip,python3-apt,openssh-server,e2fsprogs,util-linux,mount"
+# curl: what cloud images have and the GCE shutdown-script (terraform/modules/gcp/instances/shutdown.sh) calls
+PACKAGES = "python3,python3-venv,python3-pip,python3-apt,openssh-server,e2fsprogs,util-linux,mount,curl"
 
 
 def _run(cmd: list[str] | str, **kw) -> subprocess.CompletedProcess:

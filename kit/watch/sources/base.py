@@ -64,7 +64,7 @@ def loss_events(poll: Poll, current: Mapping[str, int | None], source: str, now:
                 since: dict[str, float] | None = None) -> list[Event]:
     """Events for nodes of the current deployment (``instance -> rank``) that are gone.
 
-    A node missing from the listing counts as lost too: GCP deletes preempted instances whose
+    A node still stopping is not lost yet (below). A node missing from the listing counts as lost too: GCP deletes preempted instances whose
     termination action is DELETE, and AWS stops listing terminated instances after about an hour.
     ``since`` (``instance -> when this incarnation came up``) keys the event to the incarnation:
     an instance id can come back (a GCP spot VM stopped by a preemption and restarted by the next
@@ -74,7 +74,11 @@ def loss_events(poll: Poll, current: Mapping[str, int | None], source: str, now:
     events = []
     for instance, rank in current.items():
         status = seen.get(instance)
-        if status is not None and status.state not in GONE_STATES:
+        if status is not None and (status.state not in GONE_STATES or status.state == STOPPING):
+            # running, or still stopping (a preempted GCE VM for about 30 s, an EC2 stop): its loss is reported once
+            # it has stopped, so that the apply it leads to does not ask the cloud to start a VM that is still
+            # stopping (EC2's StartInstances refuses one, IncorrectInstanceState; the node's agent has reported
+            # the notice already, and its trainer saved on it)
             continue
         reason: str | None
         if status is None:

@@ -3,8 +3,12 @@
 when ``$ENDPOINT_ENV`` names the fake.
 
 Covered: ``google_compute_instance`` (labels, machine type, scheduling with the provisioning model,
-attached disks; a stopped instance is read back with ``desired_status`` = its status, as the provider
-reads it, so ``desired_status = "RUNNING"`` plans an update that starts it) and ``google_compute_disk``.
+metadata, attached disks, and the addresses the API gives its network interface, read back into
+``network_interface[0].network_ip`` and ``access_config[0].nat_ip`` after a create, a start and every
+refresh; a stopped instance is read back with ``desired_status`` = its status, as the provider reads
+it, so ``desired_status = "RUNNING"`` plans an update that starts it) and ``google_compute_disk``.
+With ``GOOGLE_APPLICATION_CREDENTIALS`` set, requests carry the access token google-auth gets for those
+credentials, as the provider's do.
 Networks, firewalls, resource policies, service accounts and IAM keep the emulator's placeholders.
 An insert whose operation ends with errors (a zone without capacity) fails the create with the provider's
 message, "Error waiting for instance to create: ...".
@@ -35,15 +39,41 @@ def _first(value) -> dict:
     return value[0] if isinstance(value, list) and value else {}
 
 
+def _addresses(s: dict, item: dict) -> None:
+    """The addresses the API gave the VM, into the state's first interface (the provider reads them back)."""
+    nics, api = s.get("network_interface"), item.get("networkInterfaces") or []
+    if not isinstance(nics, list) or not nics or not api:
+        return
+    nics[0] = {**nics[0], "network_ip": api[0].get("networkIP")}
+    access, api_access = nics[0].get("access_config"), api[0].get("accessConfigs") or []
+    if isinstance(access, list) and access and api_access:
+        access[0] = {**access[0], "nat_ip": api_access[0].get("natIP")}
+
+
 class GoogleCompute:
     def __init__(self, project: str) -> None:
         self.endpoint = os.environ[ENDPOINT_ENV].rstrip("/")
         self.project = project
+        self.credentials = None
+        if os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+            import google.auth
+
+            self.credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.credentials is not None:
+            from google.auth.transport.requests import Request
+
+            if not self.credentials.valid:
+                self.credentials.refresh(Request())
+            headers["Authorization"] = f"Bearer {self.credentials.token}"
+        return headers
 
     def _call(self, method: str, zone: str, path: str, body: dict | None = None) -> dict | None:
         url = f"{self.endpoint}/compute/v1/projects/{self.project}/zones/{zone}/{path}"
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(url, data=data, method=method, headers=self._headers())
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return json.loads(response.read() or b"{}")
@@ -70,12 +100,14 @@ class GoogleCompute:
         s.update(id=f"projects/{self.project}/zones/{zone}/{KINDS[kind]}/{name}", self_link=item.get("selfLink"))
         if kind == "google_compute_instance":
             s.update(instance_id=item["id"], current_status=item["status"])
+            _addresses(s, item)
         return s
 
     def _instance(self, s: dict) -> dict:
         sched = _first(s.get("scheduling"))
         return {"name": s["name"], "machineType": f"zones/{s['zone']}/machineTypes/{s['machine_type']}",
                 "labels": s.get("labels") or {},
+                "metadata": {"items": [{"key": k, "value": v} for k, v in sorted((s.get("metadata") or {}).items())]},
                 "scheduling": {"provisioningModel": sched.get("provisioning_model") or "STANDARD",
                                "preemptible": bool(sched.get("preemptible")),
                                "automaticRestart": bool(sched.get("automatic_restart")),
@@ -92,6 +124,7 @@ class GoogleCompute:
                 prior.get("desired_status") != "RUNNING":
             self._call("POST", planned["zone"], f"instances/{planned['name']}/start", {})
             planned["current_status"] = "RUNNING"
+            _addresses(planned, self._call("GET", planned["zone"], f"instances/{planned['name']}") or {})
         return planned
 
     def delete(self, kind: str, s: dict) -> None:
@@ -108,6 +141,7 @@ class GoogleCompute:
             return None
         if kind == "google_compute_instance":
             s = {**s, "current_status": item["status"], "desired_status": item["status"]}
+            _addresses(s, item)
         return s
 
     def data(self, kind: str, c: dict) -> dict:

@@ -323,3 +323,17 @@ def test_a_job_that_moved_to_another_zone_is_listed_there_and_not_taken_for_lost
     first_only = source(fake).poll()
     assert {(e.instance, e.kind) for e in loss_events(first_only, current, "gcp", 0.0)} == {
         ("301", INSTANCE_LOST), ("302", INSTANCE_LOST)}
+
+
+def test_a_vm_still_stopping_is_lost_once_it_has_stopped(fake):
+    """GCE stops a preempted Spot VM over about 30 s (STOPPING, then TERMINATED); an apply in between would
+    ask the API to start a VM that is still stopping, which it refuses. The loss is reported once the VM has
+    stopped, as a preemption."""
+    from kit.watch.sources.base import loss_events
+
+    fake.instances = [instance("301", "demo-0", "demo"), instance("302", "demo-1", "demo", status="STOPPING")]
+    current = {"301": 0, "302": 1}
+    assert loss_events(source(fake).poll(), current, "gcp", 0.0) == []
+    fake.instances[1]["status"] = "TERMINATED"
+    fake.operations = [preempted_operation("7301", "302", "demo-1")]
+    assert [(e.instance, e.kind) for e in loss_events(source(fake).poll(), current, "gcp", 0.0)] == [("302", PREEMPTION)]

@@ -1,0 +1,81 @@
+"""What the end-to-end runs of `kit train` on a cloud stand-in share (tests/integration/test_train_aws.py,
+test_train_gcp.py): the training they run, the image's package pins, the undisturbed reference, and
+what they read back from the hosts and the ledger."""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+NEEDS = ("debootstrap", "ip", "unshare", "nsenter", "losetup", "ssh", "ssh-keygen", "mkfs.ext4")
+STEPS, CKPT_EVERY = 120, 30
+TRAINING = {"model": "vit_tiny_patch16_224", "image_size": 32, "num_classes": 10, "batch_size": 8, "steps": STEPS,
+            "warmup_steps": 10, "ckpt_every": CKPT_EVERY, "keep": 2, "log_every": 5, "device": "cpu",
+            "deterministic": True}
+
+
+def skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, loop devices, chroot)"
+    missing = [t for t in NEEDS if shutil.which(t) is None]
+    return f"missing tools {missing}: run scripts/install-tools.sh" if missing else None
+
+
+def image_versions() -> dict[str, str]:
+    """The roles' package pins set to what the image (this machine's packages) has: found present, not installed."""
+    v = importlib.metadata.version
+    return {"python_env_torch_version": v("torch"), "python_env_torchvision_version": v("torchvision"),
+            "python_env_timm_version": v("timm"), "python_env_pydantic_version": v("pydantic"),
+            "python_env_apt_update": False,  # the hosts have no Debian mirror (their packages are installed)
+            # one thread per rank, as the undisturbed reference (torchrun sets it there): CPU kernels split their
+            # reductions by thread count, so a run on 2 threads has other digests
+            "trainer_extra_env": {"OMP_NUM_THREADS": 1}}
+
+
+def undisturbed_digest(tmp_path: Path) -> str:
+    """The same training flags on 2 ranks here, never stopped."""
+    from kit.spec import load_spec, training_args
+    from tests.support.trainer import Run, command, digest
+
+    spec = load_spec(tmp_path / "cluster.yaml")
+    args = training_args(spec)
+    args[args.index("--ckpt-dir") + 1] = str(tmp_path / "reference-ckpt")
+    run = Run(command(2, args))
+    assert run.finish(600) == 0, run.output
+    return digest(run.output)
+
+
+def progress_step(hosts, key: Path, known_hosts: Path) -> int:
+    """The trainer's step, read on the first host that answers (the progress file on its data disk), with
+    the host keys kit pinned (kit pins them before it bootstraps: no trainer runs before they exist)."""
+    from kit.remote import host_key_options
+
+    for host in list(hosts.hosts.values()):
+        proc = subprocess.run(["ssh", "-i", str(key), *host_key_options(known_hosts),
+                               "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=2", f"root@{host.address}",
+                               "cat /mnt/kit-disk/progress.json"], capture_output=True, text=True, timeout=30, check=False)
+        if proc.returncode == 0:
+            try:
+                return int(json.loads(proc.stdout).get("step") or 0)
+            except ValueError:
+                continue
+    return 0
+
+
+def ledger_events(deploy_dir: Path) -> tuple[list[dict], float]:
+    """The ledger's events, and when the trainer first reported the last step."""
+    from tests.support.watch import ledger_of
+
+    with ledger_of(deploy_dir) as ledger:
+        return ledger.events(), min(t for t, step in ledger.progress_history() if step == STEPS)
+
+
+def head_instance(deploy_dir: Path) -> str:
+    """The instance of rank 0: the rendezvous endpoint, whose loss changes every node's train.env."""
+    from tests.support.watch import ledger_of
+
+    with ledger_of(deploy_dir) as ledger:
+        return next(n.instance_id for n in ledger.all_nodes() if n.rank == 0)
