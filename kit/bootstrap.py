@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 PLAYBOOK = ANSIBLE_DIR / "site.yml"
 # kit's roles; each role's variables start with its name (ansible/roles/<role>/defaults/main.yml)
-ROLES = ("nvidia_driver", "python_env", "trainer", "preemption_agent")
+ROLES = ("nvidia_driver", "python_env", "trainer", "preemption_agent")  # site.yml's, each tagged with its name
 # What the nodes and kit must agree on, or what differs per host: the cluster's layout (size, ranks,
 # rendezvous), the node contract's paths (training/contract.py: kit and the agent read and write them),
 # where kit fetches checkpoints from, and the agent's identity and watcher. Neither a spec's
@@ -228,8 +228,9 @@ def signals_cancel() -> Iterator[Callable[[], bool]]:
 def bootstrap_nodes(inventory: dict, *, check: bool = False, limit: str | None = None,
                     extra_vars: dict | None = None, private_data_dir: str | Path | None = None,
                     verbosity: int = 0, on_event: Callable[[dict], None] | None = None,
-                    ssh_key: str | None = None) -> BootstrapResult:
-    """Run ansible/site.yml against the inventory; failures per host, stats per host."""
+                    ssh_key: str | None = None, roles: tuple[str, ...] = ()) -> BootstrapResult:
+    """Run ansible/site.yml against the inventory; failures per host, stats per host. ``roles``: only those
+    roles (their tags; default: every role)."""
     import ansible_runner
 
     bindir = str(Path(sys.executable).parent)
@@ -251,7 +252,12 @@ def bootstrap_nodes(inventory: dict, *, check: bool = False, limit: str | None =
 
     env = {"PATH": os.pathsep.join([bindir, os.environ.get("PATH", "")]),
            "ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(ANSIBLE_DIR / "roles")}
-    cmdline = "--check --diff" if check else None
+    unknown = sorted(set(roles) - set(ROLES))
+    if unknown:
+        raise KitError(f"no role {', '.join(unknown)} in the playbook", where=str(PLAYBOOK),
+                       fix=f"name roles of {', '.join(ROLES)}")
+    args = (["--check", "--diff"] if check else []) + (["--tags", ",".join(roles)] if roles else [])
+    cmdline = " ".join(args) or None
     try:
         with signals_cancel() as cancelled:
             runner = ansible_runner.run(private_data_dir=str(pdd), playbook=str(PLAYBOOK), inventory=inventory,

@@ -22,6 +22,7 @@ from tests.support import REPO
 pytestmark = [pytest.mark.slow]
 
 NEEDS = ("debootstrap", "ip", "unshare", "losetup", "ssh", "ssh-keygen", "mkfs.ext4")
+DRIVER = ("nvidia_driver",)  # the driver tests run that role alone (the playbook's other roles: the test above)
 
 
 def _skip_reason() -> str | None:
@@ -385,7 +386,7 @@ def _an_older_module_loaded_asks_for_a_reboot(cluster, h, inventory, state, tmp_
     from tests.support import nvidia as fake_nvidia
 
     (state / "loaded").write_text("560.35.03")
-    first = bootstrap_nodes(inventory, private_data_dir=tmp_path / "run1")
+    first = bootstrap_nodes(inventory, private_data_dir=tmp_path / "run1", roles=DRIVER)
     assert not first.ok
     msgs = " ".join(first.failures.get(h.name, []))
     assert "reboot required" in msgs and "version mismatch" in msgs, first.failures
@@ -400,13 +401,13 @@ def _after_the_reboot_the_driver_runs(cluster, h, inventory, state, tmp_path):
     from kit.bootstrap import bootstrap_nodes
 
     (state / "loaded").unlink()  # the reboot the role asked for
-    second = bootstrap_nodes(inventory, private_data_dir=tmp_path / "run2")
+    second = bootstrap_nodes(inventory, private_data_dir=tmp_path / "run2", roles=DRIVER)
     assert second.ok, second.failures
     assert (state / "fabricmanager-running").exists(), "fabricmanager installed but never started"
     pm = cluster.ssh(h, "nvidia-smi --query-gpu=persistence_mode --format=csv,noheader").stdout.strip()
     assert pm == "Enabled"
     assert "Completed" in cluster.ssh(h, "nvidia-smi -q").stdout
-    third = bootstrap_nodes(inventory, private_data_dir=tmp_path / "run3")
+    third = bootstrap_nodes(inventory, private_data_dir=tmp_path / "run3", roles=DRIVER)
     assert third.ok, third.failures
     assert third.stats[h.name].get("changed", 0) == 0
 
@@ -429,7 +430,7 @@ def _an_image_driver_is_kept_with_fabricmanager(cluster, h, inventory, state, tm
             messages.append(res["msg"])
 
     inventory["all"]["vars"]["nvidia_driver_branch"] = "580"
-    fourth = bootstrap_nodes(inventory, private_data_dir=tmp_path / "run4", on_event=debug_messages)
+    fourth = bootstrap_nodes(inventory, private_data_dir=tmp_path / "run4", on_event=debug_messages, roles=DRIVER)
     assert fourth.ok, fourth.failures
     fm = cluster.ssh(h, "dpkg-query -W -f='${Version}' nvidia-fabricmanager-570").stdout
     assert fm == f"{fake_nvidia.DRIVER}-1", f"fabricmanager {fm} does not match the running driver"

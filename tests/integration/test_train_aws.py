@@ -14,31 +14,26 @@ versions to them, ``bootstrap.vars``, as one does for a Deep Learning AMI whose 
 """
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
-import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.support.cloud_run import (
-    CKPT_EVERY,
-    STEPS,
     TRAINING,
-    head_instance,
+    head_past_a_checkpoint,
     image_versions,
     ledger_events,
-    progress_step,
     skip_reason,
-    undisturbed_digest,
+    start_kit_train,
+    train_through_a_loss,
 )
+from tests.support.tf_emulator.aws_moto import ENDPOINT_ENV
 
 pytestmark = [pytest.mark.slow]
-
 
 
 def write_spec(tmp_path: Path, subnet_id: str) -> Path:
@@ -58,32 +53,11 @@ def write_spec(tmp_path: Path, subnet_id: str) -> Path:
     return path
 
 
-def start_kit_train(tmp_path: Path, spec: Path, url: str, hosts) -> subprocess.Popen:
-    """`kit train SPEC` as a user runs it, with the emulator's mirror and moto as the AWS endpoint (what
-    Terraform's provider and the watcher's boto3 reach); the agents post to the bridge's address."""
-    from kit.backends.local import free_port
-    from tests.support.tf_emulator import write_cli_config
-    from tests.support.tf_emulator.aws_moto import ENDPOINT_ENV
-
-    env = {**os.environ, ENDPOINT_ENV: url, "AWS_ENDPOINT_URL": url,
-           "TF_CLI_CONFIG_FILE": str(write_cli_config(tmp_path / "emulator")), "KIT_DEPLOY_ROOT": str(tmp_path / "deploy")}
-    with open(tmp_path / "kit-train.log", "w") as log:
-        return subprocess.Popen([str(Path(sys.executable).with_name("kit")), "train", str(spec),
-                                 "--listen", f"{hosts.gateway}:{free_port()}", "--json-report", str(tmp_path / "report.json"),
-                                 "--interval", "5"],  # polls every 5 s, not 15: the same path, sooner
-                                cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
 def interrupt_after_a_checkpoint(tmp_path: Path, kit: subprocess.Popen, hosts):
     """Once the job is past its first checkpoint, the head (rank 0) gets the spot interruption: its
     replacement has a new address, so the survivor's train.env changes and its trainer is restarted
     while it waits in the rendezvous (the harder of the two recoveries)."""
-    hosts.wait_for(2, timeout=300)
-    deadline = time.time() + 600
-    while progress_step(hosts, tmp_path / "key", tmp_path / "deploy" / "e2e" / "known_hosts") < CKPT_EVERY + 10:
-        assert kit.poll() is None and time.time() < deadline, (tmp_path / "kit-train.log").read_text()
-        time.sleep(2)
-    victim = hosts.hosts[head_instance(tmp_path / "deploy" / "e2e")]
+    victim = head_past_a_checkpoint(tmp_path, kit, hosts)
     hosts.interrupt(victim.id)
     return victim
 
@@ -128,24 +102,10 @@ def test_kit_train_aws_end_to_end_with_a_spot_interruption(tmp_path, monkeypatch
     with moto_server(monkeypatch) as url, Ec2Hosts(url, "us-east-1", "us-east-1a", tmp_path / "hosts",
                                                       warning=5) as hosts:
         spec = write_spec(tmp_path, hosts.subnet_id)
-        # the undisturbed reference runs while kit applies and bootstraps (mostly waiting on the hosts)
-        reference: dict[str, str] = {}
-        ref = threading.Thread(target=lambda: reference.update(sha=undisturbed_digest(tmp_path)), daemon=True)
-        ref.start()
-        kit = start_kit_train(tmp_path, spec, url, hosts)
-        try:
-            victim = interrupt_after_a_checkpoint(tmp_path, kit, hosts)
-            rc = kit.wait(timeout=900)
-        finally:
-            if kit.poll() is None:
-                kit.kill()
-        output = (tmp_path / "kit-train.log").read_text()
-        assert rc == 0 and not hosts.errors, (output, hosts.errors)
-        report = json.loads((tmp_path / "report.json").read_text())
-        ref.join(600)
-        assert report["params_sha256"] == reference["sha"], output
-        assert report["preemptions"] >= 1 and report["steps"] == STEPS, report
-        assert report["export"] and report["disks"] == "deleted", report
+        # moto as the endpoint of Terraform's provider and of the watcher's boto3
+        start = partial(start_kit_train, tmp_path, spec, hosts, {ENDPOINT_ENV: url, "AWS_ENDPOINT_URL": url})
+        report, victim = train_through_a_loss(tmp_path, hosts, start,
+                                              lambda kit: interrupt_after_a_checkpoint(tmp_path, kit, hosts))
         assert_recovered_the_aws_way(tmp_path, hosts, victim, report)
         ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=url)
         assert not ec2.describe_volumes(Filters=[{"Name": "tag:kit:role", "Values": ["data-disk"]}])["Volumes"]

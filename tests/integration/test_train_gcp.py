@@ -22,27 +22,22 @@ PyTorch is kept); no checkpoint bucket (a job in one zone resumes from its data 
 """
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
-import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.support.cloud_run import (
-    CKPT_EVERY,
-    STEPS,
     TRAINING,
-    head_instance,
+    head_past_a_checkpoint,
     image_versions,
     ledger_events,
-    progress_step,
     skip_reason,
-    undisturbed_digest,
+    start_kit_train,
+    train_through_a_loss,
 )
 
 pytestmark = [pytest.mark.slow]
@@ -69,35 +64,21 @@ def write_spec(tmp_path: Path, subnet: int) -> Path:
     return path
 
 
-def start_kit_train(tmp_path: Path, spec: Path, fake, hosts) -> subprocess.Popen:
-    """`kit train SPEC` as a user runs it, with the emulator's mirror, and the fake as the Compute endpoint
-    (what Terraform's provider and kit's own clients reach); the agents post to the bridge's address."""
-    from kit.backends.local import free_port
+def cloud_env(tmp_path: Path, fake) -> dict[str, str]:
+    """The fake as the endpoint of Terraform's provider (the emulator's variable) and of kit's own clients
+    (the provider's), and a service account's key for both."""
     from kit.clouds.gcp import COMPUTE_ENDPOINT_ENV
-    from tests.support.tf_emulator import write_cli_config
     from tests.support.tf_emulator.gcp_compute import ENDPOINT_ENV
 
     key = fake.service_account_file(tmp_path / "service-account.json")
-    env = {**os.environ, ENDPOINT_ENV: fake.endpoint, COMPUTE_ENDPOINT_ENV: f"{fake.endpoint}/compute/v1/",
-           "GOOGLE_APPLICATION_CREDENTIALS": str(key),
-           "TF_CLI_CONFIG_FILE": str(write_cli_config(tmp_path / "emulator")), "KIT_DEPLOY_ROOT": str(tmp_path / "deploy")}
-    with open(tmp_path / "kit-train.log", "w") as log:
-        return subprocess.Popen([str(Path(sys.executable).with_name("kit")), "train", str(spec),
-                                 "--listen", f"{hosts.gateway}:{free_port()}", "--json-report", str(tmp_path / "report.json"),
-                                 "--interval", "5"],  # polls every 5 s, not 15: the same path, sooner
-                                cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return {ENDPOINT_ENV: fake.endpoint, COMPUTE_ENDPOINT_ENV: f"{fake.endpoint}/compute/v1/",
+            "GOOGLE_APPLICATION_CREDENTIALS": str(key)}
 
 
 def preempt_after_a_checkpoint(tmp_path: Path, kit: subprocess.Popen, hosts):
     """Once the job is past its first checkpoint, the head (rank 0) is preempted; returns its VM, the
     external address it had, and the shutdown-script's output."""
-    hosts.wait_for(2, timeout=300)
-    deadline = time.time() + 600
-    while progress_step(hosts, tmp_path / "key", tmp_path / "deploy" / "e2e" / "known_hosts") < CKPT_EVERY + 10:
-        assert kit.poll() is None and time.time() < deadline, (tmp_path / "kit-train.log").read_text()
-        time.sleep(2)
-    head = head_instance(tmp_path / "deploy" / "e2e")
-    victim = next(h for h in hosts.hosts.values() if h.id == head)
+    victim = head_past_a_checkpoint(tmp_path, kit, hosts)
     address = victim.public
     return victim, address, hosts.preempt(victim.name)
 
@@ -140,23 +121,9 @@ def test_kit_train_gcp_end_to_end_with_a_spot_preemption(tmp_path):
     t0 = time.time()
     with FakeCompute(PROJECT, token=TOKEN) as fake, GceHosts(fake, tmp_path / "hosts", shutdown_timeout=30) as hosts:
         spec = write_spec(tmp_path, hosts.subnet)
-        reference: dict[str, str] = {}
-        ref = threading.Thread(target=lambda: reference.update(sha=undisturbed_digest(tmp_path)), daemon=True)
-        ref.start()
-        kit = start_kit_train(tmp_path, spec, fake, hosts)
-        try:
-            victim, old_address, script_output = preempt_after_a_checkpoint(tmp_path, kit, hosts)
-            rc = kit.wait(timeout=900)
-        finally:
-            if kit.poll() is None:
-                kit.kill()
-        output = (tmp_path / "kit-train.log").read_text()
-        assert rc == 0 and not hosts.errors, (output, hosts.errors)
-        report = json.loads((tmp_path / "report.json").read_text())
-        ref.join(600)
-        assert report["params_sha256"] == reference["sha"], output
-        assert report["preemptions"] >= 1 and report["steps"] == STEPS, report
-        assert report["export"] and report["disks"] == "deleted", report
+        start = partial(start_kit_train, tmp_path, spec, hosts, cloud_env(tmp_path, fake))
+        report, (victim, old_address, script_output) = train_through_a_loss(
+            tmp_path, hosts, start, lambda kit: preempt_after_a_checkpoint(tmp_path, kit, hosts))
         assert_recovered_the_gcp_way(tmp_path, hosts, victim, old_address, script_output, report)
         assert not fake.disks and not [i for i in fake.instances if i["status"] == "RUNNING"], (fake.disks, fake.instances)
         print(f"kit train gcp: {time.time() - t0:.0f} s in all")

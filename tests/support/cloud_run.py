@@ -9,7 +9,11 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 # the undisturbed runs' digests of this test run (its xdist processes share PYTEST_XDIST_TESTRUNUID), by what
@@ -104,3 +108,55 @@ def head_instance(deploy_dir: Path) -> str:
 
     with ledger_of(deploy_dir) as ledger:
         return next(n.instance_id for n in ledger.all_nodes() if n.rank == 0)
+
+
+def start_kit_train(tmp_path: Path, spec: Path, hosts, cloud_env: dict[str, str]) -> subprocess.Popen:
+    """`kit train SPEC` as a user runs it, with the emulator's mirror and ``cloud_env`` (what points Terraform's
+    provider and kit's own clients at the cloud's stand-in); the agents post to the bridge's address."""
+    from kit.backends.local import free_port
+    from tests.support.tf_emulator import write_cli_config
+
+    env = {**os.environ, **cloud_env, "TF_CLI_CONFIG_FILE": str(write_cli_config(tmp_path / "emulator")),
+           "KIT_DEPLOY_ROOT": str(tmp_path / "deploy")}
+    with open(tmp_path / "kit-train.log", "w") as log:
+        return subprocess.Popen([str(Path(sys.executable).with_name("kit")), "train", str(spec),
+                                 "--listen", f"{hosts.gateway}:{free_port()}", "--json-report", str(tmp_path / "report.json"),
+                                 "--interval", "5"],  # polls every 5 s, not 15: the same path, sooner
+                                cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def head_past_a_checkpoint(tmp_path: Path, kit: subprocess.Popen, hosts):
+    """Once the job is past its first checkpoint: the host of the head (rank 0), the rendezvous endpoint."""
+    hosts.wait_for(2, timeout=300)
+    deadline = time.time() + 600
+    while progress_step(hosts, tmp_path / "key", tmp_path / "deploy" / "e2e" / "known_hosts") < CKPT_EVERY + 10:
+        assert kit.poll() is None and time.time() < deadline, (tmp_path / "kit-train.log").read_text()
+        time.sleep(2)
+    head = head_instance(tmp_path / "deploy" / "e2e")
+    return next(h for h in list(hosts.hosts.values()) if h.id == head)
+
+
+def train_through_a_loss(tmp_path: Path, hosts, start: Callable[[], subprocess.Popen],
+                         lose: Callable[[subprocess.Popen], object]) -> tuple[dict, object]:
+    """`kit train` (``start``) with the undisturbed reference computed beside it (mostly while kit waits on the
+    hosts); ``lose`` takes a node away once training is under way. The run must end with every step, the
+    reference's digest, the export verified and the data disks deleted. Returns its report and what ``lose``
+    returned."""
+    reference: dict[str, str] = {}
+    ref = threading.Thread(target=lambda: reference.update(sha=undisturbed_digest(tmp_path)), daemon=True)
+    ref.start()
+    kit = start()
+    try:
+        lost = lose(kit)
+        rc = kit.wait(timeout=900)
+    finally:
+        if kit.poll() is None:
+            kit.kill()
+    output = (tmp_path / "kit-train.log").read_text()
+    assert rc == 0 and not hosts.errors, (output, hosts.errors)
+    report = json.loads((tmp_path / "report.json").read_text())
+    ref.join(600)
+    assert report["params_sha256"] == reference["sha"], output
+    assert report["preemptions"] >= 1 and report["steps"] == STEPS, report
+    assert report["export"] and report["disks"] == "deleted", report
+    return report, lost

@@ -30,12 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,56 +40,32 @@ from pathlib import Path
 from tests.support import REPO
 from tests.support.host_keys import cloud_init_console, new_host_keys
 from tests.support.moto import console_outputs
-from tests.support.netns_hosts import (
-    StartStop,
-    _run,
-    cache_lock,
-    free_subnets,
-    reap_stale,
-    rootfs_tarball,
-    shut_down,
-)
-from tests.support.vm_image import Vm, install_image, plug, power_on, unpack
+from tests.support.netns_hosts import _run
+from tests.support.vm_image import Vm, VmHosts, install_image, plug, power_on, unpack
 
 BY_ID = Path("/dev/disk/by-id")
 EBS_PREFIX = "nvme-Amazon_Elastic_Block_Store_"
 
 
-class Ec2Hosts(StartStop):
+class Ec2Hosts(VmHosts):
     def __init__(self, endpoint: str, region: str, zone: str, workdir: Path, *, warning: float = 20.0):
         import boto3
 
+        super().__init__(workdir)
         self.ec2 = boto3.client("ec2", region_name=region, endpoint_url=endpoint)
         self.region, self.zone = region, zone
-        self.workdir = Path(workdir)
-        self.tag = str(os.getpid())
-        self.bridge = f"kb{self.tag}"
         self.warning = warning
-        self.subnet = 0
         self.subnet_id = self.vpc_id = ""
-        self.hosts: dict[str, Vm] = {}
         self.volumes: dict[str, tuple[Path, str]] = {}  # volume id -> (file, loop device)
         self.links: set[Path] = set()
         self.booted: list[str] = []  # instance ids, in the order their hosts came up
         self.attachments: list[tuple[str, str]] = []  # (instance id, volume id), in the order they appeared
-        self.errors: list[str] = []
         self.consoles: dict[str, str] = {}  # instance id -> its console output (GetConsoleOutput)
         self._console = contextlib.ExitStack()
-        self._index = 0
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._follow, daemon=True)
 
     # ------------------------------------------------------------------ set-up and tear-down
     def start(self) -> Ec2Hosts:
-        rootfs_tarball()
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        with cache_lock("netns"):
-            reap_stale()
-            (self.subnet,) = free_subnets(1)
-            _run(["ip", "link", "add", self.bridge, "type", "bridge"])
-            _run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])
-            _run(["ip", "link", "set", self.bridge, "up"])
+        self._network()
         cidr = f"198.18.{self.subnet}.0/24"
         self.vpc_id = self.ec2.create_vpc(CidrBlock=cidr)["Vpc"]["VpcId"]
         self.subnet_id = self.ec2.create_subnet(VpcId=self.vpc_id, CidrBlock=cidr,
@@ -101,41 +74,21 @@ class Ec2Hosts(StartStop):
         self._thread.start()
         return self
 
-    @property
-    def gateway(self) -> str:
-        return f"198.18.{self.subnet}.1"
-
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(30)
-        for host in list(self.hosts.values()):
-            self._remove(host, grace=0)
+        self._halt()
         for link in self.links:
             link.unlink(missing_ok=True)
-        for _, loop in self.volumes.values():
-            subprocess.run(["losetup", "-d", loop], check=False, capture_output=True)
-        subprocess.run(["ip", "link", "del", self.bridge], check=False, capture_output=True)
+        self._unplug([loop for _, loop in self.volumes.values()])
         self._console.close()
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
     # ------------------------------------------------------------------ following moto
-    def _follow(self) -> None:
-        while not self._stop.is_set():
-            try:
-                with self._lock:
-                    self.sync()
-            except Exception as error:  # noqa: BLE001 - kept for the test to report
-                self.errors.append(f"{type(error).__name__}: {error}")
-            self._stop.wait(0.3)
-
     def sync(self) -> None:
         """Hosts for the subnet's running instances, none for the others; volumes where they are attached."""
         found = self.ec2.describe_instances(Filters=[{"Name": "subnet-id", "Values": [self.subnet_id]}])
         states = {i["InstanceId"]: i for r in found["Reservations"] for i in r["Instances"]}
         for iid, host in list(self.hosts.items()):
             if states.get(iid, {}).get("State", {}).get("Name") != "running":
-                self._remove(host, grace=30)
+                self._power_off(host, grace=30)
         for iid, inst in states.items():
             if inst["State"]["Name"] == "running" and iid not in self.hosts:
                 self._boot(iid, inst["PrivateIpAddress"])
@@ -190,29 +143,14 @@ class Ec2Hosts(StartStop):
         names = "".join(f"198.18.{self.subnet}.{i} ip-198-18-{self.subnet}-{i}\n" for i in range(2, 255))
         install_image(host.root, hostname=host.name, authorized_keys=keys, hosts=names)
 
-    def _remove(self, host: Vm, grace: float) -> None:
-        """Shut the host down: its units stopped (SIGTERM to PID 1, up to ``grace`` s), then everything killed."""
-        pid1 = host.pid1()
-        if grace and pid1:
-            os.kill(pid1, signal.SIGTERM)
-            deadline = time.time() + grace
-            while time.time() < deadline and host.proc.poll() is None:
-                time.sleep(0.2)
-        shut_down(host.netns, host.veth, host.proc, host.metadata)
+    def _power_off(self, host: Vm, grace: float) -> None:
+        """Shut the host down (its units stopped first, for up to ``grace`` s); a terminated instance's root
+        volume goes with it."""
+        self._shut_down(host, grace)
         shutil.rmtree(host.root, ignore_errors=True)
         self.hosts.pop(host.id, None)
 
     # ------------------------------------------------------------------ what the tests do
-    def wait_for(self, count: int, timeout: float = 120) -> list[Vm]:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            with self._lock:
-                hosts = list(self.hosts.values())
-            if len(hosts) >= count:
-                return hosts
-            time.sleep(0.2)
-        raise TimeoutError(f"{count} hosts not up after {timeout} s (up: {sorted(self.hosts)}; errors: {self.errors})")
-
     def interrupt(self, instance_id: str) -> None:
         """The two-minute warning (``warning`` seconds here), then the spot termination."""
         host = self.hosts[instance_id]

@@ -29,28 +29,16 @@ Needs root (namespaces, loop devices, chroot, nsenter) and the fake in this proc
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 from tests.support import REPO
 from tests.support.gcp_compute import FakeCompute
 from tests.support.host_keys import new_host_keys
-from tests.support.netns_hosts import (
-    StartStop,
-    _run,
-    cache_lock,
-    free_subnets,
-    reap_stale,
-    rootfs_tarball,
-    shut_down,
-)
-from tests.support.vm_image import Vm, install_image, plug, power_on, unpack
+from tests.support.netns_hosts import _run
+from tests.support.vm_image import Vm, VmHosts, install_image, plug, power_on, unpack
 
 METADATA_LINE = "169.254.169.254 metadata.google.internal\n"
 
@@ -70,67 +58,31 @@ def addresses(instance: dict) -> tuple[str, str | None]:
     return nic["networkIP"], ((nic.get("accessConfigs") or [{}])[0]).get("natIP")
 
 
-class GceHosts(StartStop):
+class GceHosts(VmHosts):
     def __init__(self, compute: FakeCompute, workdir: Path, *, shutdown_timeout: float = 30.0):
+        super().__init__(workdir)
         self.compute = compute
-        self.workdir = Path(workdir)
-        self.tag = str(os.getpid())
-        self.bridge = f"kb{self.tag}"
         self.shutdown_timeout = shutdown_timeout
-        self.subnet = 0
-        self.hosts: dict[str, Vm] = {}  # instance name -> its running host
         self.vms: dict[str, Vm] = {}  # instance id -> its VM, running or stopped (the boot disk is kept)
         self.disks: dict[str, tuple[Path, str]] = {}  # disk name -> (file, loop device)
         self.booted: list[str] = []  # instance ids, each time a VM came up (a restart appears again)
         self.names: dict[str, str] = {}  # instance id -> name, of every VM that ever booted
         self.attachments: list[tuple[str, str]] = []  # (instance id, disk name), in the order they appeared
-        self.errors: list[str] = []
         self._preempting: set[str] = set()
-        self._index = 0
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._follow, daemon=True)
 
     # ------------------------------------------------------------------ set-up and tear-down
     def start(self) -> GceHosts:
-        rootfs_tarball()
-        self.workdir.mkdir(parents=True, exist_ok=True)
         Path("/dev/disk").mkdir(exist_ok=True)  # each VM mounts a /dev/disk of its own over it
-        with cache_lock("netns"):
-            reap_stale()
-            (self.subnet,) = free_subnets(1)
-            _run(["ip", "link", "add", self.bridge, "type", "bridge"])
-            _run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])
-            _run(["ip", "link", "set", self.bridge, "up"])
+        self._network()
         self.compute.subnet = f"198.18.{self.subnet}"
         self._thread.start()
         return self
 
-    @property
-    def gateway(self) -> str:
-        return f"198.18.{self.subnet}.1"
-
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(30)
-        for host in list(self.hosts.values()):
-            self._power_off(host, grace=0)
-        for _, loop in self.disks.values():
-            subprocess.run(["losetup", "-d", loop], check=False, capture_output=True)
-        subprocess.run(["ip", "link", "del", self.bridge], check=False, capture_output=True)
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        self._halt()
+        self._unplug([loop for _, loop in self.disks.values()])
 
     # ------------------------------------------------------------------ following the fake
-    def _follow(self) -> None:
-        while not self._stop.is_set():
-            try:
-                with self._lock:
-                    self.sync()
-            except Exception as error:  # noqa: BLE001 - kept for the test to report
-                self.errors.append(f"{type(error).__name__}: {error}")
-            self._stop.wait(0.3)
-
     def sync(self) -> None:
         """Hosts for the RUNNING instances, none for the others; boot disks of deleted instances gone;
         disks where they are attached; every host's view of the internal DNS names."""
@@ -217,30 +169,14 @@ class GceHosts(StartStop):
         tmp.replace(vm.dir / "instance.json")
 
     def _power_off(self, host: Vm, grace: float) -> None:
-        """The OS shuts down: its units stopped (SIGTERM to PID 1, up to ``grace`` s), then everything killed.
-        The boot disk stays (``self.vms``) until the instance is deleted."""
-        pid1 = host.pid1()
-        if grace and pid1:
-            os.kill(pid1, signal.SIGTERM)
-            deadline = time.time() + grace
-            while time.time() < deadline and host.proc is not None and host.proc.poll() is None:
-                time.sleep(0.2)
-        shut_down(host.netns, host.veth, host.proc, host.metadata)
+        """The OS shuts down (its units stopped first, for up to ``grace`` s); the boot disk stays
+        (``self.vms``) until the instance is deleted."""
+        self._shut_down(host, grace)
         for link in (host.dir / "dev-disk" / "by-id").glob("*"):
             link.unlink()
         self.hosts.pop(host.name, None)
 
     # ------------------------------------------------------------------ what the tests do
-    def wait_for(self, count: int, timeout: float = 120) -> list[Vm]:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            with self._lock:
-                hosts = list(self.hosts.values())
-            if len(hosts) >= count:
-                return hosts
-            time.sleep(0.2)
-        raise TimeoutError(f"{count} hosts not up after {timeout} s (up: {sorted(self.hosts)}; errors: {self.errors})")
-
     def preempt(self, name: str) -> str:
         """The Spot VM is preempted (see the module's docstring); returns the shutdown-script's output."""
         with self._lock:

@@ -5,12 +5,27 @@ at /opt/kit/venv whose packages are the controller's site-packages mounted read-
 PyTorch preinstalled, as the clouds' deep-learning images are)."""
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sysconfig
+import threading
+import time
+from abc import abstractmethod
 from pathlib import Path
 
-from tests.support.netns_hosts import _run, boot, rootfs_tarball, veth_into
+from tests.support.netns_hosts import (
+    StartStop,
+    _run,
+    boot,
+    cache_lock,
+    free_subnets,
+    reap_stale,
+    rootfs_tarball,
+    shut_down,
+    veth_into,
+)
 
 FAKE_SYSTEMD = Path(__file__).with_name("fake_systemd.py")
 IMAGE_PACKAGES = "/opt/image/site-packages"  # where the controller's packages appear on a host
@@ -97,3 +112,86 @@ def power_on(vm: Vm, before: str = "") -> None:
 
 def site_packages() -> str:
     return sysconfig.get_paths()["purelib"]
+
+
+class VmHosts(StartStop):
+    """A cloud's running VMs as hosts: a bridge of ``198.18.S.0/24`` (a free ``S``; the root namespace holds
+    ``.1``, the gateway), and a thread that calls ``sync`` every 0.3 s to follow the cloud's API. ``hosts``:
+    the running ones, by the key the cloud's harness gives them."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = Path(workdir)
+        self.tag = str(os.getpid())
+        self.bridge = f"kb{self.tag}"
+        self.subnet = 0
+        self.hosts: dict[str, Vm] = {}
+        self.errors: list[str] = []
+        self._index = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+
+    @abstractmethod
+    def sync(self) -> None: ...
+
+    @abstractmethod
+    def _power_off(self, host: Vm, grace: float) -> None: ...
+
+    def _network(self) -> None:
+        """The bridge, on a subnet no other test run holds."""
+        rootfs_tarball()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with cache_lock("netns"):
+            reap_stale()
+            (self.subnet,) = free_subnets(1)
+            _run(["ip", "link", "add", self.bridge, "type", "bridge"])
+            _run(["ip", "addr", "add", f"{self.gateway}/24", "dev", self.bridge])
+            _run(["ip", "link", "set", self.bridge, "up"])
+
+    @property
+    def gateway(self) -> str:
+        return f"198.18.{self.subnet}.1"
+
+    def _halt(self) -> None:
+        """The following thread stopped and every host powered off."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+        for host in list(self.hosts.values()):
+            self._power_off(host, grace=0)
+
+    def _unplug(self, loops: list[str]) -> None:
+        """The loop devices and the bridge gone, and the work directory."""
+        for loop in loops:
+            subprocess.run(["losetup", "-d", loop], check=False, capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], check=False, capture_output=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self._lock:
+                    self.sync()
+            except Exception as error:  # noqa: BLE001 - kept for the test to report
+                self.errors.append(f"{type(error).__name__}: {error}")
+            self._stop.wait(0.3)
+
+    def _shut_down(self, host: Vm, grace: float) -> None:
+        """The OS shuts down: its units stopped (SIGTERM to PID 1, up to ``grace`` s), then everything killed."""
+        pid1 = host.pid1()
+        if grace and pid1:
+            os.kill(pid1, signal.SIGTERM)
+            deadline = time.time() + grace
+            while time.time() < deadline and host.proc is not None and host.proc.poll() is None:
+                time.sleep(0.2)
+        shut_down(host.netns, host.veth, host.proc, host.metadata)
+
+    def wait_for(self, count: int, timeout: float = 120) -> list[Vm]:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            with self._lock:
+                hosts = list(self.hosts.values())
+            if len(hosts) >= count:
+                return hosts
+            time.sleep(0.2)
+        raise TimeoutError(f"{count} hosts not up after {timeout} s (up: {sorted(self.hosts)}; errors: {self.errors})")

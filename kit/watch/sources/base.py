@@ -64,8 +64,9 @@ def loss_events(poll: Poll, current: Mapping[str, int | None], source: str, now:
                 since: dict[str, float] | None = None) -> list[Event]:
     """Events for nodes of the current deployment (``instance -> rank``) that are gone.
 
-    A node still stopping is not lost yet (below). A node missing from the listing counts as lost too: GCP deletes preempted instances whose
-    termination action is DELETE, and AWS stops listing terminated instances after about an hour.
+    A node still stopping is not lost yet (below). A node missing from the listing counts as lost too:
+    GCP deletes preempted instances whose termination action is DELETE, and AWS stops listing
+    terminated instances after about an hour.
     ``since`` (``instance -> when this incarnation came up``) keys the event to the incarnation:
     an instance id can come back (a GCP spot VM stopped by a preemption and restarted by the next
     apply), and its next loss is a new fact.

@@ -438,3 +438,16 @@ def test_every_restart_is_marked_on_the_node_before_its_change():
                 if not marked:
                     unmarked.append(f"{path.relative_to(ANSIBLE)}: {task['name']}")
     assert notifying >= 7 and not unmarked, f"{notifying} notifying tasks; not marked before: {unmarked}"
+
+
+def test_the_playbook_runs_the_roles_in_order_each_tagged_with_its_name():
+    """kit.bootstrap.bootstrap_nodes(roles=...) selects roles by these tags; an unknown one is refused before Ansible runs."""
+    import yaml
+
+    from kit.bootstrap import ROLES, bootstrap_nodes
+    from kit.errors import KitError
+
+    (play,) = yaml.safe_load((REPO / "ansible" / "site.yml").read_text())
+    assert [(r["role"], r["tags"]) for r in play["roles"]] == [(r, [r]) for r in ROLES]
+    with pytest.raises(KitError, match="no role driver in the playbook"):
+        bootstrap_nodes({"all": {"hosts": {}}}, roles=("driver",))
