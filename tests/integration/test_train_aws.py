@@ -20,37 +20,24 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.support.cloud_run import (
-    TRAINING,
     head_past_a_checkpoint,
-    image_versions,
     ledger_events,
     skip_reason,
     start_kit_train,
     train_through_a_loss,
+    write_spec,
 )
 from tests.support.tf_emulator.aws_moto import ENDPOINT_ENV
 
 pytestmark = [pytest.mark.slow]
 
 
-def write_spec(tmp_path: Path, subnet_id: str) -> Path:
-    """examples/aws-g5-spot.yaml on this machine's terms: 2 nodes in the test's subnet, a 1 GB volume each,
-    SSH as root with a key of its own, local state, the tiny model for some hundred steps on the CPU."""
-    from tests.support import REPO
-    from tests.support.files import one_place
-
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
-    spec = one_place(yaml.safe_load((REPO / "examples" / "aws-g5-spot.yaml").read_text()))
-    spec.update(name="e2e", nodes=2, disk={"size_gb": 1, "type": "gp3"}, network={"subnet_id": subnet_id},
-                ssh={"user": "root", "public_key": str(tmp_path / "key.pub"), "allowed_cidrs": ["198.18.0.0/15"]},
-                backend={"type": "local"}, training=TRAINING, bootstrap={"vars": image_versions()})
-    spec["policy"]["deadline_hours"] = 48
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
+def aws_spec(tmp_path: Path, subnet_id: str) -> Path:
+    """examples/aws-g5-spot.yaml on this machine's terms (cloud_run.write_spec), in the test's subnet, a 1 GB
+    volume each."""
+    return write_spec(tmp_path, "aws-g5-spot", disk={"size_gb": 1, "type": "gp3"}, network={"subnet_id": subnet_id})
 
 
 def interrupt_after_a_checkpoint(tmp_path: Path, kit: subprocess.Popen, hosts):
@@ -101,7 +88,7 @@ def test_kit_train_aws_end_to_end_with_a_spot_interruption(tmp_path, monkeypatch
     t0 = time.time()
     with moto_server(monkeypatch) as url, Ec2Hosts(url, "us-east-1", "us-east-1a", tmp_path / "hosts",
                                                       warning=5) as hosts:
-        spec = write_spec(tmp_path, hosts.subnet_id)
+        spec = aws_spec(tmp_path, hosts.subnet_id)
         # moto as the endpoint of Terraform's provider and of the watcher's boto3
         start = partial(start_kit_train, tmp_path, spec, hosts, {ENDPOINT_ENV: url, "AWS_ENDPOINT_URL": url})
         report, victim = train_through_a_loss(tmp_path, hosts, start,

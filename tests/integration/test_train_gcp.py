@@ -28,16 +28,14 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.support.cloud_run import (
-    TRAINING,
     head_past_a_checkpoint,
-    image_versions,
     ledger_events,
     skip_reason,
     start_kit_train,
     train_through_a_loss,
+    write_spec,
 )
 
 pytestmark = [pytest.mark.slow]
@@ -45,23 +43,12 @@ pytestmark = [pytest.mark.slow]
 PROJECT, ZONE, TOKEN = "kit-e2e-project", "us-central1-a", "ya29.kit-e2e-token"
 
 
-def write_spec(tmp_path: Path, subnet: int) -> Path:
-    """examples/gcp-a3-spot.yaml on this machine's terms: 2 nodes of one GPU each in one zone, the network's
-    range the hosts' bridge, a 10 GB disk each (GCE's smallest), SSH as root with a key of its own, local
-    state, the tiny model for some hundred steps on the CPU."""
-    from tests.support import REPO
-    from tests.support.files import one_place
-
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
-    spec = one_place(yaml.safe_load((REPO / "examples" / "gcp-a3-spot.yaml").read_text()))
-    spec.update(name="e2e", project=PROJECT, zone=ZONE, nodes=2, instance_type="g2-standard-4", placement="none",
-                disk={"size_gb": 10, "type": "pd-balanced"}, network={"cidr": f"198.18.{subnet}.0/24"},
-                ssh={"user": "root", "public_key": str(tmp_path / "key.pub"), "allowed_cidrs": ["198.18.0.0/15"]},
-                backend={"type": "local"}, training=TRAINING, bootstrap={"vars": image_versions()})
-    spec["policy"]["deadline_hours"] = 48
-    path = tmp_path / "cluster.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    return path
+def gcp_spec(tmp_path: Path, subnet: int) -> Path:
+    """examples/gcp-a3-spot.yaml on this machine's terms (cloud_run.write_spec): nodes of one GPU each in one
+    zone, the network's range the hosts' bridge, a 10 GB disk each (GCE's smallest)."""
+    return write_spec(tmp_path, "gcp-a3-spot", project=PROJECT, zone=ZONE, instance_type="g2-standard-4",
+                      placement="none", disk={"size_gb": 10, "type": "pd-balanced"},
+                      network={"cidr": f"198.18.{subnet}.0/24"})
 
 
 def cloud_env(tmp_path: Path, fake) -> dict[str, str]:
@@ -120,7 +107,7 @@ def test_kit_train_gcp_end_to_end_with_a_spot_preemption(tmp_path):
 
     t0 = time.time()
     with FakeCompute(PROJECT, token=TOKEN) as fake, GceHosts(fake, tmp_path / "hosts", shutdown_timeout=30) as hosts:
-        spec = write_spec(tmp_path, hosts.subnet)
+        spec = gcp_spec(tmp_path, hosts.subnet)
         start = partial(start_kit_train, tmp_path, spec, hosts, cloud_env(tmp_path, fake))
         report, (victim, old_address, script_output) = train_through_a_loss(
             tmp_path, hosts, start, lambda kit: preempt_after_a_checkpoint(tmp_path, kit, hosts))

@@ -44,6 +44,27 @@ def image_versions() -> dict[str, str]:
             "trainer_extra_env": {"OMP_NUM_THREADS": 1}}
 
 
+def write_spec(tmp_path: Path, example: str, **fields) -> Path:
+    """``examples/<example>.yaml`` on this machine's terms, as ``tmp_path/cluster.yaml``: one place (its zone and
+    shape), 2 nodes, SSH as root with a key of its own (``tmp_path/key``) from the test range, local state, the
+    tiny model for some hundred steps on the CPU with the image's package pins, a 48-h deadline; ``fields``: the
+    cloud's own (its network, disk, ...)."""
+    import yaml
+
+    from tests.support import REPO
+    from tests.support.files import one_place
+
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
+    spec = one_place(yaml.safe_load((REPO / "examples" / f"{example}.yaml").read_text()))
+    spec.update(name="e2e", nodes=2, backend={"type": "local"}, training=TRAINING, bootstrap={"vars": image_versions()},
+                ssh={"user": "root", "public_key": str(tmp_path / "key.pub"), "allowed_cidrs": ["198.18.0.0/15"]},
+                **fields)
+    spec["policy"]["deadline_hours"] = 48
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
 def undisturbed_digest(tmp_path: Path) -> str:
     """The same training flags on 2 ranks here, never stopped. Both clouds' runs train alike, so the digest is
     computed once for the flags, the training code and torch, under a lock every test process shares (the

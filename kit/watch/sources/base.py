@@ -22,6 +22,7 @@ STOPPING = "stopping"
 STOPPED = "stopped"
 TERMINATED = "terminated"  # gone or going for good
 GONE_STATES = (STOPPING, STOPPED, TERMINATED)
+LOST_STATES = (STOPPED, TERMINATED)  # gone for good: a node still STOPPING is lost once it has stopped (loss_events)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def loss_events(poll: Poll, current: Mapping[str, int | None], source: str, now:
     events = []
     for instance, rank in current.items():
         status = seen.get(instance)
-        if status is not None and (status.state not in GONE_STATES or status.state == STOPPING):
+        if status is not None and status.state not in LOST_STATES:
             # running, or still stopping (a preempted GCE VM for about 30 s, an EC2 stop): its loss is reported once
             # it has stopped, so that the apply it leads to does not ask the cloud to start a VM that is still
             # stopping (EC2's StartInstances refuses one, IncorrectInstanceState; the node's agent has reported
