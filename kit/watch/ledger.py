@@ -107,6 +107,9 @@ ADDED_COLUMNS = (("nodes", "shape", "TEXT"), ("nodes", "price", "REAL"), ("appli
 # own moment, and agents and the puller relay them late and in any order; a row without the write time
 # (an older agent's) counts as written when it was recorded.
 WRITTEN = "COALESCE(written, recorded)"
+# A recorded observation's mark, set by the watcher on a tick whose losses interrupted the job: the step the job
+# had reached then (kit.watch.watcher.Watcher._interrupts).
+INTERRUPTED_AT = "interrupted_at_step"
 
 
 def _checkpoint_step(event: Event) -> int | None:
@@ -569,6 +572,13 @@ class Ledger:
         with self.transaction() as db:
             db.execute("UPDATE ticks SET observation = ?, decision = ? WHERE id = (SELECT MAX(id) FROM ticks)",
                        (json.dumps(observation, sort_keys=True), decision))
+
+    def last_interruption(self) -> tuple[float, int] | None:
+        """(time, step) of the newest tick whose observation is marked as the job's interruption
+        (``INTERRUPTED_AT``): when it was, and the step the job had reached; None before any."""
+        step = f"json_extract(observation, '$.{INTERRUPTED_AT}')"
+        rows = self._query(f"SELECT time, {step} AS step FROM ticks WHERE {step} IS NOT NULL ORDER BY id DESC LIMIT 1")
+        return (float(rows[0]["time"]), int(rows[0]["step"])) if rows else None
 
     def ticks(self) -> list[dict[str, Any]]:
         return [{"time": r["time"], "observation": json.loads(r["observation"]), "decision": r["decision"]}

@@ -39,7 +39,7 @@ from kit.policy.market import DefaultPolicy
 from kit.watch.acting import MOVE, Actor, Outcome
 from kit.watch.disks import DiskKeeper
 from kit.watch.events import BY_KIT, CAPACITY_ERROR, LOSS_KINDS, STOPPED_BY_KIT, Event
-from kit.watch.ledger import Ledger
+from kit.watch.ledger import INTERRUPTED_AT, Ledger
 from kit.watch.sources.base import EventSource, SourceError, loss_events
 from kit.watch.status import changeover_of, prices_of
 from training.contract import ON_DEMAND, SPOT
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("kit.watch")
 # An observation's mark (recorded with it) for a tick that lost the spot run of a job that may move.
 LOST_SPOT = "lost_spot"
+WATCHER_MARKS = (LOST_SPOT, INTERRUPTED_AT)  # recorded with an observation, never shown to the policy
 
 
 
@@ -173,7 +174,7 @@ class Watcher:
         # what the market did: not the agents' notices, nor the nodes kit stopped itself (an interrupted local
         # run's: recovered, but neither a preemption nor the end of the zone's spot run)
         losses = [e for e in fresh if e["kind"] in LOSS_KINDS and e["source"] != "agent" and not e["detail"].get(BY_KIT)]
-        preempted = bool(losses)
+        preempted = bool(losses) and self._interrupts(losses, progress)
         markets = {n.instance_id: n.market for n in self.ledger.all_nodes()}  # newest incarnation last
         spot_lost = any(markets.get(e["instance"]) == SPOT for e in losses)
         capacity_blocked = now < self.ledger.spot_blocked_until()
@@ -187,6 +188,8 @@ class Watcher:
                 result.market != ON_DEMAND or not moving or self.actor.spot_try_due())
             if spot_lost and moving:
                 observation[LOST_SPOT] = True
+            if preempted and progress:
+                observation[INTERRUPTED_AT] = progress["step"]
         observed = max([cursor] + [e["id"] for e in fresh])
         # policy state before it decides, for a tick whose capacity search may turn out to be a failed probe
         before = (self.policy.snapshot() if moving and observation is not None
@@ -210,6 +213,21 @@ class Watcher:
         if self.ledger.pending_decision() is None:  # settled: the disks of zones left long enough ago may go
             self.keeper.tick()
         return result
+
+    def _interrupts(self, losses: list[dict], progress: dict | None) -> bool:
+        """Whether a tick's losses interrupt the job: a preemption to the policy. A cloud reclaims a gang's
+        nodes one by one, seconds or minutes apart, and a poll can fall between two of them; the simulator,
+        and with it the policies' statistics (threshold's k preemptions, the spot runs ``default`` learns),
+        count the gang's loss once. So a loss of nodes that were up when an earlier tick counted an
+        interruption, while the job has not trained past the step it had reached then, completes that
+        interruption; a node launched since (a relaunch lost again), or a loss after the job went on, is a
+        new one. (After a restart from an older checkpoint the job may take a while to pass that step: a
+        survivor lost in between counts with the interruption before.)"""
+        last = self.ledger.last_interruption()
+        if last is None or progress is None or progress["step"] > last[1]:
+            return True
+        started = {n.instance_id: n.since for n in self.ledger.all_nodes()}  # the newest incarnation last
+        return any(started.get(e["instance"], last[0]) >= last[0] for e in losses)
 
     def record_losses(self) -> None:
         """Poll once and record the nodes the source reports lost, without asking the policy. The loop calls
@@ -322,8 +340,8 @@ class Watcher:
 
     @staticmethod
     def _seen(observation: dict) -> Observation:
-        """A recorded observation as the policy sees it (without the watcher's own ``LOST_SPOT`` mark)."""
-        return Observation(**{k: v for k, v in observation.items() if k != LOST_SPOT})
+        """A recorded observation as the policy sees it (without the watcher's own marks)."""
+        return Observation(**{k: v for k, v in observation.items() if k not in WATCHER_MARKS})
 
     def _plan_move(self, now: float, observation: dict | None, decision: str, market: str | None) -> str | None:
         """On spot with nothing else to do (``decision`` and the running ``market`` spot, no action planned): a
