@@ -171,10 +171,7 @@ class Watcher:
                 result.done = True
                 return result
 
-        # what the market did: not the agents' notices, nor the nodes kit stopped itself (an interrupted local
-        # run's: recovered, but neither a preemption nor the end of the zone's spot run)
-        losses = [e for e in fresh if e["kind"] in LOSS_KINDS and e["source"] != "agent" and not e["detail"].get(BY_KIT)]
-        preempted = bool(losses) and self._interrupts(losses, progress)
+        losses, preempted = self._market_losses(fresh, progress)
         markets = {n.instance_id: n.market for n in self.ledger.all_nodes()}  # newest incarnation last
         spot_lost = any(markets.get(e["instance"]) == SPOT for e in losses)
         capacity_blocked = now < self.ledger.spot_blocked_until()
@@ -214,20 +211,29 @@ class Watcher:
             self.keeper.tick()
         return result
 
-    def _interrupts(self, losses: list[dict], progress: dict | None) -> bool:
-        """Whether a tick's losses interrupt the job: a preemption to the policy. A cloud reclaims a gang's
-        nodes one by one, seconds or minutes apart, and a poll can fall between two of them; the simulator,
-        and with it the policies' statistics (threshold's k preemptions, the spot runs ``default`` learns),
-        count the gang's loss once. So a loss of nodes that were up when an earlier tick counted an
-        interruption, while the job has not trained past the step it had reached then, completes that
-        interruption; a node launched since (a relaunch lost again), or a loss after the job went on, is a
-        new one. (After a restart from an older checkpoint the job may take a while to pass that step: a
-        survivor lost in between counts with the interruption before.)"""
+    def _market_losses(self, fresh: list[dict], progress: dict | None) -> tuple[list[dict], bool]:
+        """What the market did among a tick's new events: the losses (not the agents' notices, nor the nodes
+        kit stopped itself: an interrupted local run's, recovered, but neither a preemption nor the end of the
+        zone's spot run), and whether they interrupt the job, a preemption to the policy.
+
+        A cloud reclaims a gang's nodes one by one, seconds or minutes apart, and a poll can fall between two
+        of them; the simulator, and with it the policies' statistics (threshold's k preemptions, the spot
+        runs ``default`` learns), count the gang's loss once. So a loss of nodes that were up when an earlier
+        tick counted an interruption, while the job has not trained past the step it had reached then,
+        completes that interruption; a node launched since (a relaunch lost again), or a loss after the job
+        went on, is a new one. (After a restart from an older checkpoint the job may take a while to pass
+        that step: a survivor lost in between counts with the interruption before.) A loss dated before that
+        interruption is no news at all: a late report of one counted then (a GCP preempted operation listed
+        after the instance was seen gone)."""
+        losses = [e for e in fresh if e["kind"] in LOSS_KINDS and e["source"] != "agent" and not e["detail"].get(BY_KIT)]
         last = self.ledger.last_interruption()
-        if last is None or progress is None or progress["step"] > last[1]:
-            return True
+        if last is None or progress is None:
+            return losses, bool(losses)
+        when, step = last
+        losses = [e for e in losses if e["time"] > when]
         started = {n.instance_id: n.since for n in self.ledger.all_nodes()}  # the newest incarnation last
-        return any(started.get(e["instance"], last[0]) >= last[0] for e in losses)
+        went_on = progress["step"] > step
+        return losses, any(went_on or started.get(e["instance"], when) >= when for e in losses)
 
     def record_losses(self) -> None:
         """Poll once and record the nodes the source reports lost, without asking the policy. The loop calls

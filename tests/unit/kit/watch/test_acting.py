@@ -176,6 +176,29 @@ def test_a_relaunched_node_lost_again_is_a_new_preemption(tmp_path):
     assert watcher.tick().decision == "on-demand"
 
 
+def test_a_late_report_of_a_counted_loss_is_no_new_preemption(tmp_path):
+    """A loss dated before the interruption the policy counted (a GCP preempted operation listed after the
+    instance was seen gone) is a second event about that loss, even after the job trained on."""
+    from kit.policy.market import ThresholdPolicy
+    from kit.watch.events import Event
+
+    watcher, backend, ledger, _, clock = make(tmp_path, [])
+    watcher.policy = ThresholdPolicy(k=2, window_hours=3, cooldown_hours=6)
+    ledger.record(heartbeat(10, 1000, written=1.0))
+    watcher.tick()
+    lost = backend.preempt(1)
+    lost_at = clock.t + 5
+    clock.t += 15
+    watcher.tick()
+    clock.t += 15
+    assert watcher.tick().action == "recover"
+    ledger.record(heartbeat(12, 1000, written=2.0))
+    ledger.record(Event(kind=PREEMPTION, instance=lost.instance_id, time=lost_at, source="gcp",
+                        detail={"reason": "compute.instances.preempted"}, dedup_key="gcp:op:1234"))  # as kit.watch.sources.gcp keys it
+    clock.t += 15
+    assert watcher.tick().decision == "spot" and not ledger.ticks()[-1]["observation"]["preempted"]
+
+
 def test_nodes_stopped_on_the_way_out_are_recorded_at_once_and_the_next_tick_still_sees_them(tmp_path):
     """`kit train` interrupted: the local nodes saved and stopped, but the ledger kept them up until the next
     run's first poll, so `kit status` in between charged them on ($6.30 -> $8.35 in 10 s, nothing running)."""
