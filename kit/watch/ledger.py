@@ -108,7 +108,7 @@ ADDED_COLUMNS = (("nodes", "shape", "TEXT"), ("nodes", "price", "REAL"), ("appli
 # (an older agent's) counts as written when it was recorded.
 WRITTEN = "COALESCE(written, recorded)"
 # A recorded observation's mark, set by the watcher on a tick whose losses interrupted the job: the step the job
-# had reached then (kit.watch.watcher.Watcher._interrupts).
+# had reached then (kit.watch.watcher.Watcher._market_losses).
 INTERRUPTED_AT = "interrupted_at_step"
 
 

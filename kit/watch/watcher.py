@@ -6,7 +6,8 @@ reports a preemption notice, one ``tick``:
 1. polls the cloud (``EventSource``) and records which nodes of the current deployment are gone
    (the cloud API confirms a loss; an agent's notice alone only wakes the loop early);
 2. builds a ``kit.policy.Observation`` from the ledger: progress and job size from the trainer's
-   heartbeats (step / total and the measured step time), preemptions since the last tick, and
+   heartbeats (step / total and the measured step time), whether losses since the last tick interrupted
+   the job (a preemption: a gang's nodes lost over several polls count once, ``_market_losses``), and
    whether spot is usable (not in a tick where a spot node was lost, as in the one-zone simulator's
    model, unless the job may move: then the tick first tells the policy the run ended and the search
    tries the other offers at once, as the multi-zone simulator's ``default`` does; not while a spot
