@@ -40,7 +40,7 @@ from kit.policy.market import DefaultPolicy
 from kit.watch.acting import MOVE, Actor, Outcome
 from kit.watch.disks import DiskKeeper
 from kit.watch.events import BY_KIT, CAPACITY_ERROR, LOSS_KINDS, STOPPED_BY_KIT, Event
-from kit.watch.ledger import INTERRUPTED_AT, Ledger
+from kit.watch.ledger import INTERRUPTED_AT, Ledger, NodeRow
 from kit.watch.sources.base import EventSource, SourceError, loss_events
 from kit.watch.status import changeover_of, prices_of
 from training.contract import ON_DEMAND, SPOT
@@ -172,8 +172,9 @@ class Watcher:
                 result.done = True
                 return result
 
-        losses, preempted = self._market_losses(fresh, progress)
-        markets = {n.instance_id: n.market for n in self.ledger.all_nodes()}  # newest incarnation last
+        incarnations = self.ledger.all_nodes()  # the newest incarnation of an instance last
+        losses, preempted = self._market_losses(fresh, progress, incarnations)
+        markets = {n.instance_id: n.market for n in incarnations}
         spot_lost = any(markets.get(e["instance"]) == SPOT for e in losses)
         capacity_blocked = now < self.ledger.spot_blocked_until()
         observation = self._observation(now, progress, result.market, preempted, spot_available=False)
@@ -212,7 +213,8 @@ class Watcher:
             self.keeper.tick()
         return result
 
-    def _market_losses(self, fresh: list[dict], progress: dict | None) -> tuple[list[dict], bool]:
+    def _market_losses(self, fresh: list[dict], progress: dict | None,
+                       incarnations: list[NodeRow]) -> tuple[list[dict], bool]:
         """What the market did among a tick's new events: the losses (not the agents' notices, nor the nodes
         kit stopped itself: an interrupted local run's, recovered, but neither a preemption nor the end of the
         zone's spot run), and whether they interrupt the job, a preemption to the policy.
@@ -227,12 +229,12 @@ class Watcher:
         interruption is no news at all: a late report of one counted then (a GCP preempted operation listed
         after the instance was seen gone)."""
         losses = [e for e in fresh if e["kind"] in LOSS_KINDS and e["source"] != "agent" and not e["detail"].get(BY_KIT)]
-        last = self.ledger.last_interruption()
+        last = self.ledger.last_interruption() if losses and progress is not None else None
         if last is None or progress is None:
             return losses, bool(losses)
         when, step = last
         losses = [e for e in losses if e["time"] > when]
-        started = {n.instance_id: n.since for n in self.ledger.all_nodes()}  # the newest incarnation last
+        started = {n.instance_id: n.since for n in incarnations}
         went_on = progress["step"] > step
         return losses, any(went_on or started.get(e["instance"], when) >= when for e in losses)
 
