@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cloud_run import (
+    deploy_dir,
     head_past_a_checkpoint,
     ledger_events,
     skip_reason,
@@ -52,7 +53,7 @@ def interrupt_after_a_checkpoint(tmp_path: Path, kit: subprocess.Popen, hosts):
 def assert_recovered_the_aws_way(tmp_path: Path, hosts, victim, report: dict) -> None:
     """The agent saw the notice before EC2 said the instance was gone; one new instance took the victim's
     volume (the same filesystem: the trainer resumed from it and lost no step)."""
-    events, done = ledger_events(tmp_path / "deploy" / "e2e")
+    events, done = ledger_events(deploy_dir(tmp_path))
     # the bootstraps restarted no agent (nor trainer) they had just started: no agent stopped before the end
     assert not [e for e in events if e["source"] == "agent" and e["kind"] == "shutdown" and e["time"] < done], events
     notice = next(e for e in events if e["source"] == "agent" and e["kind"] == "preemption")
@@ -62,7 +63,7 @@ def assert_recovered_the_aws_way(tmp_path: Path, hosts, victim, report: dict) ->
     (volume,) = [v for i, v in hosts.attachments if i == victim.id]
     assert [i for i, v in hosts.attachments if v == volume] == [victim.id, hosts.booted[2]], hosts.attachments
     assert len(hosts.booted) == 3 and report["steps_lost"] == 0, (hosts.booted, report)
-    assert_pinned_the_published_keys(tmp_path / "deploy" / "e2e" / "known_hosts", hosts,
+    assert_pinned_the_published_keys(deploy_dir(tmp_path) / "known_hosts", hosts,
                                      [i for i in hosts.booted if i != victim.id])
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cloud_run import (
+    deploy_dir,
     head_past_a_checkpoint,
     ledger_events,
     skip_reason,
@@ -75,7 +76,7 @@ def assert_recovered_the_gcp_way(tmp_path: Path, hosts, victim, old_address: str
     """The agent saw ``instance/preempted`` before the operation said so; the shutdown-script's hook saw the
     save through in GCE's 30 s; the same VM (id, disk) came back, at a new external address, with the
     host keys of its boot disk, and the trainer lost no step."""
-    events, done = ledger_events(tmp_path / "deploy" / "e2e")
+    events, done = ledger_events(deploy_dir(tmp_path))
     assert not [e for e in events if e["source"] == "agent" and e["kind"] == "shutdown" and e["time"] < done], events
     notice = next(e for e in events if e["source"] == "agent" and e["kind"] == "preemption")
     loss = next(e for e in events if e["source"] == "gcp" and e["kind"] == "preemption")
@@ -83,7 +84,7 @@ def assert_recovered_the_gcp_way(tmp_path: Path, hosts, victim, old_address: str
     assert "cut off" not in script_output, script_output
     assert hosts.booted.count(victim.id) == 2 and len(hosts.booted) == 3, hosts.booted
     assert len(hosts.attachments) == 2 and report["steps_lost"] == 0, (hosts.attachments, report)
-    assert_pinned_the_published_keys(tmp_path / "deploy" / "e2e" / "known_hosts", hosts, victim, old_address)
+    assert_pinned_the_published_keys(deploy_dir(tmp_path) / "known_hosts", hosts, victim, old_address)
 
 
 def assert_pinned_the_published_keys(path: Path, hosts, victim, old_address: str) -> None:

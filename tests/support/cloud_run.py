@@ -21,6 +21,7 @@ from pathlib import Path
 REFERENCES = Path(tempfile.gettempdir()) / "kit-test-references" / os.environ.get("PYTEST_XDIST_TESTRUNUID", str(os.getpid()))
 NEEDS = ("debootstrap", "ip", "unshare", "nsenter", "losetup", "ssh", "ssh-keygen", "mkfs.ext4")
 STEPS, CKPT_EVERY = 120, 30
+CLUSTER = "e2e"  # the spec's name (write_spec): kit deploys it to deploy/<name>
 TRAINING = {"model": "vit_tiny_patch16_224", "image_size": 32, "num_classes": 10, "batch_size": 8, "steps": STEPS,
             "warmup_steps": 10, "ckpt_every": CKPT_EVERY, "keep": 2, "log_every": 5, "device": "cpu",
             "deterministic": True}
@@ -56,13 +57,18 @@ def write_spec(tmp_path: Path, example: str, **fields) -> Path:
 
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "key")], check=True)
     spec = one_place(yaml.safe_load((REPO / "examples" / f"{example}.yaml").read_text()))
-    spec.update(name="e2e", nodes=2, backend={"type": "local"}, training=TRAINING, bootstrap={"vars": image_versions()},
+    spec.update(name=CLUSTER, nodes=2, backend={"type": "local"}, training=TRAINING, bootstrap={"vars": image_versions()},
                 ssh={"user": "root", "public_key": str(tmp_path / "key.pub"), "allowed_cidrs": ["198.18.0.0/15"]},
                 **fields)
     spec["policy"]["deadline_hours"] = 48
     path = tmp_path / "cluster.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
+
+
+def deploy_dir(tmp_path: Path) -> Path:
+    """Where `kit train` of ``write_spec``'s spec keeps its deployment (KIT_DEPLOY_ROOT is tmp_path/deploy)."""
+    return tmp_path / "deploy" / CLUSTER
 
 
 def undisturbed_digest(tmp_path: Path) -> str:
@@ -82,9 +88,10 @@ def undisturbed_digest(tmp_path: Path) -> str:
         args[at + 1] = str(tmp_path / "reference-ckpt")
         run = Run(command(2, args))
         assert run.finish(600) == 0, run.output
+        sha = digest(run.output)
         REFERENCES.mkdir(parents=True, exist_ok=True)
-        cached.write_text(digest(run.output) + "\n")
-        return digest(run.output)
+        cached.write_text(sha + "\n")
+        return sha
 
 
 def _inputs_key(args: list[str]) -> str:
@@ -115,19 +122,19 @@ def progress_step(hosts, key: Path, known_hosts: Path) -> int:
     return 0
 
 
-def ledger_events(deploy_dir: Path) -> tuple[list[dict], float]:
+def ledger_events(deploy: Path) -> tuple[list[dict], float]:
     """The ledger's events, and when the trainer first reported the last step."""
     from tests.support.watch import ledger_of
 
-    with ledger_of(deploy_dir) as ledger:
+    with ledger_of(deploy) as ledger:
         return ledger.events(), min(t for t, step in ledger.progress_history() if step == STEPS)
 
 
-def head_instance(deploy_dir: Path) -> str:
+def head_instance(deploy: Path) -> str:
     """The instance of rank 0: the rendezvous endpoint, whose loss changes every node's train.env."""
     from tests.support.watch import ledger_of
 
-    with ledger_of(deploy_dir) as ledger:
+    with ledger_of(deploy) as ledger:
         return next(n.instance_id for n in ledger.all_nodes() if n.rank == 0)
 
 
@@ -150,10 +157,10 @@ def head_past_a_checkpoint(tmp_path: Path, kit: subprocess.Popen, hosts):
     """Once the job is past its first checkpoint: the host of the head (rank 0), the rendezvous endpoint."""
     hosts.wait_for(2, timeout=300)
     deadline = time.time() + 600
-    while progress_step(hosts, tmp_path / "key", tmp_path / "deploy" / "e2e" / "known_hosts") < CKPT_EVERY + 10:
+    while progress_step(hosts, tmp_path / "key", deploy_dir(tmp_path) / "known_hosts") < CKPT_EVERY + 10:
         assert kit.poll() is None and time.time() < deadline, (tmp_path / "kit-train.log").read_text()
         time.sleep(2)
-    head = head_instance(tmp_path / "deploy" / "e2e")
+    head = head_instance(deploy_dir(tmp_path))
     return next(h for h in list(hosts.hosts.values()) if h.id == head)
 
 
