@@ -243,7 +243,8 @@ class TrainRun:
         return {
             "cluster": spec.name, "cloud": spec.cloud, "policy": session.policy.name,
             "time_scale": session.backend.time_scale,
-            "preemptions": status["preemptions"], "market_switches": status["market_switches"],
+            "preemptions": status["preemptions"], "interruptions": status["interruptions"],
+            "market_switches": status["market_switches"],
             "spot_hours": status["spot_hours"], "on_demand_hours": status["on_demand_hours"],
             "cost": status["cost"],
             # The same job all on-demand: nodes x on-demand price x (the first launch's start-up +
@@ -472,7 +473,9 @@ def render_report(report: dict, console) -> None:
     table.add_column("")
     table.add_column("value", justify="right")
     rows = [("steps", f"{report['steps']}/{report['total_steps']}"), ("steps lost", str(report["steps_lost"])),
-            ("preemptions", str(report["preemptions"])), ("market switches", str(report["market_switches"])),
+            # a report kept from before interruptions were counted has none
+            ("interruptions (nodes preempted)", f"{report.get('interruptions', '?')} ({report['preemptions']})"),
+            ("market switches", str(report["market_switches"])),
             ("moves / shape switches", f"{report.get('moves', 0)} / {report.get('shape_switches', 0)}"),
             ("egress of the moves", money(report.get("egress_cost", 0.0))),
             ("data disks used (idle hours)", f"{report.get('disks_used', 0)} ({report.get('idle_disk_hours', 0):.2f})"),

@@ -580,6 +580,12 @@ class Ledger:
         rows = self._query(f"SELECT time, {step} AS step FROM ticks WHERE {step} IS NOT NULL ORDER BY id DESC LIMIT 1")
         return (float(rows[0]["time"]), int(rows[0]["step"])) if rows else None
 
+    def interruptions(self) -> int:
+        """How many interruptions of the job the watcher counted (ticks marked ``INTERRUPTED_AT``): a gang
+        whose nodes were lost over several polls is one, as the policy saw it."""
+        step = f"json_extract(observation, '$.{INTERRUPTED_AT}')"
+        return int(self._query(f"SELECT COUNT(*) AS n FROM ticks WHERE {step} IS NOT NULL")[0]["n"])
+
     def ticks(self) -> list[dict[str, Any]]:
         return [{"time": r["time"], "observation": json.loads(r["observation"]), "decision": r["decision"]}
                 for r in self._query("SELECT * FROM ticks ORDER BY id")]

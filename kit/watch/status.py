@@ -148,13 +148,16 @@ def cost_of(ledger: Ledger, spec: SpecBase, now: float, *, steps: int | None = N
 
 def preemption_counts(ledger: Ledger) -> dict[str, int]:
     """Losses are counted once per instance *incarnation* (the node table says how each ended),
-    whichever sources reported them; notices (agents', the AWS spot request's two-minute warning),
+    whichever sources reported them: ``preemptions`` is how many nodes the market took (a 2-node gang lost
+    once is 2), ``interruptions`` how many times the job was interrupted (that gang loss is 1: what the policy
+    counts, kit.watch.watcher); notices (agents', the AWS spot request's two-minute warning),
     which precede the cloud's confirmation, are counted separately. Nodes kit stopped itself (an interrupted
     local run's) were not lost."""
     events = ledger.events(kinds=(PREEMPTION, NOTICE, REBALANCE, CAPACITY_ERROR))
     ended = [n.lost_kind for n in ledger.all_nodes() if n.lost_kind and n.lost_kind != STOPPED_BY_KIT]
     return {
         "preemptions": sum(1 for kind in ended if kind == PREEMPTION),
+        "interruptions": ledger.interruptions(),
         "nodes_lost": len(ended),
         "notices": sum(1 for e in events if (e["source"] == "agent" and e["kind"] == PREEMPTION) or e["kind"] == NOTICE),
         "rebalance_recommendations": sum(1 for e in events if e["kind"] == REBALANCE),
@@ -287,7 +290,8 @@ def render_status(report: dict[str, Any], console) -> None:
                              f"{progress['state'] or '?'}"))
     else:
         console.print("progress: no heartbeat yet")
-    console.print(f"preemptions: {report['preemptions']}  nodes lost: {report['nodes_lost']}  "
+    console.print(f"interruptions: {report['interruptions']}  preemptions: {report['preemptions']}  "
+                  f"nodes lost: {report['nodes_lost']}  "
                   f"capacity errors: {report['capacity_errors']}  market switches: {report['market_switches']}  "
                   f"moves: {report['moves']}  shape switches: {report['shape_switches']}  "
                   f"probes: {report['probes']} ({report['probes_without_capacity']} without capacity)")

@@ -185,6 +185,7 @@ def train_through_a_loss(tmp_path: Path, hosts, start: Callable[[], subprocess.P
     report = json.loads((tmp_path / "report.json").read_text())
     ref.join(600)
     assert report["params_sha256"] == reference["sha"], output
-    assert report["preemptions"] >= 1 and report["steps"] == STEPS, report
+    # one node lost once: one interruption of the job (the agent's notice and the cloud's report of it are one)
+    assert report["preemptions"] == report["interruptions"] == 1 and report["steps"] == STEPS, report
     assert report["export"] and report["disks"] == "deleted", report
     return report, lost

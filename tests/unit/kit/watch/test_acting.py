@@ -13,7 +13,7 @@ from kit.backends.base import CapacityError
 from kit.watch.acting import Actor, Backoff
 from kit.watch.events import CAPACITY_ERROR, PREEMPTION
 from kit.watch.ledger import Ledger
-from kit.watch.status import status_report
+from kit.watch.status import preemption_counts, status_report
 from kit.watch.watcher import Watcher
 from tests.support.watch import (
     BackendSource,
@@ -154,10 +154,13 @@ def test_a_gang_lost_over_two_polls_is_one_preemption_for_the_threshold_policy(t
     clock.t += 15
     assert watcher.tick().action == "recover"
     assert [t["observation"]["preempted"] for t in ledger.ticks()] == [False, True, False, False, False]
+    report = status_report(ledger, watcher.spec, now=clock.t)  # the report counts nodes and interruptions apart
+    assert (report["preemptions"], report["interruptions"]) == (2, 1), report
     ledger.record(heartbeat(12, 1000, written=2.0))  # the job trained past the step it was interrupted at
     backend.preempt(1)
     clock.t += 15
     assert watcher.tick().decision == "on-demand" and ledger.ticks()[-1]["observation"]["preempted"]
+    assert preemption_counts(ledger)["interruptions"] == 2
 
 
 def test_a_relaunched_node_lost_again_is_a_new_preemption(tmp_path):
@@ -663,7 +666,6 @@ def test_nodes_kit_stopped_itself_are_recovered_where_they_ran_and_are_no_news_a
     that for a preemption of their zone: the policy saw one (threshold counts them), and the search tried
     that zone last, so a Ctrl-C moved the job out of a zone with capacity (to a 1-node shape elsewhere)."""
     from kit.spec import parse_spec
-    from kit.watch.status import preemption_counts
 
     spec = parse_spec({"name": "demo", "cloud": "local", "zones": ["a", "b", "c"], "market": "spot", "nodes": 2,
                        "prices": {"spot_per_hour": 1.0, "on_demand_per_hour": 4.0}, "policy": {}})

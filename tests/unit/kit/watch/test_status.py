@@ -70,13 +70,13 @@ def test_cost_is_node_hours_per_market_times_price(tmp_path):
     assert report["startup_measured"] is False  # the heartbeat's time is before the launch: spec's d
     assert report["cost_all_on_demand"] == pytest.approx(2 * 4.0 * (100 * 1.8 / HOUR + 0.2))
     assert report["market"] == "on-demand" and report["market_switches"] == 1
-    assert report["preemptions"] == 1 and report["nodes_lost"] == 1
+    assert report["preemptions"] == report["interruptions"] == report["nodes_lost"] == 1
     assert report["progress"]["step"] == 100 and report["progress"]["fraction"] == pytest.approx(0.1)
     assert [d["action"] for d in report["decisions"]] == ["switch", "recover", "launch"]
     out = io.StringIO()
     render_status(report, Console(file=out, width=140))
     text = out.getvalue()
-    assert "market: on-demand" in text and "$6.00" in text and "preemptions: 1" in text and "$2.00" in text
+    assert "market: on-demand" in text and "$6.00" in text and "interruptions: 1  preemptions: 1" in text and "$2.00" in text
     assert report["can_move"] is False and "a move copies" not in text  # one zone, one shape
 
 
