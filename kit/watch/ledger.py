@@ -110,6 +110,8 @@ WRITTEN = "COALESCE(written, recorded)"
 # A recorded observation's mark, set by the watcher on a tick whose losses interrupted the job: the step the job
 # had reached then (kit.watch.watcher.Watcher._market_losses).
 INTERRUPTED_AT = "interrupted_at_step"
+# the step an interruption's tick recorded, read in SQL from the ticks' observations
+_INTERRUPTED_STEP = f"json_extract(observation, '$.{INTERRUPTED_AT}')"
 
 
 def _checkpoint_step(event: Event) -> int | None:
@@ -576,15 +578,14 @@ class Ledger:
     def last_interruption(self) -> tuple[float, int] | None:
         """(time, step) of the newest tick whose observation is marked as the job's interruption
         (``INTERRUPTED_AT``): when it was, and the step the job had reached; None before any."""
-        step = f"json_extract(observation, '$.{INTERRUPTED_AT}')"
-        rows = self._query(f"SELECT time, {step} AS step FROM ticks WHERE {step} IS NOT NULL ORDER BY id DESC LIMIT 1")
+        rows = self._query(f"SELECT time, {_INTERRUPTED_STEP} AS step FROM ticks WHERE {_INTERRUPTED_STEP} IS NOT NULL"
+                           " ORDER BY id DESC LIMIT 1")
         return (float(rows[0]["time"]), int(rows[0]["step"])) if rows else None
 
     def interruptions(self) -> int:
         """How many interruptions of the job the watcher counted (ticks marked ``INTERRUPTED_AT``): a gang
         whose nodes were lost over several polls is one, as the policy saw it."""
-        step = f"json_extract(observation, '$.{INTERRUPTED_AT}')"
-        return int(self._query(f"SELECT COUNT(*) AS n FROM ticks WHERE {step} IS NOT NULL")[0]["n"])
+        return int(self._query(f"SELECT COUNT(*) AS n FROM ticks WHERE {_INTERRUPTED_STEP} IS NOT NULL")[0]["n"])
 
     def ticks(self) -> list[dict[str, Any]]:
         return [{"time": r["time"], "observation": json.loads(r["observation"]), "decision": r["decision"]}
