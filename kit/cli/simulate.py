@@ -52,10 +52,12 @@ def simulate_command(
     shape: Annotated[list[str] | None, typer.Option(help="an instance shape, TYPE:NODES[:GPUS_PER_NODE[:MARKETS]], "
                                                          "MARKETS spot, on-demand or spot+on-demand; repeat for "
                                                          "several (multi-zone only; instead of --offers)")] = None,
-    checkpoint_gb: Annotated[float, typer.Option(help="checkpoint size moved with the job (GB)")] = DEFAULT_CHECKPOINT_GB,
-    transfer_gbps: Annotated[float, typer.Option(help="checkpoint transfer rate between zones (Gbit/s)")] = DEFAULT_TRANSFER_GBPS,
-    egress_per_gb: Annotated[float | None, typer.Option(help="$ per GB across regions (default: the clouds' list "
-                                                               "prices by continent, docs/policies.md)")] = None,
+    checkpoint_gb: Annotated[float | None, typer.Option(help=f"checkpoint size moved with the job, GB (default "
+                                                              f"{DEFAULT_CHECKPOINT_GB:g}; multi-zone only)")] = None,
+    transfer_gbps: Annotated[float | None, typer.Option(help=f"checkpoint transfer rate between zones, Gbit/s (default "
+                                                              f"{DEFAULT_TRANSFER_GBPS:g}; multi-zone only)")] = None,
+    egress_per_gb: Annotated[float | None, typer.Option(help="$ per GB across regions (default: the clouds' "
+                                                               "list prices, docs/policies.md; multi-zone only)")] = None,
 ) -> None:
     """Replay spot capacity traces: cost vs on-demand and deadline misses per policy (and opt)."""
     import json
@@ -69,8 +71,8 @@ def simulate_command(
     params = Params(nodes=nodes, job_h=job_hours, deadline_h=deadline_hours, changeover_h=changeover_hours,
                     starts=starts, spot_price=spot_price if spot_price is not None else DEFAULT_SPOT_PRICE,
                     on_demand_price=on_demand_price if on_demand_price is not None else DEFAULT_ON_DEMAND_PRICE)
-    if zones != EACH:
-        moves = Moves(checkpoint_gb=checkpoint_gb, transfer_gbps=transfer_gbps, egress_per_gb=egress_per_gb)
+    moves = _moves(zones, checkpoint_gb, transfer_gbps, egress_per_gb)
+    if moves is not None:
         _simulate_zones(traces, policy, zones, _shapes(offers, shape), json_out, plot_file, params, moves)
         return
     if offers is not None or shape:
@@ -90,6 +92,25 @@ def simulate_command(
         typer.echo(json.dumps(summary, separators=(",", ":")))
         return
     _print_table(summary, names)
+
+
+def _moves(zones: str, checkpoint_gb: float | None, transfer_gbps: float | None,
+           egress_per_gb: float | None) -> Moves | None:
+    """The checkpoint's moves of a multi-zone replay (the defaults where a flag is not given); None for ``--zones
+    each``, which refuses a move's flag: a one-zone replay never moves the checkpoint, and ignored the flag without
+    a word."""
+    from kit.errors import InputError
+
+    if zones != EACH:
+        return Moves(checkpoint_gb=DEFAULT_CHECKPOINT_GB if checkpoint_gb is None else checkpoint_gb,
+                     transfer_gbps=DEFAULT_TRANSFER_GBPS if transfer_gbps is None else transfer_gbps,
+                     egress_per_gb=egress_per_gb)
+    given = {"--checkpoint-gb": checkpoint_gb, "--transfer-gbps": transfer_gbps, "--egress-per-gb": egress_per_gb}
+    flag = next((flag for flag, value in given.items() if value is not None), None)
+    if flag is not None:
+        raise InputError("the checkpoint's moves between zones are part of a multi-zone market", where=flag,
+                         fix="add --zones all (or leave the flag out)")
+    return None
 
 
 def format_misses(value: float) -> str:
@@ -178,6 +199,10 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Offers 
         if unknown or not wanted:
             raise InputError(f"zone {', '.join(unknown) or zones!r} is not in the traces", where="--zones",
                              fix=f"use all, each, or zones of: {', '.join(t.name for t in loaded)}")
+        twice = sorted({z for z in wanted if wanted.count(z) > 1})
+        if twice:  # one market per zone: a zone named twice is a slip, most likely for another zone
+            raise InputError(f"zone {', '.join(twice)} is named more than once", where="--zones",
+                             fix="name each zone once")
         loaded = [t for t in loaded if t.name in wanted]
     shapes, prices = offers if offers is not None else (None, None)
     market = zone_market(loaded, params, moves, shapes, prices)
@@ -192,7 +217,8 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Offers 
         typer.echo(json.dumps(summary, separators=(",", ":")))
         return
     p = summary["params"]
-    typer.echo(f"{summary['runs']} starts on {len(summary['zones'])} zones as one market (shapes: "
+    n = len(summary["zones"])
+    typer.echo(f"{summary['runs']} starts on {n} zone{'s' if n != 1 else ''} as one market (shapes: "
                f"{', '.join(p['shapes'])}; N={p['nodes']}, C0={p['job_hours']} h, R0={p['deadline_hours']} h, "
                f"d={p['changeover_hours']} h, checkpoint {p['checkpoint_gb']} GB at {p['transfer_gbps']} Gbit/s)")
     labels = {name: f"{name} ({summary['best_zone'][name]})" if summary["best_zone"].get(name) else name

@@ -78,6 +78,13 @@ def _simulate_and_train_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "ticks longer than the slack, many zones": (["simulate", _write(tmp, "w.json", b'{"metadata": {"gap_seconds": 86400}, '
                                                                     b'"data": [1, 1, 1, 1]}'), "--nodes", "1",
                                    "--zones", "all"], "not shorter than the job's slack"),
+        "a zone named twice": (["simulate", "gcp-a3-h100-2025-10", "--zones", "us-east4-a,us-east4-b,us-east4-a"],
+                               "us-east4-a is named more than once"),
+        # a one-zone replay never moves the checkpoint: the flag was ignored without a word
+        "a move's flag without --zones": (["simulate", "gcp-a3-h100-2025-10", "--checkpoint-gb", "-1"],
+                                          "--checkpoint-gb"),
+        "--egress-per-gb without --zones": (["simulate", "gcp-a3-h100-2025-10", "--egress-per-gb", "0.02"],
+                                            "--egress-per-gb"),
         "--time-scale nan": (["train", "--time-scale", "nan"], "--time-scale"),
         "an unwritable --plot": (["simulate", "gcp-a3-h100-2025-10", "--plot", str(tmp / "file" / "p.png")],
                                  "--plot"),
@@ -135,7 +142,7 @@ CASES = ["spec not UTF-8", "spec nested 20,000 deep", "spec with a key twice", "
          "inventory whose all is a list", "--out under a file", "NaN in a trace", "Infinity in a trace",
          "--deadline-hours nan", "--job-hours inf", "--starts 1e9", "a deadline shorter than the job",
          "the same, many zones", "a gang larger than the traces measured", "the same, a shape of many zones", "a spot shape no trace measured",
-         "no shape sold on-demand", "ticks longer than the slack", "ticks longer than the slack, many zones", "--time-scale nan", "a spec path that looks like markup", "kit train with a missing trace", "kit train on a trace measured for fewer nodes", "kit train with time_scale 0", "an unwritable --plot",
+         "no shape sold on-demand", "ticks longer than the slack", "ticks longer than the slack, many zones", "a zone named twice", "a move's flag without --zones", "--egress-per-gb without --zones", "--time-scale nan", "a spec path that looks like markup", "kit train with a missing trace", "kit train on a trace measured for fewer nodes", "kit train with time_scale 0", "an unwritable --plot",
          "kit train --plot into a missing directory", "kit train --plot not a PNG", "kit train --listen not HOST:PORT",
          "--deadline-hours 1e308", "--changeover-hours 1e308", "--on-demand-price 1e308", "--spot-price 1e308",
          "--plot where no file can be made", "the same, many zones --plot", "kit train --plot where no file can be made",
