@@ -18,6 +18,8 @@ import json
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tests.support.http_reply import QuietHandler
+
 ADDRESS = "169.254.169.254"
 HOSTNAME = "metadata.google.internal"
 PROJECT_NUMBER = "123456789012"
@@ -41,18 +43,12 @@ def answer(instance: dict, path: str) -> str | None:
 
 
 def handler(instance_file: Path) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
+    class Handler(QuietHandler):
+        content_type = "application/text"
+        extra_headers = (("Metadata-Flavor", "Google"),)
 
         def reply(self, status: int, body: str = "") -> None:
-            data = body.encode()
-            self.send_response(status)
-            self.send_header("Metadata-Flavor", "Google")
-            self.send_header("Content-Type", "application/text")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.send_body(status, body.encode())
 
         def do_GET(self) -> None:
             if self.headers.get("Metadata-Flavor") != "Google":

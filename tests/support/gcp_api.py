@@ -4,20 +4,15 @@ JSON replies and errors shaped like the documented API's (``{"error": {"code", "
 from __future__ import annotations
 
 import json
-from http.server import BaseHTTPRequestHandler
+
+from tests.support.http_reply import QuietHandler
 
 
-class ComputeHandler(BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
+class ComputeHandler(QuietHandler):
+    content_type = "application/json"
 
     def reply(self, status: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.send_body(status, json.dumps(body).encode())
 
     def error(self, status: int, message: str, reason: str) -> None:
         self.reply(status, {"error": {"code": status, "message": message,

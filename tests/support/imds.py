@@ -18,23 +18,17 @@ import secrets
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tests.support.http_reply import QuietHandler
+
 ADDRESS = "169.254.169.254"
 
 
 def handler(instance: str, notice: Path) -> type[BaseHTTPRequestHandler]:
     tokens: set[str] = set()
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:
-            pass
-
+    class Handler(QuietHandler):
         def reply(self, status: int, body: str = "") -> None:
-            data = body.encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "text/plain")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.send_body(status, body.encode())
 
         def do_PUT(self) -> None:
             ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
