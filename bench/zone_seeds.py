@@ -10,8 +10,9 @@ of on-demand of each other, that one draw decides which is "below". This replays
 seeds per start (the start's own, as bench/zones.py, and others) and prints, per row, the draw bench/zones.py
 reports and the mean, least and greatest of the seeds' mean costs (``--traces``, the GCP H100 set unless
 given; C0 = 48 h, d = 0.2 h, 8 starts). With ``--per-start``, each start of each row instead: ``opt`` and
-``default``'s mean over the seeds of its cost, the hour its job was done, and its launches (where a row's gap
-to ``opt`` comes from).
+``default``'s mean over the seeds of its cost, the hour its job was done, its launches, those of them whose
+run ended before its changeover did (no progress), and what its changeovers and transfers cost, as a share of
+the baseline (where a row's gap to ``opt`` comes from: launches wasted, or where the job ran).
 """
 
 from __future__ import annotations
@@ -43,10 +44,27 @@ class Row:
         self.market = zone_market(traces, self.params, self.moves)
         self.starts = zone_starts(self.market, self.params)
 
-    def replay(self, name: str, start: int, k: int) -> ZoneRun:
-        """``name`` from ``start`` with seed k of that start."""
+    def replay(self, name: str, start: int, k: int, *, record: bool = False) -> ZoneRun:
+        """``name`` from ``start`` with seed k of that start (``record``: with its timeline)."""
         policy = make_zone_policy(name, self.market.offers, self.moves, seed=start + k * SEED_STRIDE)
-        return replay(self.market, start, self.params, self.moves, policy)
+        return replay(self.market, start, self.params, self.moves, policy, record=record)
+
+    @property
+    def baseline(self) -> float:
+        """The cost every figure is relative to: on-demand in the cheapest zone, N x Q_min x (C0 + d)."""
+        return self.market.q_min * (self.params.job_h + self.params.changeover_h)
+
+
+def launches_without_progress(run: ZoneRun) -> int:
+    """Spot launches of ``run`` (recorded) whose run ended before its changeover did: each tick's offer and
+    progress in its timeline, a launch being a tick whose offer differs from the tick before's."""
+    wasted, offer, gained = 0, None, True
+    for tick in run.timeline:
+        if tick["offer"] != offer:
+            wasted += not gained
+            offer, gained, before = tick["offer"], tick["market"] != "spot", tick["progress"]
+        gained = gained or tick["progress"] > before
+    return wasted + (not gained)
 
 
 def seed_means(traces: list[Trace], nodes: int, deadline: float, seeds: int) -> dict[str, list[float]]:
@@ -61,11 +79,13 @@ def per_start(traces: list[Trace], nodes: int, deadline: float, seeds: int) -> l
     row = Row(traces, nodes, deadline)
     rows = []
     for s in row.starts:
-        runs = [row.replay("default", s, k) for k in range(seeds)]
+        runs = [row.replay("default", s, k, record=True) for k in range(seeds)]
         opt = simulate_opt_zones(row.market, s, row.params, row.moves).cost_vs_on_demand
         cost = statistics.mean(r.cost_vs_on_demand for r in runs)
         rows.append(f"| N={nodes} | {deadline:g} | {s} | {opt:.4f} | {cost:.4f} | {cost / opt:.3f} | "
-                    f"{statistics.mean(r.done_h for r in runs):.1f} | {statistics.mean(r.launches for r in runs):.1f} |")
+                    f"{statistics.mean(r.done_h for r in runs):.1f} | {statistics.mean(r.launches for r in runs):.1f} | "
+                    f"{statistics.mean(launches_without_progress(r) for r in runs):.1f} | "
+                    f"{statistics.mean(r.changeover_cost for r in runs) / row.baseline:.4f} |")
     return rows
 
 
@@ -74,13 +94,14 @@ def main() -> int:
         ap.add_argument("--region", default="us-east4", help="the zones whose names start with this ('' for all)")
         ap.add_argument("--nodes", default="4,1")
         ap.add_argument("--seeds", type=int, default=10)
-        ap.add_argument("--per-start", action="store_true", help="each start: opt, default's cost, end and launches")
+        ap.add_argument("--per-start", action="store_true",
+                        help="each start: opt, default's cost, end, launches (those without progress) and changeovers")
 
     args = replay_args.parse(__doc__, extra)
     traces = [t for t in load_traces([args.traces]) if t.name.startswith(args.region)]
     if args.per_start:
         print(f"| {args.region or 'all zones'} | R0 | start | opt | default: mean of {args.seeds} seeds | / opt | "
-              "done (h) | launches |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+              "done (h) | launches | without progress | changeovers |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for nodes in map(int, args.nodes.split(",")):
             for deadline in (60.0, 72.0):
                 print("\n".join(per_start(traces, nodes, deadline, args.seeds)), flush=True)
