@@ -44,27 +44,15 @@ class Row:
         self.market = zone_market(traces, self.params, self.moves)
         self.starts = zone_starts(self.market, self.params)
 
-    def replay(self, name: str, start: int, k: int, *, record: bool = False) -> ZoneRun:
-        """``name`` from ``start`` with seed k of that start (``record``: with its timeline)."""
+    def replay(self, name: str, start: int, k: int) -> ZoneRun:
+        """``name`` from ``start`` with seed k of that start."""
         policy = make_zone_policy(name, self.market.offers, self.moves, seed=start + k * SEED_STRIDE)
-        return replay(self.market, start, self.params, self.moves, policy, record=record)
+        return replay(self.market, start, self.params, self.moves, policy)
 
     @property
     def baseline(self) -> float:
         """The cost every figure is relative to: on-demand in the cheapest zone, N x Q_min x (C0 + d)."""
         return self.market.q_min * (self.params.job_h + self.params.changeover_h)
-
-
-def launches_without_progress(run: ZoneRun) -> int:
-    """Spot launches of ``run`` (recorded) whose run ended before its changeover did: each tick's offer and
-    progress in its timeline, a launch being a tick whose offer differs from the tick before's."""
-    wasted, offer, gained = 0, None, True
-    for tick in run.timeline:
-        if tick["offer"] != offer:
-            wasted += not gained
-            offer, gained, before = tick["offer"], tick["market"] != "spot", tick["progress"]
-        gained = gained or tick["progress"] > before
-    return wasted + (not gained)
 
 
 def seed_means(traces: list[Trace], nodes: int, deadline: float, seeds: int) -> dict[str, list[float]]:
@@ -79,12 +67,12 @@ def per_start(traces: list[Trace], nodes: int, deadline: float, seeds: int) -> l
     row = Row(traces, nodes, deadline)
     rows = []
     for s in row.starts:
-        runs = [row.replay("default", s, k, record=True) for k in range(seeds)]
+        runs = [row.replay("default", s, k) for k in range(seeds)]
         opt = simulate_opt_zones(row.market, s, row.params, row.moves).cost_vs_on_demand
         cost = statistics.mean(r.cost_vs_on_demand for r in runs)
         rows.append(f"| N={nodes} | {deadline:g} | {s} | {opt:.4f} | {cost:.4f} | {cost / opt:.3f} | "
                     f"{statistics.mean(r.done_h for r in runs):.1f} | {statistics.mean(r.launches for r in runs):.1f} | "
-                    f"{statistics.mean(launches_without_progress(r) for r in runs):.1f} | "
+                    f"{statistics.mean(r.launches_without_progress for r in runs):.1f} | "
                     f"{statistics.mean(r.changeover_cost for r in runs) / row.baseline:.4f} |")
     return rows
 

@@ -73,7 +73,7 @@ def replay_row(key: str, traces: list[Trace], params: Params) -> dict:
         return simulate_zones(traces, list(ZONE_ALL), params, Moves())
     summary = simulate_zones(traces, MOVED_BY_DEFAULT, params, Moves())
     for field in POLICY_FIELDS:
-        summary[field] = {**earlier[field], **summary[field]}
+        summary[field] = {**earlier.get(field, {}), **summary[field]}  # a field newer than the file: default's only
     return summary
 
 

@@ -225,7 +225,7 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Offers 
               for name in summary["policies"]}
     width = max(34, *(len(label) for label in labels.values()))  # a best zone's name may be long
     typer.echo(f"{'policy':<{width}} {'cost vs on-demand':>18} {'p75':>7} {'misses':>7} {'moves':>6} {'probes':>7} "
-               f"{'egress $':>9} {'changeovers $':>14}")
+               f"{'egress $':>9} {'changeovers $':>14} {'launches':>9} {'no progress':>12}")
 
     def cell(key: str, name: str, width: int, digits: int) -> str:
         value = summary[key][name]  # None: opt's schedule is not rebuilt
@@ -235,7 +235,8 @@ def _simulate_zones(traces: list[Path], policy: str, zones: str, offers: Offers 
         typer.echo(f"{labels[name]:<{width}} {summary['cost_vs_on_demand'][name]:>18.4f} "
                    f"{summary['cost_vs_on_demand_p75'][name]:>7.3f} "
                    f"{format_misses(summary['deadline_misses'][name]):>7} {cell('moves', name, 6, 1)} "
-                   f"{cell('probes', name, 7, 1)} {cell('egress', name, 9, 2)} {cell('changeover_cost', name, 14, 2)}")
+                   f"{cell('probes', name, 7, 1)} {cell('egress', name, 9, 2)} {cell('changeover_cost', name, 14, 2)} "
+                   f"{cell('launches', name, 9, 1)} {cell('launches_without_progress', name, 12, 1)}")
 
 
 def _print_table(summary: dict, names: list[str]) -> None:

@@ -248,6 +248,7 @@ class ZoneRun:
     spot_h: float = 0.0
     on_demand_h: float = 0.0
     launches: int = 0
+    launches_without_progress: int = 0  # of them, those whose run ended before its changeover did: paid for nothing
     moves: int = 0
     probes: int = 0
     egress: float = 0.0  # $
@@ -282,6 +283,7 @@ class _ZoneReplay:
         self.zone: str | None = policy.start_zone
         self.checkpoint_zone: str | None = None
         self.setup_left = self.progress = self.cost = 0.0
+        self.unproven = False  # the latest launch has made no progress yet
         self.failed: tuple[Offer, ...] = ()
         self.probed: list[Offer] = []  # this tick's probes that found capacity, billed once the plan is tried
         self.run_ = ZoneRun(policy=policy.name, start=start, cost=0.0, cost_vs_on_demand=0.0, done_h=None, missed=False)
@@ -350,6 +352,8 @@ class _ZoneReplay:
         self.cost += egress
         self.run_.egress += egress
         self.run_.launches += 1
+        self.run_.launches_without_progress += self.unproven  # the run before this launch ended, never progressing
+        self.unproven = True
         if self.checkpoint_zone is not None and self.checkpoint_zone != offer.zone:
             self.run_.moves += 1
         # The newest checkpoint stays where it was made until the run here makes progress (``hold``): a
@@ -364,7 +368,7 @@ class _ZoneReplay:
         self.setup_left -= setup
         self.progress += work
         if work > 0:
-            self.checkpoint_zone = offer.zone
+            self.checkpoint_zone, self.unproven = offer.zone, False
         self.cost += self.price(offer, i) * (setup + work)
         self.run_.changeover_cost += self.price(offer, i) * setup
         if offer.spot:
@@ -389,6 +393,7 @@ class _ZoneReplay:
             rest = self.p.changeover_h + self.p.job_h - self.progress
             self.cost += self.market.q_min * rest
             r.on_demand_h += rest
+        r.launches_without_progress += self.unproven  # the last run, if it never progressed before the window ended
         baseline = self.market.q_min * (self.p.job_h + self.p.changeover_h)
         r.cost, r.cost_vs_on_demand = self.cost, self.cost / baseline
         r.missed = r.done_h is None or r.done_h > self.p.deadline_h + 1e-7
@@ -618,6 +623,7 @@ def _stats(runs: list[ZoneRun]) -> dict:
             "deadline_misses": sum(r.missed for r in runs),
             "moves": float(np.mean([r.moves for r in runs])), "probes": float(np.mean([r.probes for r in runs])),
             "egress": float(np.mean([r.egress for r in runs])), "launches": float(np.mean([r.launches for r in runs])),
+            "launches_without_progress": float(np.mean([r.launches_without_progress for r in runs])),
             "changeover_cost": float(np.mean([r.changeover_cost for r in runs])),
             "spot_hours": float(np.mean([r.spot_h for r in runs])),
             "on_demand_hours": float(np.mean([r.on_demand_h for r in runs]))}
@@ -625,7 +631,8 @@ def _stats(runs: list[ZoneRun]) -> dict:
 
 # What a replay counts of a policy's schedule; ``opt``'s program finds its cost without rebuilding its
 # schedule, so these are null (None) for it rather than zeros that read as "no launch".
-SCHEDULE_FIELDS = ("moves", "probes", "egress", "launches", "changeover_cost", "spot_hours", "on_demand_hours")
+SCHEDULE_FIELDS = ("moves", "probes", "egress", "launches", "launches_without_progress", "changeover_cost", "spot_hours",
+                   "on_demand_hours")
 # The per-policy figures of a summary (:func:`simulate_market`): {field: {policy: value}}
 POLICY_FIELDS = ("cost_vs_on_demand", "deadline_misses", "cost_vs_on_demand_p75", *SCHEDULE_FIELDS)
 

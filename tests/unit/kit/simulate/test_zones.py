@@ -293,7 +293,26 @@ def test_a_run_lost_before_its_first_step_leaves_the_checkpoint_where_it_was():
     run = replay(market, 0, params, MOVES, Script(market.offers, MOVES, [a, a, eu, None, a] + [a] * 18), record=True)
     assert [r["offer"] for r in run.timeline][:5] == [a.name, a.name, eu.name, None, a.name]
     assert run.moves == 1 and run.egress == pytest.approx(50 * 0.05) and run.launches == 3
+    assert run.launches_without_progress == 1  # the one to Europe
     assert run.done_h is not None
+
+
+def test_launches_without_progress_count_each_run_that_ended_inside_its_changeover():
+    """Spot for one 10-minute tick at a time cannot pay a 12-minute changeover: two launches into that flicker
+    make no progress, the third into a longer run does; a job whose every run is a flicker counts each one,
+    the last one too (the window ends inside it). On-demand replacing a run that has progressed counts none."""
+    params = Params(nodes=2, job_h=1.0, deadline_h=3.0, changeover_h=0.2, starts=1)
+    market = market_of([zone_trace("us-east4-a", [2, 0, 2, 0] + [2] * 20)], params)
+    spot = next(o for o in market.offers if o.spot)
+    od = next(o for o in market.offers if not o.spot)
+    run = replay(market, 0, params, MOVES, Script(market.offers, MOVES, [spot, None, spot, None] + [spot] * 20))
+    assert (run.launches, run.launches_without_progress, run.done_h is not None) == (3, 2, True), run
+    switched = replay(market, 0, params, MOVES, Script(market.offers, MOVES, [None, None, None, None, spot, spot] + [od] * 20))
+    assert (switched.launches, switched.launches_without_progress) == (2, 0), switched
+    flicker = market_of([zone_trace("us-east4-a", [2, 0] * 12)], params)
+    spot = next(o for o in flicker.offers if o.spot)
+    never = replay(flicker, 0, params, MOVES, Script(flicker.offers, MOVES, [spot] * 24))
+    assert never.missed and never.launches == never.launches_without_progress > 1, never
 
 
 def test_a_probe_is_billed_one_minute_when_it_succeeds_and_nothing_when_it_fails():
@@ -716,7 +735,7 @@ def test_cli_zones_all_json_and_errors():
     assert set(summary["cost_vs_on_demand"]) == {"opt", "default", "failover", "up@mean-zone", "up@best-zone",
                                                  "default@mean-zone", "default@best-zone"}
     assert all(summary["cost_vs_on_demand"]["opt"] <= v + 1e-9 for v in summary["cost_vs_on_demand"].values())
-    assert {"moves", "probes", "egress", "changeover_cost", "deadline_misses"} <= set(summary)
+    assert {"moves", "probes", "egress", "changeover_cost", "launches_without_progress", "deadline_misses"} <= set(summary)
     # opt's program does not rebuild its schedule: its schedule fields are null, not zeros
     assert summary["moves"]["opt"] is None and summary["changeover_cost"]["opt"] is None
     assert summary["changeover_cost"]["default"] > 0
@@ -810,10 +829,10 @@ def test_cli_table_keeps_its_columns_with_a_long_best_zone_name():
     assert result.exit_code == 0, result.output
     rows = result.output.splitlines()[1:]
     assert any("(asia-southeast1-c)" in row for row in rows), result.output
-    # every cost ends where the header's "cost vs on-demand" ends (7 columns of numbers close each row)
+    # every cost ends where the header's "cost vs on-demand" ends (8 columns of numbers close each row)
     header, *lines = rows
     ends = {header.index("cost vs on-demand") + len("cost vs on-demand")}
-    ends |= {re.match(r"(.*?\S)(\s+\S+){6}$", line).end(1) for line in lines}
+    ends |= {re.match(r"(.*?\S)(\s+\S+){8}$", line).end(1) for line in lines}
     assert len(ends) == 1, result.output
 
 
