@@ -103,7 +103,7 @@ def launches(market: ZoneSet, params: Params, moves: Moves) -> tuple[dict[str, l
     parts = {"default": 0.0, "changeovers": 0.0, "egress": 0.0, "opt": 0.0}
     offers = {o.name: o for o in market.offers}
     starts = zone_starts(market, params)
-    baseline = market.q_min * (params.job_h + params.changeover_h) * len(starts)
+    baseline = market.baseline(params) * len(starts)
     for start in starts:
         run = replay(market, start, params, moves, policies_for("default", market, moves, start)[0], record=True)
         for key, dollars in (("default", run.cost), ("changeovers", run.changeover_cost), ("egress", run.egress),
@@ -158,7 +158,7 @@ def aged_moves(market: ZoneSet, params: Params, moves: Moves, home) -> list[tupl
             progress = np.maximum(0.0, rest_h - there_h)
             net = progress * (here - price) - there_h * price - back
             watched = np.minimum(runs, k).sum() * price / 60
-            unit = market.q_min * (params.job_h + params.changeover_h) * span_h / 48
+            unit = market.baseline(params) * span_h / 48
             out.append((offer.zone, price / market.q_min, k, len(rest_h), float(progress.mean()),
                         float(net.mean()) / market.q_min, net.sum() / unit, (net.sum() - watched) / unit))
     return out

@@ -267,7 +267,7 @@ def known_row(market: ZoneSet, chains: Chains, params: Params, moves: Moves) -> 
     # every other policy; opt's row is the mean of the bounds above (the same starts), not solved again
     summary = simulate_market(market, [p for p in ZONE_ALL if p != OPT], params, moves)
     summary["cost_vs_on_demand"][OPT] = float(np.mean([b.cost_vs_on_demand for b in bounds]))
-    baseline = market.q_min * (params.job_h + params.changeover_h)
+    baseline = market.baseline(params)
     return {"known": float(np.mean([r.cost_vs_on_demand for r in runs])),
             "known_misses": sum(r.missed for r in runs), "seconds": solved,
             "known_egress": float(np.mean([r.egress for r in runs])) / baseline,

@@ -49,11 +49,6 @@ class Row:
         policy = make_zone_policy(name, self.market.offers, self.moves, seed=start + k * SEED_STRIDE)
         return replay(self.market, start, self.params, self.moves, policy)
 
-    @property
-    def baseline(self) -> float:
-        """The cost every figure is relative to: on-demand in the cheapest zone, N x Q_min x (C0 + d)."""
-        return self.market.q_min * (self.params.job_h + self.params.changeover_h)
-
 
 def seed_means(traces: list[Trace], nodes: int, deadline: float, seeds: int) -> dict[str, list[float]]:
     """Each policy's mean cost over the 8 starts, once per seed."""
@@ -73,7 +68,7 @@ def per_start(traces: list[Trace], nodes: int, deadline: float, seeds: int) -> l
         rows.append(f"| N={nodes} | {deadline:g} | {s} | {opt:.4f} | {cost:.4f} | {cost / opt:.3f} | "
                     f"{statistics.mean(r.done_h for r in runs):.1f} | {statistics.mean(r.launches for r in runs):.1f} | "
                     f"{statistics.mean(r.launches_without_progress for r in runs):.1f} | "
-                    f"{statistics.mean(r.changeover_cost for r in runs) / row.baseline:.4f} |")
+                    f"{statistics.mean(r.changeover_cost for r in runs) / row.market.baseline(row.params):.4f} |")
     return rows
 
 

@@ -70,6 +70,10 @@ class ZoneSet:
     def q_min(self) -> float:
         return min(o.price for o in self.offers if o.market == ON_DEMAND)
 
+    def baseline(self, params: Params) -> float:
+        """What every cost is relative to: the whole job on-demand in the cheapest zone, N x Q_min x (C0 + d)."""
+        return self.q_min * (params.job_h + params.changeover_h)
+
     @classmethod
     def of(cls, traces: list[Trace], shapes: list[Shape], params: Params,
            prices: dict[tuple[str, str, str], float] | None = None) -> ZoneSet:
@@ -394,7 +398,7 @@ class _ZoneReplay:
             self.cost += self.market.q_min * rest
             r.on_demand_h += rest
         r.launches_without_progress += self.unproven  # the last run, if it never progressed before the window ended
-        baseline = self.market.q_min * (self.p.job_h + self.p.changeover_h)
+        baseline = self.market.baseline(self.p)
         r.cost, r.cost_vs_on_demand = self.cost, self.cost / baseline
         r.missed = r.done_h is None or r.done_h > self.p.deadline_h + 1e-7
         return r
@@ -447,7 +451,7 @@ class _ZoneProgram(ABC):
             if i * self.m.G >= p.deadline_h - EPS:
                 break
             self.tick(i)
-        baseline = self.m.q_min * (p.job_h + p.changeover_h)
+        baseline = self.m.baseline(p)
         missed = not math.isfinite(self.best)
         cost = baseline if missed else self.best
         return ZoneRun(policy=OPT, start=self.start, cost=cost, cost_vs_on_demand=cost / baseline, done_h=None,
