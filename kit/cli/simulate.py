@@ -101,15 +101,13 @@ def _moves(zones: str, checkpoint_gb: float | None, transfer_gbps: float | None,
     a word."""
     from kit.errors import InputError
 
+    given = {field: value for field, value in (("checkpoint_gb", checkpoint_gb), ("transfer_gbps", transfer_gbps),
+                                               ("egress_per_gb", egress_per_gb)) if value is not None}
     if zones != EACH:
-        return Moves(checkpoint_gb=DEFAULT_CHECKPOINT_GB if checkpoint_gb is None else checkpoint_gb,
-                     transfer_gbps=DEFAULT_TRANSFER_GBPS if transfer_gbps is None else transfer_gbps,
-                     egress_per_gb=egress_per_gb)
-    given = {"--checkpoint-gb": checkpoint_gb, "--transfer-gbps": transfer_gbps, "--egress-per-gb": egress_per_gb}
-    flag = next((flag for flag, value in given.items() if value is not None), None)
-    if flag is not None:
-        raise InputError("the checkpoint's moves between zones are part of a multi-zone market", where=flag,
-                         fix="add --zones all (or leave the flag out)")
+        return Moves(**given)  # Moves' own defaults for the flags not given
+    if given:
+        raise InputError("the checkpoint's moves between zones are part of a multi-zone market",
+                         where="--" + next(iter(given)).replace("_", "-"), fix="add --zones all (or leave the flag out)")
     return None
 
 
